@@ -1,0 +1,1 @@
+"""Fixed members of ``airflow.jobs``."""

@@ -1,0 +1,175 @@
+"""
+Put the fixed members in place in this interpreter, or take them out again.
+
+``patch_module(module)`` is all-or-nothing per target module and idempotent: it patches
+only when the installed Airflow is a supported release and every member it replaces is
+exactly the pristine one (source fingerprint); it stays idle when the source already has
+the fix (source patches applied); anything else is refused with a reason and Airflow is
+left untouched. Originals are kept in one registry (first original wins), so
+``unpatch_module`` restores them exactly.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import sys
+from dataclasses import dataclass
+from types import ModuleType
+
+from airflow_dataset_race_fix.targets import (
+    SUPPORTED_AIRFLOW_VERSIONS,
+    TARGET_MODULES,
+    Member,
+    fingerprint,
+    members_of,
+)
+
+log = logging.getLogger("airflow_dataset_race_fix")
+
+MARKER = "__airflow_dataset_race_fix_patched__"
+_MISSING = object()
+
+PATCHED = "patched"  # fixed members installed by this interpreter
+SOURCE_PATCHED = "source-patched"  # the module's source already carries the fix
+REFUSED = "refused"  # left untouched, see detail
+PENDING = "pending"  # module not imported yet
+
+
+class RefusedError(RuntimeError):
+    """Raised in strict mode when a target cannot be patched."""
+
+
+@dataclass(frozen=True)
+class ModuleState:
+    module: str
+    state: str
+    detail: str = ""
+
+
+# (module, owner, name) -> original class attribute (or _MISSING); first original wins.
+_originals: dict[tuple[str, str, str], object] = {}
+_states: dict[str, ModuleState] = {}
+
+
+def airflow_version() -> str | None:
+    airflow = sys.modules.get("airflow")
+    version = getattr(airflow, "__version__", None)
+    if version is None:
+        try:
+            from importlib.metadata import version as dist_version
+
+            version = dist_version("apache-airflow")
+        except Exception:
+            return None
+    return version
+
+
+def _fixed_attribute(member: Member) -> object:
+    fixed_owner = getattr(importlib.import_module(member.fix_module), member.owner)
+    return vars(fixed_owner)[member.name]
+
+
+def _classify(module: ModuleType) -> ModuleState:
+    """Decide, without changing anything, what patching ``module`` would do."""
+    version = airflow_version()
+    if version not in SUPPORTED_AIRFLOW_VERSIONS:
+        return ModuleState(
+            module.__name__,
+            REFUSED,
+            f"Airflow {version} is not a supported release "
+            f"({SUPPORTED_AIRFLOW_VERSIONS[0]} to {SUPPORTED_AIRFLOW_VERSIONS[-1]}); "
+            "install a supported Airflow or a release of this package that supports yours",
+        )
+    kinds = set()
+    for member in members_of(module.__name__):
+        owner = getattr(module, member.owner, None)
+        current = vars(owner).get(member.name, _MISSING) if owner is not None else _MISSING
+        if current is not _MISSING and fingerprint(current) == fingerprint(_fixed_attribute(member)):
+            kinds.add(SOURCE_PATCHED)
+        elif member.original_sha256 is None and current is _MISSING:
+            kinds.add(PATCHED)
+        elif current is not _MISSING and fingerprint(current) == member.original_sha256:
+            kinds.add(PATCHED)
+        else:
+            found = "missing" if current is _MISSING else f"sha256 {fingerprint(current)[:12]}"
+            expected = "absent" if member.original_sha256 is None else f"sha256 {member.original_sha256[:12]}"
+            return ModuleState(
+                module.__name__,
+                REFUSED,
+                f"{member.qualname} is not the Airflow {version} original (found {found}, "
+                f"expected {expected}); it was changed by another patch or a custom build. "
+                "Nothing was patched; check with 'airflow-dataset-race-fix status'",
+            )
+    if kinds == {SOURCE_PATCHED}:
+        return ModuleState(module.__name__, SOURCE_PATCHED, "the installed source already has the fix")
+    if kinds == {PATCHED}:
+        return ModuleState(module.__name__, PATCHED)
+    return ModuleState(
+        module.__name__,
+        REFUSED,
+        "the installed source is half patched (some members fixed, some original); "
+        "run 'airflow-dataset-race-fix check' and re-apply or revert the source patches",
+    )
+
+
+def patch_module(module: ModuleType) -> ModuleState:
+    """Install the fixed members on an imported target module (idempotent)."""
+    previous = _states.get(module.__name__)
+    if previous is not None and previous.state == PATCHED:
+        return previous
+    state = _classify(module)
+    if state.state == PATCHED:
+        for member in members_of(module.__name__):
+            owner = getattr(module, member.owner)
+            key = (member.module, member.owner, member.name)
+            _originals.setdefault(key, vars(owner).get(member.name, _MISSING))
+            setattr(owner, member.name, _fixed_attribute(member))
+            setattr(owner, MARKER, True)
+    _states[module.__name__] = state
+    return state
+
+
+def unpatch_module(module: ModuleType) -> None:
+    """Restore the originals of a module patched by :func:`patch_module`."""
+    for member in members_of(module.__name__):
+        key = (member.module, member.owner, member.name)
+        if key not in _originals:
+            continue
+        owner = getattr(module, member.owner)
+        original = _originals.pop(key)
+        if original is _MISSING:
+            delattr(owner, member.name)
+        else:
+            setattr(owner, member.name, original)
+        if MARKER in vars(owner):
+            delattr(owner, MARKER)
+    _states.pop(module.__name__, None)
+
+
+def module_state(module_name: str) -> ModuleState:
+    if module_name in _states:
+        return _states[module_name]
+    module = sys.modules.get(module_name)
+    if module is None:
+        return ModuleState(module_name, PENDING, "not imported in this process yet")
+    return _classify(module)
+
+
+def apply(strict: bool = False) -> list[ModuleState]:
+    """Import the target modules and patch them now; refusals are logged (raised if strict)."""
+    states = [patch_module(importlib.import_module(name)) for name in TARGET_MODULES]
+    refused = [s for s in states if s.state == REFUSED]
+    if refused and strict:
+        raise RefusedError("; ".join(f"{s.module}: {s.detail}" for s in refused))
+    for s in refused:
+        log.warning("airflow-dataset-race-fix: %s left unpatched: %s", s.module, s.detail)
+    return states
+
+
+def unapply() -> None:
+    """Restore every original that this interpreter replaced."""
+    for name in TARGET_MODULES:
+        module = sys.modules.get(name)
+        if module is not None:
+            unpatch_module(module)

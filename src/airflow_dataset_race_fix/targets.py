@@ -1,0 +1,90 @@
+"""
+What the fix replaces, as data: the one list that the shim, the source patches and
+``status`` all read. Importing this module imports nothing from Airflow.
+
+Each :class:`Member` is one attribute of an Airflow class. ``original_sha256`` is the
+fingerprint of the pristine member's source (``None`` when the fix adds the member);
+the fixed source lives in ``airflow_dataset_race_fix.fix.<path under airflow>`` as a
+member of a mirror class with the same name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import textwrap
+from dataclasses import dataclass
+
+# Releases whose targeted members are byte-identical to the fingerprints below.
+SUPPORTED_AIRFLOW_VERSIONS = (
+    "2.10.0",
+    "2.10.1",
+    "2.10.2",
+    "2.10.3",
+    "2.10.4",
+    "2.10.5",
+    "2.11.0",
+    "2.11.1",
+    "2.11.2",
+)
+
+
+@dataclass(frozen=True)
+class Member:
+    module: str
+    owner: str
+    name: str
+    original_sha256: str | None
+
+    @property
+    def fix_module(self) -> str:
+        return "airflow_dataset_race_fix.fix." + self.module.removeprefix("airflow.")
+
+    @property
+    def qualname(self) -> str:
+        return f"{self.module}.{self.owner}.{self.name}"
+
+
+MEMBERS = (
+    Member(
+        "airflow.datasets.manager",
+        "DatasetManager",
+        "_slow_path_queue_dagruns",
+        "662cf9d25910de89a8da74ed2285e170eec7586234e0451c25bb8637f37a106a",
+    ),
+    Member(
+        "airflow.datasets.manager",
+        "DatasetManager",
+        "_postgres_queue_dagruns",
+        "8d5f0ab805811c8a4f8ab4fc4b089a7ef9b60e127d41cde823dc486a525a784e",
+    ),
+    Member("airflow.datasets.manager", "DatasetManager", "_upsert_queue_dagruns", None),
+    Member(
+        "airflow.jobs.scheduler_job_runner",
+        "SchedulerJobRunner",
+        "_create_dag_runs_dataset_triggered",
+        "ec956aa0e0cf165798c17c1e9c1db02142430e8f90f9955cef46b9efc0cce846",
+    ),
+    Member(
+        "airflow.jobs.scheduler_job_runner",
+        "SchedulerJobRunner",
+        "_delete_dataset_queue_rows_as_read",
+        None,
+    ),
+)
+
+TARGET_MODULES = tuple(dict.fromkeys(m.module for m in MEMBERS))
+
+
+def members_of(module: str) -> tuple[Member, ...]:
+    return tuple(m for m in MEMBERS if m.module == module)
+
+
+def member_source(attribute: object) -> str:
+    """Dedented source of a class attribute (function, classmethod or staticmethod)."""
+    function = getattr(attribute, "__func__", attribute)
+    return textwrap.dedent(inspect.getsource(function))
+
+
+def fingerprint(attribute: object) -> str:
+    return hashlib.sha256(member_source(attribute).encode()).hexdigest()
