@@ -49,5 +49,23 @@ def variant(request):
 
 
 @pytest.fixture
+def variant_fixed():
+    import airflow_dataset_race_fix
+
+    airflow_dataset_race_fix.unapply()
+    airflow_dataset_race_fix.apply(strict=True)
+    yield "fixed"
+    airflow_dataset_race_fix.unapply()
+
+
+@pytest.fixture
+def variant_stock():
+    import airflow_dataset_race_fix
+
+    airflow_dataset_race_fix.unapply()
+    yield "stock"
+
+
+@pytest.fixture
 def backend():
     return BACKEND

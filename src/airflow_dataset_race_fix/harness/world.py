@@ -302,12 +302,18 @@ class World:
                 .execution_options(synchronize_session=False)
             )
 
-    def drain(self, scheduler: Actor, *, start: float, max_loops: int = 12) -> int:
-        """Scheduler loops (runs finished in between) until two loops in a row change nothing."""
+    def drain(self, scheduler: Actor, *, start: float | None, max_loops: int = 12) -> int:
+        """
+        Scheduler loops (runs finished in between) until two loops in a row change nothing.
+
+        ``start``: world-clock second of the first loop (one second per loop), or None to
+        drain in real time.
+        """
         quiet, loops, previous = 0, 0, None
         while quiet < 2 and loops < max_loops:
             self.finish_runs()
-            self.clock.at(start + loops)
+            if start is not None:
+                self.clock.at(start + loops)
             self.loop(scheduler)
             scheduler.finish()
             loops += 1

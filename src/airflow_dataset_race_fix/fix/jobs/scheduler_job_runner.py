@@ -150,7 +150,7 @@ class SchedulerJobRunner:
                 ~DatasetEvent.created_dagruns.any(DagRun.dag_id == dag.dag_id),
             ]
             if latest_run_date:
-                floor = min(latest_run_date, *queued.values()) - lookback
+                floor = min([latest_run_date, *queued.values()]) - lookback
                 dataset_event_filters.append(DatasetEvent.timestamp >= floor)
 
             dataset_events = session.scalars(select(DatasetEvent).where(*dataset_event_filters)).all()
@@ -175,9 +175,11 @@ class SchedulerJobRunner:
                 continue
 
             exec_date = max(
-                timezone.coerce_datetime(dataset_triggered_dag_info[dag.dag_id][1]),
-                *queued.values(),
-                *(event.timestamp for event in dataset_events),
+                [
+                    timezone.coerce_datetime(dataset_triggered_dag_info[dag.dag_id][1]),
+                    *queued.values(),
+                    *(event.timestamp for event in dataset_events),
+                ]
             )
             if latest_run_date:
                 exec_date = max(exec_date, latest_run_date + timedelta(microseconds=1))

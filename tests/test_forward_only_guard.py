@@ -1,0 +1,117 @@
+"""The producer's queue upsert on this backend: created_at only ever moves forward, in one statement."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import pytest
+import time_machine
+from sqlalchemy import event, select, update
+
+from airflow import settings
+from airflow.models.dag import DagModel
+from airflow.models.dataset import DatasetDagRunQueue, DatasetModel
+from airflow.utils.session import create_session
+
+from airflow_dataset_race_fix.harness.world import World
+
+T0 = datetime(2026, 3, 1, 12, 0, 0, tzinfo=timezone.utc)
+
+
+@pytest.fixture
+def queue(variant_fixed):
+    """Three consuming DAGs of one dataset; yields (dataset_id, dag_ids, upsert, stored)."""
+    world = World("guard")
+    a = world.dataset("a")
+    dag_ids = [world.consumer(f"d{i}", [a]) for i in range(3)]
+    with create_session() as session:
+        dataset_id = session.scalar(select(DatasetModel.id).where(DatasetModel.uri == a.uri))
+
+    def upsert(at: datetime, dags=dag_ids) -> int:
+        """Queue ``dags`` at producer time ``at``; returns the number of statements sent."""
+        from airflow.datasets.manager import DatasetManager
+
+        statements = []
+
+        def count(conn, cursor, statement, *args):
+            if "dataset_dag_run_queue" in statement:
+                statements.append(statement)
+
+        event.listen(settings.engine, "before_cursor_execute", count)
+        try:
+            with create_session() as session, time_machine.travel(at, tick=False):
+                models = set(session.scalars(select(DagModel).where(DagModel.dag_id.in_(dags))))
+                DatasetManager._queue_dagruns(dataset_id=dataset_id, dags_to_queue=models, session=session)
+        finally:
+            event.remove(settings.engine, "before_cursor_execute", count)
+        return len(statements)
+
+    def stored() -> dict[str, datetime]:
+        with create_session() as session:
+            return dict(
+                session.execute(
+                    select(DatasetDagRunQueue.target_dag_id, DatasetDagRunQueue.created_at).where(
+                        DatasetDagRunQueue.dataset_id == dataset_id
+                    )
+                ).all()
+            )
+
+    yield dataset_id, dag_ids, upsert, stored
+    world.close()
+
+
+def test_one_statement_for_all_consuming_dags(queue):
+    _, dag_ids, upsert, stored = queue
+    assert upsert(T0) == 1
+    assert stored() == {dag_id: T0 for dag_id in dag_ids}
+    assert upsert(T0 + timedelta(seconds=1)) == 1  # conflicts too: still one statement, no SAVEPOINT
+
+
+def test_newer_timestamp_moves_the_row_forward(queue):
+    _, dag_ids, upsert, stored = queue
+    upsert(T0)
+    upsert(T0 + timedelta(seconds=5))
+    assert stored() == {dag_id: T0 + timedelta(seconds=5) for dag_id in dag_ids}
+
+
+def test_older_timestamp_never_moves_it_back_but_still_changes_it(queue):
+    _, dag_ids, upsert, stored = queue
+    upsert(T0 + timedelta(seconds=5))
+    upsert(T0)  # a producer whose clock lags, or an earlier flush committed later
+    assert stored() == {dag_id: T0 + timedelta(seconds=5, microseconds=1) for dag_id in dag_ids}
+    upsert(T0 + timedelta(seconds=5, microseconds=1))  # equal: one microsecond further
+    assert stored() == {dag_id: T0 + timedelta(seconds=5, microseconds=2) for dag_id in dag_ids}
+
+
+@pytest.mark.parametrize(
+    "stored_at, expected",
+    [
+        (datetime(2026, 3, 1, 12, 0, 59, 999999), datetime(2026, 3, 1, 12, 1, 0, 0)),
+        (datetime(2026, 12, 31, 23, 59, 59, 999999), datetime(2027, 1, 1, 0, 0, 0, 0)),
+        (datetime(2026, 3, 1, 12, 0, 0, 0), datetime(2026, 3, 1, 12, 0, 0, 1)),
+    ],
+    ids=["second", "year", "zero-micro"],
+)
+def test_one_microsecond_carries_over(queue, stored_at, expected):
+    dataset_id, dag_ids, upsert, stored = queue
+    upsert(T0, dags=dag_ids[:1])
+    stored_at, expected = stored_at.replace(tzinfo=timezone.utc), expected.replace(tzinfo=timezone.utc)
+    with create_session() as session:
+        session.execute(
+            update(DatasetDagRunQueue)
+            .where(DatasetDagRunQueue.dataset_id == dataset_id)
+            .values(created_at=stored_at)
+        )
+    upsert(T0 - timedelta(days=400), dags=dag_ids[:1])
+    assert stored() == {dag_ids[0]: expected}
+
+
+def test_new_and_existing_rows_in_one_statement(queue):
+    _, dag_ids, upsert, stored = queue
+    upsert(T0, dags=dag_ids[:1])
+    assert upsert(T0 - timedelta(seconds=1)) == 1
+    assert stored() == {
+        dag_ids[0]: T0 + timedelta(microseconds=1),
+        dag_ids[1]: T0 - timedelta(seconds=1),
+        dag_ids[2]: T0 - timedelta(seconds=1),
+    }
