@@ -1,0 +1,7 @@
+"""``audit``: not implemented yet."""
+
+from __future__ import annotations
+
+
+def register(subparsers) -> None:
+    pass
