@@ -7,7 +7,12 @@ out. Importing this package imports nothing from Airflow.
 
 from __future__ import annotations
 
+import os
+
 __version__ = "0.1.0"
+
+# The directory that, put on PYTHONPATH, turns the fix on in every Python process.
+BOOTSTRAP_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_bootstrap")
 
 
 def apply(strict: bool = False):
