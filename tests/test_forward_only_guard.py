@@ -18,8 +18,19 @@ from airflow_dataset_race_fix.harness.world import World
 T0 = datetime(2026, 3, 1, 12, 0, 0, tzinfo=timezone.utc)
 
 
-@pytest.fixture
-def queue(variant_fixed):
+def _custom_manager():
+    """A deployment's ``[core] dataset_manager_class`` that overrides nothing we patch."""
+    from airflow.datasets.manager import DatasetManager
+
+    class BroadcastingDatasetManager(DatasetManager):
+        def notify_dataset_changed(self, dataset):
+            return None
+
+    return BroadcastingDatasetManager
+
+
+@pytest.fixture(params=["DatasetManager", "custom subclass"])
+def queue(request, variant_fixed):
     """Three consuming DAGs of one dataset; yields (dataset_id, dag_ids, upsert, stored)."""
     world = World("guard")
     a = world.dataset("a")
@@ -31,6 +42,8 @@ def queue(variant_fixed):
         """Queue ``dags`` at producer time ``at``; returns the number of statements sent."""
         from airflow.datasets.manager import DatasetManager
 
+        manager = DatasetManager if request.param == "DatasetManager" else _custom_manager()
+
         statements = []
 
         def count(conn, cursor, statement, *args):
@@ -41,7 +54,7 @@ def queue(variant_fixed):
         try:
             with create_session() as session, time_machine.travel(at, tick=False):
                 models = set(session.scalars(select(DagModel).where(DagModel.dag_id.in_(dags))))
-                DatasetManager._queue_dagruns(dataset_id=dataset_id, dags_to_queue=models, session=session)
+                manager._queue_dagruns(dataset_id=dataset_id, dags_to_queue=models, session=session)
         finally:
             event.remove(settings.engine, "before_cursor_execute", count)
         return len(statements)

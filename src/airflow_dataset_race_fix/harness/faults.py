@@ -1,0 +1,99 @@
+"""
+Crash a producer or a scheduler mid-transaction with SIGKILL, from a separate interpreter.
+
+The child (``python -m airflow_dataset_race_fix.harness.faults producer URI`` or
+``... scheduler``) inherits the parent's Airflow environment, puts the fix in place,
+starts its work and stops at the named point: after the event is flushed (producer) or
+after the new DAG run row is inserted (scheduler), with nothing committed. It prints
+``READY`` and waits; the parent kills it with SIGKILL and reads the tables.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+READY = "READY"
+
+
+def kill_when_ready(role: str, *args: str, fixed: bool = True, timeout: float = 120.0) -> None:
+    """Start the child, wait for READY, SIGKILL it, and reap it."""
+    env = dict(os.environ, ADRF_FAULT_FIXED="1" if fixed else "0")
+    child = subprocess.Popen(
+        [sys.executable, "-m", "airflow_dataset_race_fix.harness.faults", role, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    deadline = time.monotonic() + timeout
+    try:
+        for line in child.stdout:
+            if line.strip() == READY:
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{role} child never reached its crash point")
+        else:
+            raise RuntimeError(f"{role} child exited before its crash point: {child.stderr.read()[-2000:]}")
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout)
+    if child.returncode != -signal.SIGKILL:
+        raise RuntimeError(f"{role} child was not killed by SIGKILL (exit {child.returncode})")
+
+
+def _stop_here() -> None:
+    print(READY, flush=True)
+    while True:
+        time.sleep(60)
+
+
+def _producer(uri: str) -> None:
+    from airflow import settings
+    from airflow.datasets import Dataset
+    from airflow.datasets.manager import dataset_manager
+
+    session = settings.Session.session_factory()
+    dataset_manager.register_dataset_change(dataset=Dataset(uri), session=session)
+    session.flush()  # the event and its queue rows are written, not committed
+    _stop_here()
+
+
+def _scheduler() -> None:
+    from sqlalchemy import event
+
+    from airflow import settings
+    from airflow.jobs.job import Job
+    from airflow.jobs.scheduler_job_runner import SchedulerJobRunner
+    from airflow.utils.sqlalchemy import prohibit_commit
+
+    session = settings.Session.session_factory()
+    job = Job()
+    session.add(job)
+    session.commit()
+    runner = SchedulerJobRunner(job=job, num_runs=1)
+
+    @event.listens_for(settings.engine, "after_cursor_execute")
+    def crash_after_run_insert(conn, cursor, statement, *args):
+        if statement.lstrip().lower().startswith("insert into dag_run "):
+            _stop_here()
+
+    with prohibit_commit(session) as guard:
+        runner._create_dagruns_for_dags(guard=guard, session=session)
+    raise SystemExit("the scheduler loop created no run: nothing to crash in")
+
+
+def main(argv: list[str]) -> None:
+    import airflow_dataset_race_fix
+
+    if os.environ.get("ADRF_FAULT_FIXED") == "1":
+        airflow_dataset_race_fix.apply(strict=True)
+    role, *args = argv
+    {"producer": _producer, "scheduler": _scheduler}[role](*args)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
