@@ -94,6 +94,7 @@ class SchedulerJobRunner:
         session: Session,
     ) -> None:
         """For DAGs that are triggered by datasets, create dag runs."""
+        dag_ids = [dm.dag_id for dm in dag_models]
         # Read the queue rows of these DAGs again, locking them where Airflow uses row locks
         # (skipping rows a producer still holds): they are deleted below exactly as read.
         queued_rows: dict[str, dict[int, datetime]] = defaultdict(dict)
@@ -104,7 +105,7 @@ class SchedulerJobRunner:
                     DatasetDagRunQueue.target_dag_id,
                     DatasetDagRunQueue.created_at,
                 )
-                .where(DatasetDagRunQueue.target_dag_id.in_([dm.dag_id for dm in dag_models]))
+                .where(DatasetDagRunQueue.target_dag_id.in_(dag_ids))
                 .order_by(DatasetDagRunQueue.dataset_id, DatasetDagRunQueue.target_dag_id),
                 of=DatasetDagRunQueue,
                 session=session,
@@ -112,6 +113,24 @@ class SchedulerJobRunner:
             )
         ):
             queued_rows[target_dag_id][dataset_id] = created_at
+        # Each DAG's datasets: those it is scheduled on, and those its queue rows name (an
+        # alias that resolved to a dataset before the DAG was parsed again).
+        dataset_ids_of: dict[str, set[int]] = defaultdict(set)
+        for dag_id, dataset_id in session.execute(
+            select(DagScheduleDatasetReference.dag_id, DagScheduleDatasetReference.dataset_id).where(
+                DagScheduleDatasetReference.dag_id.in_(dag_ids)
+            )
+        ):
+            dataset_ids_of[dag_id].add(dataset_id)
+        for dag_id, queued in queued_rows.items():
+            dataset_ids_of[dag_id].update(queued)
+        dataset_uris = dict(
+            session.execute(
+                select(DatasetModel.id, DatasetModel.uri).where(
+                    DatasetModel.id.in_(set().union(*dataset_ids_of.values()))
+                )
+            ).all()
+        )
         lookback = timedelta(
             seconds=max(0, conf.getint("dataset_race_fix", "event_lookback_seconds", fallback=900))
         )
@@ -132,21 +151,19 @@ class SchedulerJobRunner:
             dag_hash = self.dagbag.dags_hash.get(dag.dag_id)
 
             queued = queued_rows.get(dag.dag_id, {})
-            latest_run_date = session.scalar(
-                select(func.max(DagRun.execution_date)).where(
-                    DagRun.dag_id == dag.dag_id,
-                    DagRun.run_type == DagRunType.DATASET_TRIGGERED,
+            # The latest dataset-triggered run, and the latest run of any type (for the unique date).
+            latest_run_date, latest_any_run_date = session.execute(
+                select(
+                    select(DagRun.execution_date)
+                    .where(DagRun.dag_id == dag.dag_id, DagRun.run_type == DagRunType.DATASET_TRIGGERED)
+                    .order_by(DagRun.execution_date.desc())
+                    .limit(1)
+                    .scalar_subquery(),
+                    select(func.max(DagRun.execution_date)).where(DagRun.dag_id == dag.dag_id).scalar_subquery(),
                 )
-            )
-            dataset_ids = set(queued).union(
-                session.scalars(
-                    select(DagScheduleDatasetReference.dataset_id).where(
-                        DagScheduleDatasetReference.dag_id == dag.dag_id
-                    )
-                )
-            )
+            ).one()
             dataset_event_filters = [
-                DatasetEvent.dataset_id.in_(sorted(dataset_ids)),
+                DatasetEvent.dataset_id.in_(sorted(dataset_ids_of[dag.dag_id])),
                 ~DatasetEvent.created_dagruns.any(DagRun.dag_id == dag.dag_id),
             ]
             if latest_run_date:
@@ -156,10 +173,7 @@ class SchedulerJobRunner:
             dataset_events = session.scalars(select(DatasetEvent).where(*dataset_event_filters)).all()
 
             with_events = {event.dataset_id for event in dataset_events}
-            statuses = {
-                uri: True
-                for uri in session.scalars(select(DatasetModel.uri).where(DatasetModel.id.in_(with_events)))
-            }
+            statuses = {dataset_uris[dataset_id]: True for dataset_id in with_events if dataset_id in dataset_uris}
             try:
                 ready = bool(dataset_events) and dag.timetable.dataset_condition.evaluate(statuses)
             except AttributeError:  # serialized before 2.9, as in DagModel.dags_needing_dagruns
@@ -187,12 +201,13 @@ class SchedulerJobRunner:
                     Stats.incr("dataset_race_fix.late_events_consumed", late)
             # Explicitly check if a DagRun already exists at this date (a manual run, say):
             # move past it rather than fail on the unique key or leave the queue rows behind.
-            while session.scalar(
-                select(func.count(DagRun.id)).where(
-                    DagRun.dag_id == dag.dag_id, DagRun.execution_date == exec_date
-                )
-            ):
-                exec_date += timedelta(microseconds=1)
+            if latest_any_run_date and exec_date <= latest_any_run_date:
+                while session.scalar(
+                    select(func.count(DagRun.id)).where(
+                        DagRun.dag_id == dag.dag_id, DagRun.execution_date == exec_date
+                    )
+                ):
+                    exec_date += timedelta(microseconds=1)
             exec_date = timezone.coerce_datetime(exec_date)
 
             data_interval = dag.timetable.data_interval_for_events(exec_date, dataset_events)

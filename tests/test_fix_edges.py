@@ -1,0 +1,86 @@
+"""Edges of the fixed run creation that the race scenarios do not reach."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from sqlalchemy import select
+
+from airflow.datasets import DatasetAll
+from airflow.models.dag import DagModel
+from airflow.models.dagrun import DagRun
+from airflow.models.dataset import DatasetDagRunQueue, DatasetModel
+from airflow.utils.session import create_session
+from airflow.utils.state import DagRunState
+from airflow.utils.types import DagRunType
+
+from airflow_dataset_race_fix.harness.world import World
+
+
+def _runs(dag_id: str):
+    with create_session() as session:
+        return [
+            (run.run_type, run.execution_date, len(run.consumed_dataset_events))
+            for run in session.scalars(select(DagRun).where(DagRun.dag_id == dag_id).order_by(DagRun.id))
+        ]
+
+
+def _queued(dag_id: str) -> int:
+    with create_session() as session:
+        return len(session.scalars(select(DatasetDagRunQueue).where(DatasetDagRunQueue.target_dag_id == dag_id)).all())
+
+
+def test_a_manual_run_at_the_same_date_is_stepped_over(variant_fixed):
+    w = World("manual_same_date")
+    try:
+        a = w.dataset("a")
+        dag_id = w.consumer("d", [a])
+        p, s = w.producer("P"), w.scheduler()
+        at = w.clock.at(1)
+        w.emit(p, a), p.finish()
+        with create_session() as session:
+            dag = session.scalar(select(DagModel).where(DagModel.dag_id == dag_id))
+            from airflow.models.serialized_dag import SerializedDagModel
+
+            SerializedDagModel.get_dag(dag.dag_id, session=session).create_dagrun(
+                run_id="manual__same_date",
+                run_type=DagRunType.MANUAL,
+                execution_date=at,
+                state=DagRunState.SUCCESS,
+                external_trigger=True,
+                session=session,
+            )
+        w.clock.at(2), w.loop(s), s.finish()
+        runs = _runs(dag_id)
+        assert runs[1] == (DagRunType.DATASET_TRIGGERED, at + timedelta(microseconds=1), 1)
+        assert _queued(dag_id) == 0
+        assert w.report().violations() == {}
+    finally:
+        w.close()
+
+
+def test_and_condition_is_judged_on_events_not_on_stale_queue_rows(variant_fixed):
+    w = World("and_stale_row")
+    try:
+        a, b = w.dataset("a"), w.dataset("b")
+        dag_id = w.consumer("d", DatasetAll(a, b))
+        p, s = w.producer("P"), w.scheduler()
+        w.clock.at(1), w.emit(p, a), p.finish()
+        w.clock.at(2), w.emit(p, b), p.finish()
+        w.clock.at(3), w.loop(s), s.finish()  # run 1 takes both events
+        # A queue row for `a` whose events run 1 already took (left by S4, or by a stock
+        # producer during a rolling restart), then a new event on `b` only.
+        with create_session() as session:
+            a_id = session.scalar(select(DatasetModel.id).where(DatasetModel.uri == a.uri))
+            session.add(DatasetDagRunQueue(dataset_id=a_id, target_dag_id=dag_id, created_at=w.clock.at(3.5)))
+        w.clock.at(4), w.emit(p, b), p.finish()
+        w.clock.at(5), w.loop(s), s.finish()
+        assert [r[2] for r in _runs(dag_id)] == [2]  # a & b is not met by events: no run
+        assert _queued(dag_id) == 1  # the stale row of a is gone, b's row waits
+        w.clock.at(6), w.emit(p, a), p.finish()
+        w.clock.at(7), w.loop(s), s.finish()
+        assert [r[2] for r in _runs(dag_id)] == [2, 2]
+        assert _queued(dag_id) == 0
+        assert w.report().violations() == {}
+    finally:
+        w.close()
