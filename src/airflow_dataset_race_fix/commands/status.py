@@ -1,7 +1,190 @@
-"""``status``: not implemented yet."""
+"""
+``status``: is the fix active in this environment, and if not, why.
+
+Reports the Airflow version and whether it is supported, how the shim is activated
+(PYTHONPATH, ``.pth``, loaded in this very process or not), the sitecustomize it chains,
+the switches, and per target module: fixed by the shim, fixed by a source patch, waiting
+for import, refused (why), or not fixed. The status process is itself a Python process
+of this environment, so it imports the target modules (unless ``--no-import``) and looks
+at what actually happened to them here.
+
+Exit code: 0 when the fix is active for every target, 1 when it is not.
+
+``--json`` prints one JSON document on stdout. Airflow logs to stdout: if something
+imports Airflow at interpreter start (a user sitecustomize, say), its log lines come
+before the document, which then starts at the first line that is ``{``.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import importlib
+import json
+import os
+import sys
+
+FIXED_BY_SHIM = "fixed-by-shim"
+FIXED_BY_SOURCE = "fixed-by-source-patch"
+WAITING = "waiting-for-import"
+REFUSED = "refused"
+NOT_FIXED = "not-fixed"
+IMPORT_FAILED = "import-failed"
+
+EXIT_ACTIVE = 0
+EXIT_NOT_ACTIVE = 1
+
 
 def register(subparsers) -> None:
-    pass
+    parser = subparsers.add_parser(
+        "status",
+        help="is the fix active in this environment (exit 0) or not (exit 1), and why",
+        description=__doc__.split("\n\n")[1],
+        epilog="Exit code: 0 when the fix is active for every target module, 1 when it is not.",
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON document")
+    parser.add_argument(
+        "--no-import",
+        action="store_true",
+        help="do not import Airflow: targets show as waiting for import, fingerprints are not checked",
+    )
+    parser.set_defaults(handler=run)
+
+
+def run(args) -> int:
+    report = collect(import_targets=not args.no_import)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print(render(report))
+    return EXIT_ACTIVE if report["fix_active"] else EXIT_NOT_ACTIVE
+
+
+def collect(import_targets: bool = True) -> dict:
+    from airflow_dataset_race_fix import BOOTSTRAP_DIR, activation, bootstrap
+    from airflow_dataset_race_fix.targets import SUPPORTED_AIRFLOW_VERSIONS, TARGET_MODULES
+
+    # Importing Airflow logs (our own warnings too) to stdout; keep stdout for the report.
+    import_errors: dict[str, str] = {}
+    if import_targets:
+        with contextlib.redirect_stdout(sys.stderr):
+            for name in TARGET_MODULES:
+                try:
+                    importlib.import_module(name)
+                except Exception as err:  # RefusedError in strict mode, or a broken install
+                    import_errors[name] = f"{type(err).__name__}: {err}"
+
+    from airflow_dataset_race_fix import runtime
+
+    version = runtime.airflow_version()
+    supported = version in SUPPORTED_AIRFLOW_VERSIONS
+    shim = _shim_report(BOOTSTRAP_DIR, activation, bootstrap)
+    targets = [_target_report(name, import_errors.get(name), shim, runtime) for name in TARGET_MODULES]
+    fix_active = all(
+        t["status"] in (FIXED_BY_SHIM, FIXED_BY_SOURCE) or (t["status"] == WAITING and supported)
+        for t in targets
+    )
+    return {
+        "airflow": {
+            "version": version,
+            "supported": supported,
+            "supported_versions": list(SUPPORTED_AIRFLOW_VERSIONS),
+        },
+        "shim": shim,
+        "targets": targets,
+        "fix_active": fix_active,
+    }
+
+
+def _shim_report(bootstrap_dir: str, activation, bootstrap) -> dict:
+    on_pythonpath = activation.pythonpath_entries()
+    pth_files = activation.installed_pth_files()
+    activated_by = (["PYTHONPATH"] if on_pythonpath else []) + ([".pth"] if pth_files else [])
+    notes = []
+    if on_pythonpath and bootstrap.ROUTE_SITECUSTOMIZE not in bootstrap.routes and not bootstrap.disabled:
+        hiding = getattr(sys.modules.get("sitecustomize"), "__file__", None)
+        notes.append(
+            "the bootstrap directory is on PYTHONPATH but its sitecustomize did not run in this process"
+            + (f": {hiding} was imported instead (put the bootstrap directory first)" if hiding else "")
+        )
+    if bootstrap.disabled:
+        notes.append(f"disabled by {bootstrap.ENV_DISABLED}")
+    chained = bootstrap.chained_sitecustomize
+    return {
+        "bootstrap_dir": bootstrap_dir,
+        "activated_by": activated_by,
+        "pythonpath_entries": on_pythonpath,
+        "pth_files": pth_files,
+        "loaded_in_this_process": bootstrap.started,
+        "routes_in_this_process": list(bootstrap.routes),
+        "disabled": bootstrap.disabled,
+        "strict": bootstrap.strict(),
+        "switches": {name: os.environ.get(name) for name in bootstrap.SWITCHES},
+        "chained_sitecustomize": chained,
+        "other_sitecustomize_on_path": None if chained else activation.next_sitecustomize(),
+        "errors": list(bootstrap.errors),
+        "notes": notes,
+    }
+
+
+def _target_report(name: str, import_error: str | None, shim: dict, runtime) -> dict:
+    if import_error is not None:
+        # Strict mode: the refusal surfaced as the import's RefusedError.
+        status = REFUSED if import_error.startswith("RefusedError") else IMPORT_FAILED
+        return {"module": name, "status": status, "detail": import_error}
+    state = runtime.module_state(name)
+    if state.state == runtime.PATCHED:
+        return {"module": name, "status": FIXED_BY_SHIM, "detail": state.detail}
+    if state.state == runtime.SOURCE_PATCHED:
+        return {"module": name, "status": FIXED_BY_SOURCE, "detail": state.detail}
+    if state.state == runtime.REFUSED:
+        return {"module": name, "status": REFUSED, "detail": state.detail}
+    why = _why_inactive(shim)
+    if state.state == runtime.PENDING:
+        if why:
+            return {"module": name, "status": NOT_FIXED, "detail": f"not imported; {why}"}
+        detail = "the shim patches it when it is imported (fingerprints not checked: --no-import)"
+        return {"module": name, "status": WAITING, "detail": detail}
+    return {"module": name, "status": NOT_FIXED, "detail": f"original Airflow code; {why or 'the shim did not run'}"}
+
+
+def _why_inactive(shim: dict) -> str:
+    if shim["disabled"]:
+        return "the shim is disabled by AIRFLOW_DATASET_RACE_FIX_DISABLED"
+    if not shim["loaded_in_this_process"]:
+        return (
+            "the shim is not active in this environment: put the bootstrap directory on PYTHONPATH, "
+            "or run 'airflow-dataset-race-fix shim install-pth'"
+        )
+    return ""
+
+
+def render(report: dict) -> str:
+    airflow, shim = report["airflow"], report["shim"]
+    supported = "supported" if airflow["supported"] else (
+        f"NOT supported; supported: {', '.join(airflow['supported_versions'])}"
+    )
+    loaded = (
+        f"yes, via {', '.join(shim['routes_in_this_process'])}" if shim["loaded_in_this_process"] else "no"
+    )
+    lines = [
+        f"Airflow: {airflow['version'] or 'not installed'} ({supported})",
+        f"Shim activated by: {', '.join(shim['activated_by']) or 'nothing (not activated)'}",
+        f"  bootstrap directory: {shim['bootstrap_dir']}",
+    ]
+    lines += [f"  .pth file: {path}" for path in shim["pth_files"]]
+    lines += [
+        f"  loaded in this process: {loaded}",
+        "  switches: " + ", ".join(f"{k}={v if v is not None else '(unset)'}" for k, v in shim["switches"].items()),
+        f"  chained sitecustomize: {shim['chained_sitecustomize'] or 'none'}",
+    ]
+    if shim["other_sitecustomize_on_path"]:
+        lines.append(f"  other sitecustomize on the path (not chained): {shim['other_sitecustomize_on_path']}")
+    lines += [f"  note: {note}" for note in shim["notes"]]
+    lines += [f"  error: {error}" for error in shim["errors"]]
+    lines.append("Targets:")
+    for target in report["targets"]:
+        lines.append(f"  {target['module']}: {target['status']}")
+        if target["detail"]:
+            lines.append(f"      {target['detail']}")
+    lines.append("Fix active: " + ("yes" if report["fix_active"] else "NO"))
+    return "\n".join(lines)

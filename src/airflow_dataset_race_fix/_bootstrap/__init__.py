@@ -1,0 +1,1 @@
+"""The directory users put on PYTHONPATH; only its ``sitecustomize.py`` matters (boilerplate)."""

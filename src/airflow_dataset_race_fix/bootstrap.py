@@ -1,0 +1,122 @@
+"""
+The start-up shim's logic: register post-import hooks that put the fix in place.
+
+Reached in three ways (the *routes*), each calling :func:`start` once per interpreter:
+
+- ``sitecustomize``: ``PYTHONPATH=<airflow_dataset_race_fix.BOOTSTRAP_DIR>``; the
+  boilerplate ``_bootstrap/sitecustomize.py`` chains any other sitecustomize first;
+- ``pth``: a ``.pth`` line in site-packages (``airflow-dataset-race-fix shim install-pth``);
+- ``import``: ``import airflow_dataset_race_fix.auto`` in the user's own code.
+
+Nothing here imports Airflow, and at interpreter start nothing but ``os`` and ``sys``:
+the target list (``targets.py``, which needs ``inspect``) is only read when ``airflow``
+itself is imported. The patching (``runtime.py``) runs when a target module is imported,
+in whichever order those imports happen, and at once for targets already imported.
+
+Switches (environment variables, read when the shim starts and when a target is imported):
+
+- ``AIRFLOW_DATASET_RACE_FIX_DISABLED=1``: the shim does nothing in this process;
+- ``AIRFLOW_DATASET_RACE_FIX_STRICT=1``: a target that cannot be patched safely makes the
+  import of that target raise :class:`runtime.RefusedError` instead of logging a warning
+  (so ``airflow scheduler`` fails at start rather than running unfixed).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+ENV_DISABLED = "AIRFLOW_DATASET_RACE_FIX_DISABLED"
+ENV_STRICT = "AIRFLOW_DATASET_RACE_FIX_STRICT"
+SWITCHES = (ENV_DISABLED, ENV_STRICT)
+
+ROUTE_SITECUSTOMIZE = "sitecustomize"
+ROUTE_PTH = "pth"
+ROUTE_IMPORT = "import"
+
+# What happened in this interpreter, for ``status`` and for tests.
+routes: list[str] = []  # every route that called start(), first one first
+started = False  # hooks registered
+disabled = False  # start() saw the disable switch
+chained_sitecustomize: str | None = None  # file of the sitecustomize our boilerplate chained
+errors: list[str] = []  # unexpected failures, already logged; the process carried on
+
+
+def env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def strict() -> bool:
+    return env_flag(ENV_STRICT)
+
+
+def start(route: str) -> None:
+    """Register the hooks once per interpreter (idempotent; honours the disable switch).
+
+    In strict mode this raises :class:`runtime.RefusedError` when a target module that
+    is already imported cannot be patched.
+    """
+    global started, disabled
+    if route not in routes:
+        routes.append(route)
+    if started or disabled:
+        return
+    if env_flag(ENV_DISABLED):
+        disabled = True
+        return
+    started = True
+    from airflow_dataset_race_fix import post_import
+
+    post_import.when_imported("airflow", _watch_targets)
+
+
+def start_quietly(route: str) -> None:
+    """:func:`start` for the start-up routes (sitecustomize, .pth): report, never raise."""
+    try:
+        start(route)
+    except Exception as err:
+        errors.append(f"start: {type(err).__name__}: {err}")
+        sys.stderr.write(f"airflow-dataset-race-fix: {err}\n")
+
+
+def stop() -> None:
+    """Forget the hooks still waiting and restore every original (tests, interactive use)."""
+    global started
+    from airflow_dataset_race_fix import post_import
+
+    post_import.cancel()
+    started = False
+    if "airflow_dataset_race_fix.runtime" in sys.modules:
+        sys.modules["airflow_dataset_race_fix.runtime"].unapply()
+
+
+def _watch_targets(_airflow: object) -> None:
+    # Registering on 'airflow' first keeps targets.py (and inspect) out of processes that
+    # never import Airflow; a target imported while airflow/__init__ ran is patched here.
+    from airflow_dataset_race_fix import post_import
+    from airflow_dataset_race_fix.targets import TARGET_MODULES
+
+    for name in TARGET_MODULES:
+        post_import.when_imported(name, _patch_target)
+
+
+def _patch_target(module: object) -> None:
+    from airflow_dataset_race_fix import runtime
+
+    strict_mode = strict()
+    try:
+        runtime.on_import(module, strict=strict_mode)
+    except runtime.RefusedError:
+        raise
+    except Exception as err:  # a bug of ours must not stop Airflow from importing
+        if strict_mode:
+            raise
+        name = getattr(module, "__name__", module)
+        errors.append(f"{name}: {type(err).__name__}: {err}")
+        runtime.log.warning(
+            "airflow-dataset-race-fix: unexpected error while patching %s; the process carries on "
+            "without the fix for it. Please report it with the output of "
+            "'airflow-dataset-race-fix status --json'.",
+            name,
+            exc_info=True,
+        )

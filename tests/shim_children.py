@@ -1,0 +1,114 @@
+"""
+Run real Python interpreters (the test virtualenv's) with or without the start-up shim.
+
+Children inherit the test session's Airflow environment (AIRFLOW_HOME, the scratch
+database) but never the caller's PYTHONPATH or our switches: each test says exactly
+which route and switches its child gets. A child reports by printing one line
+``RESULT <json>`` on stdout; Airflow's own logging also goes to stdout, so
+:func:`result` picks that line out.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterable
+
+from airflow_dataset_race_fix import BOOTSTRAP_DIR
+from airflow_dataset_race_fix.bootstrap import SWITCHES
+
+PYTHON = sys.executable
+INFO_LINE = "airflow-dataset-race-fix: fix in place"
+WARNING_MARK = "airflow-dataset-race-fix: "
+
+# Child code that prints what the shim did, as JSON, on one RESULT line.
+REPORT_CODE = """
+import json, sys
+def _report(**extra):
+    from airflow_dataset_race_fix import bootstrap, runtime
+    from airflow_dataset_race_fix.targets import TARGET_MODULES
+    states = {name: runtime.module_state(name).state for name in TARGET_MODULES}
+    print("RESULT " + json.dumps(dict(
+        airflow_imported="airflow" in sys.modules,
+        routes=bootstrap.routes,
+        started=bootstrap.started,
+        disabled=bootstrap.disabled,
+        chained=bootstrap.chained_sitecustomize,
+        states=states,
+        **extra,
+    )), flush=True)
+"""
+
+
+def child_env(
+    pythonpath: Iterable[str] = (),
+    switches: dict[str, str] | None = None,
+    log_level: str = "INFO",
+    **extra: str,
+) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH" and k not in SWITCHES}
+    env.update(switches or {})
+    env["AIRFLOW__LOGGING__LOGGING_LEVEL"] = log_level
+    env.update(extra)
+    if pythonpath:
+        env["PYTHONPATH"] = os.pathsep.join(pythonpath)
+    return env
+
+
+def shim_env(*more_path: str, **kwargs) -> dict[str, str]:
+    """The PYTHONPATH route: the bootstrap directory first, then ``more_path``."""
+    return child_env([BOOTSTRAP_DIR, *more_path], **kwargs)
+
+
+def run_python(
+    code: str, env: dict[str, str], *python_args: str, python: str = PYTHON, timeout: float = 180
+) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [python, *python_args, "-c", textwrap.dedent(code)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def run_status(env: dict[str, str], *args: str, python: str = PYTHON) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [python, "-m", "airflow_dataset_race_fix", "status", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+
+
+def result(proc: subprocess.CompletedProcess) -> dict:
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, f"child failed (exit {proc.returncode}):\n{output(proc)[-4000:]}"
+    return json.loads(lines[-1][len("RESULT ") :])
+
+
+def status_json(proc: subprocess.CompletedProcess) -> dict:
+    """The JSON document of ``status --json``. Log lines can precede it when a sitecustomize
+    imports Airflow at start-up (Airflow logs to stdout), before ``status`` runs."""
+    lines = proc.stdout.splitlines()
+    return json.loads("\n".join(lines[lines.index("{") :]))
+
+
+def output(proc: subprocess.CompletedProcess) -> str:
+    return proc.stdout + proc.stderr
+
+
+def count(text: str, needle: str) -> int:
+    return sum(1 for line in text.splitlines() if needle in line)
+
+
+def write_sitecustomize(directory: str, body: str) -> str:
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, "sitecustomize.py")
+    with open(path, "w") as f:
+        f.write(textwrap.dedent(body))
+    return path

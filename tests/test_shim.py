@@ -1,0 +1,464 @@
+"""
+The start-up shim in real interpreters: routes, chaining, import orders, guards, switches.
+
+Every test starts fresh Python processes of the test virtualenv (``sys.executable``) and
+reads what they report; nothing here patches the test process itself. The Airflow
+installation is never modified: an "unsupported version" or a "changed target" is
+produced inside the child, by a user sitecustomize that runs before the shim's hooks,
+the way another tool or a custom build would.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sysconfig
+
+import pytest
+from shim_children import (
+    INFO_LINE,
+    PYTHON,
+    REPORT_CODE,
+    child_env,
+    count,
+    output,
+    result,
+    run_python,
+    run_status,
+    shim_env,
+    status_json,
+    write_sitecustomize,
+)
+
+from airflow_dataset_race_fix import BOOTSTRAP_DIR
+
+TARGETS = ("airflow.datasets.manager", "airflow.jobs.scheduler_job_runner")
+ALL_PATCHED = {name: "patched" for name in TARGETS}
+ALL_ORIGINAL = {name: "patchable" for name in TARGETS}
+
+IMPORT_TARGETS = REPORT_CODE + """
+import airflow.datasets.manager, airflow.jobs.scheduler_job_runner
+_report()
+"""
+
+# A user's sitecustomize that pins Airflow's reported version to an unsupported one
+# before any target module is imported.
+OLD_AIRFLOW = """
+import airflow
+airflow.__version__ = "2.9.3"
+"""
+
+# Another tool's patch of one targeted member, in place before our hook sees the class.
+OTHER_PATCH = """
+import airflow.datasets.manager as manager
+
+def _postgres_queue_dagruns(cls, dataset_id, dags_to_queue, session):
+    return None  # someone else's idea
+
+manager.DatasetManager._postgres_queue_dagruns = classmethod(_postgres_queue_dagruns)
+"""
+
+
+# --- start-up ---------------------------------------------------------------------------
+
+
+def test_startup_with_the_shim_alone_does_not_import_airflow():
+    code = """
+import sys
+before = {name: name in sys.modules for name in ("airflow", "airflow_dataset_race_fix.targets", "typing", "inspect")}
+""" + REPORT_CODE + f"""
+from airflow_dataset_race_fix.post_import import PostImportFinder
+_report(
+    before=before,
+    sitecustomize_loaded=sys.modules["sitecustomize"].loaded,
+    finder_first=isinstance(sys.meta_path[0], PostImportFinder),
+    bootstrap_dir_kept=sys.path.count({BOOTSTRAP_DIR!r}),
+)
+"""
+    proc = run_python(code, shim_env())
+    report = result(proc)
+    # Nothing heavy at start: not airflow, not the target list (it needs inspect).
+    assert report["before"] == {"airflow": False, "airflow_dataset_race_fix.targets": False, "typing": False, "inspect": False}
+    assert report["airflow_imported"] is False
+    assert report["sitecustomize_loaded"] is True
+    assert report["finder_first"] is True
+    assert report["bootstrap_dir_kept"] == 1
+    assert report["routes"] == ["sitecustomize"] and report["started"] is True
+    assert report["chained"] is None
+    assert report["states"] == {name: "pending" for name in TARGETS}
+    assert proc.stderr == ""
+
+
+def test_the_plain_check_from_the_issue_prints_false():
+    proc = run_python("import sys; print('airflow' in sys.modules)", shim_env())
+    assert proc.returncode == 0 and proc.stdout.strip() == "False", output(proc)
+
+
+def test_a_user_sitecustomize_still_runs_and_is_chained(tmp_path):
+    user = write_sitecustomize(str(tmp_path / "user"), """
+        import sys
+        sys.user_sitecustomize_ran = True
+        print("USER SITECUSTOMIZE RAN")
+    """)
+    code = IMPORT_TARGETS.replace(
+        "_report()", "_report(user=sys.user_sitecustomize_ran, module=sys.modules['sitecustomize'].__file__)"
+    )
+    proc = run_python(code, shim_env(str(tmp_path / "user")))
+    report = result(proc)
+    assert count(proc.stdout, "USER SITECUSTOMIZE RAN") == 1
+    assert report["user"] is True and report["chained"] == user and report["module"] == user
+    assert report["states"] == ALL_PATCHED
+
+
+def test_a_failing_user_sitecustomize_is_reported_and_the_shim_still_starts(tmp_path):
+    write_sitecustomize(str(tmp_path / "user"), "raise RuntimeError('broken user sitecustomize')\n")
+    proc = run_python(IMPORT_TARGETS, shim_env(str(tmp_path / "user")))
+    report = result(proc)
+    assert "Error in sitecustomize" in proc.stderr and "broken user sitecustomize" in proc.stderr
+    assert report["chained"] is None and report["states"] == ALL_PATCHED
+
+
+def test_python_dash_S_skips_the_shim_quietly_and_the_explicit_import_still_works():
+    # -S: site does not run, so neither sitecustomize nor .pth files; PYTHONPATH stays.
+    quiet = run_python(
+        "import sys; print('sitecustomize' in sys.modules, 'airflow_dataset_race_fix' in sys.modules)", shim_env(), "-S"
+    )
+    assert quiet.returncode == 0 and quiet.stdout.split() == ["False", "False"], output(quiet)
+    assert quiet.stderr == ""
+
+    src = os.path.dirname(os.path.dirname(BOOTSTRAP_DIR))
+    explicit = REPORT_CODE + f"""
+sys.path[:0] = [{sysconfig.get_paths()["purelib"]!r}, {src!r}]
+import airflow_dataset_race_fix.auto
+import airflow.jobs.scheduler_job_runner, airflow.datasets.manager
+_report()
+"""
+    report = result(run_python(explicit, child_env(), "-S"))
+    assert report["routes"] == ["import"] and report["states"] == ALL_PATCHED
+
+
+# --- import orders ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "order",
+    [TARGETS, tuple(reversed(TARGETS)), ("airflow.models.taskinstance", *TARGETS)],
+    ids=["manager-first", "scheduler-first", "via-taskinstance"],
+)
+def test_targets_are_patched_in_any_import_order_with_one_info_line(order):
+    code = REPORT_CODE + "".join(f"\nimport {name}" for name in order) + """
+import airflow.datasets.manager as m, airflow.jobs.scheduler_job_runner as s
+from airflow_dataset_race_fix.fix.datasets.manager import DatasetManager as FixedManager
+from airflow_dataset_race_fix.fix.jobs.scheduler_job_runner import SchedulerJobRunner as FixedRunner
+_report(
+    manager_is_fixed=vars(m.DatasetManager)["_postgres_queue_dagruns"] is vars(FixedManager)["_postgres_queue_dagruns"],
+    runner_is_fixed=s.SchedulerJobRunner._create_dag_runs_dataset_triggered is FixedRunner._create_dag_runs_dataset_triggered,
+    loader_is_real=type(m.__loader__).__name__ == "SourceFileLoader" and type(m.__spec__.loader).__name__ == "SourceFileLoader",
+)
+"""
+    proc = run_python(code, shim_env())
+    report = result(proc)
+    assert report["states"] == ALL_PATCHED
+    assert report["manager_is_fixed"] and report["runner_is_fixed"] and report["loader_is_real"]
+    assert count(output(proc), INFO_LINE) == 1
+    assert count(output(proc), "WARNING") == 0
+
+
+def test_airflow_imported_before_the_hooks_explicit_import():
+    code = REPORT_CODE + """
+import airflow.datasets.manager, airflow.jobs.scheduler_job_runner
+before = {n: __import__("airflow_dataset_race_fix.runtime", fromlist=["x"]).module_state(n).state
+          for n in ("airflow.datasets.manager", "airflow.jobs.scheduler_job_runner")}
+import airflow_dataset_race_fix.auto
+_report(before=before)
+"""
+    proc = run_python(code, child_env())
+    report = result(proc)
+    assert report["before"] == ALL_ORIGINAL
+    assert report["routes"] == ["import"] and report["states"] == ALL_PATCHED
+    assert count(output(proc), INFO_LINE) == 1
+
+
+def test_airflow_imported_before_the_hooks_by_a_chained_sitecustomize(tmp_path):
+    write_sitecustomize(str(tmp_path / "user"), "import airflow.jobs.scheduler_job_runner, airflow.datasets.manager\n")
+    proc = run_python(REPORT_CODE + "\n_report()\n", shim_env(str(tmp_path / "user")))
+    report = result(proc)
+    assert report["airflow_imported"] and report["states"] == ALL_PATCHED
+
+
+def test_idempotent_and_unapply_restores_the_originals_exactly():
+    code = REPORT_CODE + """
+import airflow.datasets.manager as m, airflow.jobs.scheduler_job_runner as s
+from airflow_dataset_race_fix import bootstrap, runtime
+from airflow_dataset_race_fix.targets import MEMBERS
+owners = {"DatasetManager": m.DatasetManager, "SchedulerJobRunner": s.SchedulerJobRunner}
+missing = object()
+def snapshot():
+    return {mb.qualname: vars(owners[mb.owner]).get(mb.name, missing) for mb in MEMBERS}
+original = snapshot()
+import airflow_dataset_race_fix.auto
+patched = snapshot()
+bootstrap.start("import"); bootstrap.start("sitecustomize"); runtime.apply()
+again = snapshot()
+bootstrap.stop()
+restored = snapshot()
+_report(
+    changed=sorted(k for k in original if original[k] is not patched[k]),
+    idempotent=all(patched[k] is again[k] for k in patched),
+    restored=all(original[k] is restored[k] for k in original),
+    marker_gone=not any(runtime.MARKER in vars(o) for o in owners.values()),
+)
+"""
+    report = result(run_python(code, child_env()))
+    assert len(report["changed"]) == 5
+    assert report["idempotent"] and report["restored"] and report["marker_gone"]
+
+
+# --- guards -----------------------------------------------------------------------------
+
+
+def test_unsupported_airflow_version_patches_nothing_and_warns_once_per_target(tmp_path):
+    write_sitecustomize(str(tmp_path / "user"), OLD_AIRFLOW)
+    env = shim_env(str(tmp_path / "user"))
+    proc = run_python(IMPORT_TARGETS + "\nimport importlib, airflow.datasets.manager as m; importlib.reload(m)\n", env)
+    report = result(proc)
+    assert report["states"] == {name: "refused" for name in TARGETS}
+    warnings = [line for line in output(proc).splitlines() if "WARNING" in line and "airflow-dataset-race-fix" in line]
+    assert len(warnings) == 2, warnings  # one per target module, not repeated by the reload
+    for line in warnings:
+        assert "Airflow 2.9.3 is not a supported release" in line  # what was found
+        assert "2.10.0 to 2.11.2" in line  # what was expected
+        assert "install a supported Airflow" in line  # what to do
+    assert count(output(proc), INFO_LINE) == 0
+
+    status = run_status(env)
+    assert status.returncode == 1, output(status)
+    assert "Airflow: 2.9.3 (NOT supported" in status.stdout
+    assert status.stdout.count(": refused") == 2 and "Fix active: NO" in status.stdout
+
+
+def test_changed_target_function_is_refused_with_what_was_found(tmp_path):
+    write_sitecustomize(str(tmp_path / "user"), OTHER_PATCH)
+    env = shim_env(str(tmp_path / "user"))
+    code = IMPORT_TARGETS.replace(
+        "_report()",
+        "import airflow.datasets.manager as m\n"
+        "_report(kept=vars(m.DatasetManager)['_postgres_queue_dagruns'].__func__.__module__)",
+    )
+    proc = run_python(code, env)
+    report = result(proc)
+    assert report["states"] == {"airflow.datasets.manager": "refused", "airflow.jobs.scheduler_job_runner": "patched"}
+    assert report["kept"] == "sitecustomize"  # the other tool's function is left in place
+    warnings = [line for line in output(proc).splitlines() if "WARNING" in line and "airflow-dataset-race-fix" in line]
+    assert len(warnings) == 1
+    assert "DatasetManager._postgres_queue_dagruns is not the Airflow 2.10.4 original" in warnings[0]
+    assert "expected sha256 8d5f0ab80581" in warnings[0] and "found sha256" in warnings[0]
+
+    status = run_status(env, "--json")
+    assert status.returncode == 1
+    targets = {t["module"]: t for t in status_json(status)["targets"]}
+    assert targets["airflow.datasets.manager"]["status"] == "refused"
+    assert "not the Airflow 2.10.4 original" in targets["airflow.datasets.manager"]["detail"]
+    assert targets["airflow.jobs.scheduler_job_runner"]["status"] == "fixed-by-shim"
+
+
+def test_a_replacement_without_readable_source_is_refused_not_crashed():
+    code = REPORT_CODE + """
+import airflow.datasets.manager as m
+m.DatasetManager._slow_path_queue_dagruns = classmethod(eval("lambda cls, *a, **k: None"))
+import airflow_dataset_race_fix.auto
+_report()
+"""
+    proc = run_python(code, child_env())
+    assert result(proc)["states"]["airflow.datasets.manager"] == "refused"
+    assert "whose source cannot be read" in output(proc)
+
+
+def test_source_already_fixed_keeps_the_shim_idle_and_says_so(tmp_path):
+    # What a source patch leaves behind: Airflow's classes already carry the fixed members.
+    write_sitecustomize(str(tmp_path / "user"), """
+        import airflow.datasets.manager as m, airflow.jobs.scheduler_job_runner as s
+        from airflow_dataset_race_fix.fix.datasets import manager as fm
+        from airflow_dataset_race_fix.fix.jobs import scheduler_job_runner as fs
+        from airflow_dataset_race_fix.targets import MEMBERS
+        for member in MEMBERS:
+            fixed_owner = getattr(fm if member.module.endswith("manager") else fs, member.owner)
+            owner = getattr(m if member.module.endswith("manager") else s, member.owner)
+            setattr(owner, member.name, vars(fixed_owner)[member.name])
+    """)
+    env = shim_env(str(tmp_path / "user"))
+    proc = run_python(IMPORT_TARGETS, env)
+    assert result(proc)["states"] == {name: "source-patched" for name in TARGETS}
+    assert count(output(proc), "already has the fix, shim idle") == 1
+    status = run_status(env)
+    assert status.returncode == 0 and status.stdout.count("fixed-by-source-patch") == 2, output(status)
+
+
+# --- switches ---------------------------------------------------------------------------
+
+
+def test_disable_switch_turns_the_shim_off():
+    env = shim_env(switches={"AIRFLOW_DATASET_RACE_FIX_DISABLED": "1"})
+    code = IMPORT_TARGETS.replace(
+        "_report()",
+        "import airflow_dataset_race_fix.auto\n"
+        "from airflow_dataset_race_fix.post_import import PostImportFinder\n"
+        "_report(finder=any(isinstance(f, PostImportFinder) for f in sys.meta_path))",
+    )
+    proc = run_python(code, env)
+    report = result(proc)
+    assert report["disabled"] and not report["started"] and not report["finder"]
+    assert report["states"] == ALL_ORIGINAL
+    assert count(output(proc), "airflow-dataset-race-fix") == 0
+
+    status = run_status(env)
+    assert status.returncode == 1
+    assert "disabled by AIRFLOW_DATASET_RACE_FIX_DISABLED" in status.stdout
+    assert status.stdout.count("not-fixed") == 2
+
+
+def test_strict_switch_makes_a_refusal_fail_the_import(tmp_path):
+    write_sitecustomize(str(tmp_path / "user"), OLD_AIRFLOW)
+    env = shim_env(str(tmp_path / "user"), switches={"AIRFLOW_DATASET_RACE_FIX_STRICT": "1"})
+    proc = run_python("import airflow.jobs.scheduler_job_runner\nprint('RESULT {}')", env)
+    assert proc.returncode == 1
+    assert "RefusedError: airflow-dataset-race-fix (strict)" in proc.stderr
+    assert "Airflow 2.9.3 is not a supported release" in proc.stderr
+    assert "RESULT" not in proc.stdout
+
+    status = run_status(env, "--json")
+    assert status.returncode == 1
+    report = status_json(status)
+    assert report["shim"]["strict"] is True
+    assert {t["status"] for t in report["targets"]} == {"refused"}
+
+
+def test_strict_switch_on_a_pristine_airflow_changes_nothing():
+    env = shim_env(switches={"AIRFLOW_DATASET_RACE_FIX_STRICT": "1"})
+    assert result(run_python(IMPORT_TARGETS, env))["states"] == ALL_PATCHED
+
+
+def test_strict_explicit_import_raises_when_a_target_already_imported_is_refused():
+    code = OTHER_PATCH + "\nimport airflow_dataset_race_fix.auto\n"
+    proc = run_python(code, child_env(switches={"AIRFLOW_DATASET_RACE_FIX_STRICT": "1"}))
+    assert proc.returncode == 1 and "RefusedError" in proc.stderr
+
+
+# --- status -----------------------------------------------------------------------------
+
+
+def test_status_with_the_shim_on_pythonpath(tmp_path):
+    user = write_sitecustomize(str(tmp_path / "user"), "pass\n")
+    status = run_status(shim_env(str(tmp_path / "user")))
+    assert status.returncode == 0, output(status)
+    text = status.stdout
+    assert "Airflow: 2.10.4 (supported)" in text
+    assert "Shim activated by: PYTHONPATH" in text
+    assert "loaded in this process: yes, via sitecustomize" in text
+    assert f"chained sitecustomize: {user}" in text
+    assert text.count("fixed-by-shim") == 2 and "Fix active: yes" in text
+
+
+def test_status_json_without_the_shim():
+    status = run_status(child_env(), "--json")
+    assert status.returncode == 1
+    report = json.loads(status.stdout)  # nothing imported Airflow at start: stdout is the document only
+    assert report["airflow"]["version"] == "2.10.4" and report["airflow"]["supported"] is True
+    assert report["shim"]["activated_by"] == [] and report["shim"]["loaded_in_this_process"] is False
+    assert [t["status"] for t in report["targets"]] == ["not-fixed", "not-fixed"]
+    assert "PYTHONPATH" in report["targets"][0]["detail"] and report["fix_active"] is False
+
+
+def test_status_no_import_reports_waiting_targets():
+    with_shim = run_status(shim_env(), "--no-import", "--json")
+    assert with_shim.returncode == 0, output(with_shim)
+    assert [t["status"] for t in status_json(with_shim)["targets"]] == ["waiting-for-import"] * 2
+    without = run_status(child_env(), "--no-import")
+    assert without.returncode == 1 and without.stdout.count("not-fixed") == 2
+
+
+def test_status_notices_a_sitecustomize_that_hides_the_shim(tmp_path):
+    hiding = write_sitecustomize(str(tmp_path / "first"), "pass\n")
+    status = run_status(child_env([str(tmp_path / "first"), BOOTSTRAP_DIR]), "--no-import")
+    assert status.returncode == 1
+    assert f"its sitecustomize did not run in this process: {hiding} was imported instead" in status.stdout
+
+
+# --- the .pth route ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def fresh_venv(tmp_path):
+    """A new virtualenv that sees the test virtualenv's packages (so nothing is installed
+    into, or removed from, the shared one); returns (python, site-packages)."""
+    venv = tmp_path / "venv"
+    subprocess.run([PYTHON, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = str(venv / "bin" / "python")
+    site_packages = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()
+    # '00-' sorts before our .pth: site processes .pth files in name order.
+    with open(os.path.join(site_packages, "00-adrf-test-link.pth"), "w") as f:
+        f.write(f"import site; site.addsitedir({sysconfig.get_paths()['purelib']!r})\n")
+    return python, site_packages
+
+
+def test_pth_install_activates_and_remove_deactivates(fresh_venv):
+    python, site_packages = fresh_venv
+
+    def shim(*args):
+        return subprocess.run([python, "-m", "airflow_dataset_race_fix", "shim", *args],
+                              env=child_env(), capture_output=True, text=True, timeout=60)
+
+    installed = shim("install-pth")
+    pth = os.path.join(site_packages, "airflow_dataset_race_fix_shim.pth")
+    assert installed.returncode == 0 and f"installed: {pth}" in installed.stdout, output(installed)
+    assert "already installed" in shim("install-pth").stdout  # idempotent
+
+    report = result(run_python(IMPORT_TARGETS, child_env(), python=python))
+    assert report["routes"] == ["pth"] and report["states"] == ALL_PATCHED
+    assert result(run_python(REPORT_CODE + "\n_report()", child_env(), python=python))["airflow_imported"] is False
+
+    status = run_status(child_env(), python=python)
+    assert status.returncode == 0, output(status)
+    assert "Shim activated by: .pth" in status.stdout and f".pth file: {pth}" in status.stdout
+    assert "loaded in this process: yes, via pth" in status.stdout
+
+    # Both routes at once: one start, two routes recorded.
+    both = result(run_python(IMPORT_TARGETS, shim_env(), python=python))
+    assert both["routes"] == ["pth", "sitecustomize"] and both["states"] == ALL_PATCHED
+
+    removed = shim("remove-pth")
+    assert removed.returncode == 0 and f"removed: {pth}" in removed.stdout
+    assert not os.path.exists(pth)
+    report = result(run_python(IMPORT_TARGETS, child_env(), python=python))
+    assert report["routes"] == [] and report["states"] == ALL_ORIGINAL
+    assert run_status(child_env(), python=python).returncode == 1
+
+
+def test_pth_left_behind_by_an_uninstall_is_silent(fresh_venv, tmp_path):
+    python, site_packages = fresh_venv
+    from airflow_dataset_race_fix.activation import PTH_CONTENT
+
+    os.remove(os.path.join(site_packages, "00-adrf-test-link.pth"))  # the package is gone
+    with open(os.path.join(site_packages, "airflow_dataset_race_fix_shim.pth"), "w") as f:
+        f.write(PTH_CONTENT)
+    proc = run_python("print('ok')", child_env(), python=python)
+    assert proc.returncode == 0 and proc.stdout == "ok\n" and proc.stderr == ""
+
+
+def test_shim_cli_rejects_a_missing_site_dir(tmp_path):
+    proc = subprocess.run(
+        [PYTHON, "-m", "airflow_dataset_race_fix", "shim", "install-pth", "--site-dir", str(tmp_path / "nope")],
+        env=child_env(), capture_output=True, text=True,
+    )
+    assert proc.returncode == 2 and "is not a directory" in proc.stderr
+
+
+def test_shim_path_prints_the_bootstrap_directory():
+    proc = subprocess.run(
+        [PYTHON, "-m", "airflow_dataset_race_fix", "shim", "path"], env=child_env(), capture_output=True, text=True
+    )
+    assert proc.returncode == 0 and proc.stdout.strip() == BOOTSTRAP_DIR

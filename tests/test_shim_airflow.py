@@ -1,0 +1,175 @@
+"""
+Real Airflow processes started with the shim on PYTHONPATH run the fixed code.
+
+A scratch metadata database of our own (on ADRF_BACKEND) and a DAG folder with one
+producer and two dataset-scheduled consumers. Each test runs the Airflow command twice:
+with the shim, and with the shim on PYTHONPATH but disabled (stock Airflow), and shows
+the difference by behaviour in the tables and by the shim's INFO line:
+
+- task process (``airflow dags test``): a queue row that predates the new event gets a
+  fresh ``created_at`` from the fixed producer; stock Airflow leaves it stale (S1);
+- scheduler (``airflow scheduler --num-runs 1``): a queue row with no event behind it
+  makes stock Airflow create a run that consumes nothing (S5); the fixed scheduler creates
+  none and drops the row.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import textwrap
+
+import pytest
+from shim_children import INFO_LINE, PYTHON, child_env, count, output, result, run_python, shim_env
+
+from airflow_dataset_race_fix.harness.database import DatabaseUnavailable, ScratchDatabase
+
+from conftest import BACKEND
+
+AIRFLOW = os.path.join(os.path.dirname(PYTHON), "airflow")
+
+DAGS = '''
+import pendulum
+
+from airflow import DAG
+from airflow.datasets import Dataset
+from airflow.operators.empty import EmptyOperator
+from airflow.operators.python import PythonOperator
+
+START = pendulum.datetime(2026, 1, 1, tz="UTC")
+TASK_DATASET = Dataset("adrf://shim-e2e/task")
+SCHEDULER_DATASET = Dataset("adrf://shim-e2e/scheduler")
+
+with DAG("adrf_shim_producer", start_date=START, schedule=None, catchup=False):
+    PythonOperator(task_id="emit", python_callable=lambda: None, outlets=[TASK_DATASET])
+
+with DAG("adrf_shim_task_consumer", start_date=START, schedule=[TASK_DATASET], catchup=False):
+    EmptyOperator(task_id="noop")
+
+with DAG("adrf_shim_scheduler_consumer", start_date=START, schedule=[SCHEDULER_DATASET], catchup=False):
+    EmptyOperator(task_id="noop")
+'''
+
+# Child code run without the shim against the scratch database: read or seed the tables.
+PROBE = """
+import json
+from datetime import datetime, timezone
+from sqlalchemy import delete, func, select
+from airflow.models.dagrun import DagRun
+from airflow.models.dataset import DatasetDagRunQueue, DatasetModel
+from airflow.utils.session import create_session
+
+def _dataset_id(session, uri):
+    return session.scalar(select(DatasetModel.id).where(DatasetModel.uri == uri))
+
+def queue_row(uri, dag_id, created_at):
+    with create_session() as session:
+        dataset_id = _dataset_id(session, uri)
+        session.execute(delete(DatasetDagRunQueue).where(DatasetDagRunQueue.dataset_id == dataset_id, DatasetDagRunQueue.target_dag_id == dag_id))
+        session.add(DatasetDagRunQueue(dataset_id=dataset_id, target_dag_id=dag_id, created_at=created_at))
+
+def state(uri, dag_id):
+    with create_session() as session:
+        dataset_id = _dataset_id(session, uri)
+        created = session.scalar(select(DatasetDagRunQueue.created_at).where(DatasetDagRunQueue.dataset_id == dataset_id, DatasetDagRunQueue.target_dag_id == dag_id))
+        runs = session.scalars(select(DagRun).where(DagRun.dag_id == dag_id)).all()
+        print("RESULT " + json.dumps(dict(
+            queue_created_at=created.isoformat() if created else None,
+            runs=len(runs),
+            consumed=sorted(len(run.consumed_dataset_events) for run in runs),
+        )))
+"""
+
+STALE = "datetime(2001, 1, 1, tzinfo=timezone.utc)"
+NOW = "datetime.now(timezone.utc)"
+
+
+class AirflowWorld:
+    """The scratch database, AIRFLOW_HOME and environment the Airflow commands share."""
+
+    def __init__(self, url: str, home: str) -> None:
+        self.airflow_env = {
+            "AIRFLOW_HOME": home,
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": url,
+            "AIRFLOW__CORE__DAGS_FOLDER": os.path.join(home, "dags"),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
+            "AIRFLOW__CORE__EXECUTOR": "SequentialExecutor",
+            # The DAGs are serialized once by 'dags reserialize': no parsing in the scheduler.
+            "AIRFLOW__SCHEDULER__STANDALONE_DAG_PROCESSOR": "True",
+        }
+
+    def env(self, shim: bool, disabled: bool = False) -> dict[str, str]:
+        switches = {"AIRFLOW_DATASET_RACE_FIX_DISABLED": "1"} if disabled else {}
+        make = shim_env if shim else child_env
+        return make(switches=switches, **self.airflow_env)
+
+    def airflow(self, *args: str, shim: bool = True, disabled: bool = False) -> subprocess.CompletedProcess:
+        proc = subprocess.run(
+            [AIRFLOW, *args], env=self.env(shim, disabled), capture_output=True, text=True, timeout=300
+        )
+        assert proc.returncode == 0, f"airflow {' '.join(args)} failed:\n{output(proc)[-4000:]}"
+        return proc
+
+    def probe(self, call: str) -> dict:
+        return result(run_python(PROBE + "\n" + call + "\n", self.env(shim=False)))
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    database = ScratchDatabase(BACKEND)
+    try:
+        database.create()
+    except DatabaseUnavailable as err:
+        pytest.skip(f"{BACKEND} server unavailable: {err}")
+    home = str(tmp_path_factory.mktemp("airflow-home"))
+    os.makedirs(os.path.join(home, "dags"))
+    with open(os.path.join(home, "dags", "adrf_shim_dags.py"), "w") as f:
+        f.write(textwrap.dedent(DAGS))
+    world = AirflowWorld(database.url, home)
+    try:
+        world.airflow("db", "migrate", shim=False)
+        reserialize = world.airflow("dags", "reserialize")  # an ordinary CLI command, with the shim
+        assert "left unpatched" not in output(reserialize)
+        yield world
+    finally:
+        database.drop()
+        shutil.rmtree(home, ignore_errors=True)
+
+
+@pytest.mark.parametrize(
+    "variant,logical_date",
+    [("fixed", "2026-02-01T00:00:00+00:00"), ("stock", "2026-02-02T00:00:00+00:00")],
+)
+def test_a_task_process_with_the_shim_runs_the_fixed_producer(world, variant, logical_date):
+    key = "'adrf://shim-e2e/task', 'adrf_shim_task_consumer'"
+    world.probe(f"queue_row({key}, {STALE}); state({key})")
+
+    run = world.airflow("dags", "test", "adrf_shim_producer", logical_date, disabled=variant == "stock")
+
+    created_at = world.probe(f"state({key})")["queue_created_at"]
+    if variant == "fixed":
+        assert count(output(run), INFO_LINE) == 1, output(run)[-3000:]
+        assert created_at > "2026", "the fixed producer moves the queue row's created_at forward"
+    else:
+        assert count(output(run), INFO_LINE) == 0
+        assert created_at.startswith("2001-01-01"), "stock Airflow keeps the stale queue row (S1)"
+
+
+@pytest.mark.parametrize("variant", ["fixed", "stock"])
+def test_a_scheduler_with_the_shim_runs_the_fixed_scheduler(world, variant):
+    key = "'adrf://shim-e2e/scheduler', 'adrf_shim_scheduler_consumer'"
+    before = world.probe(f"queue_row({key}, {NOW}); state({key})")
+    assert before["queue_created_at"] is not None
+
+    run = world.airflow("scheduler", "--num-runs", "1", disabled=variant == "stock")
+
+    after = world.probe(f"state({key})")
+    if variant == "fixed":
+        assert count(output(run), INFO_LINE) == 1, output(run)[-3000:]
+        assert after["runs"] == before["runs"], "no run without an event (S5)"
+        assert after["queue_created_at"] is None, "the queue row without events is dropped"
+    else:
+        assert count(output(run), INFO_LINE) == 0
+        assert after["runs"] == before["runs"] + 1 and 0 in after["consumed"], "stock: a run that consumes nothing"
