@@ -35,11 +35,39 @@ def pytest_sessionfinish(session, exitstatus):
     _database.drop()
 
 
+# ADRF_FIX_MODE=source: the fix is in Airflow's files (source patches applied to this
+# virtualenv with 'airflow-dataset-race-fix apply'), not installed by the shim. "fixed"
+# then only checks that the runtime sees the patched source (and stays idle); stock
+# Airflow does not exist in such an install, so stock variants are skipped.
+FIX_MODE = os.environ.get("ADRF_FIX_MODE", "shim")
+SOURCE_MODE = FIX_MODE == "source"
+_SKIP_STOCK = "stock Airflow cannot run in a source-patched install (ADRF_FIX_MODE=source)"
+
+
+def _assert_source_patched():
+    import importlib
+
+    from airflow_dataset_race_fix import runtime
+    from airflow_dataset_race_fix.targets import TARGET_MODULES
+
+    states = {}
+    for name in TARGET_MODULES:
+        importlib.import_module(name)
+        states[name] = runtime.module_state(name).state
+    assert set(states.values()) == {runtime.SOURCE_PATCHED}, f"source patches not applied here: {states}"
+
+
 @pytest.fixture(params=["stock", "fixed"])
 def variant(request):
     """Run the test against stock Airflow and against the fix, in this interpreter."""
     import airflow_dataset_race_fix
 
+    if SOURCE_MODE:
+        if request.param == "stock":
+            pytest.skip(_SKIP_STOCK)
+        _assert_source_patched()
+        yield request.param
+        return
     airflow_dataset_race_fix.unapply()
     if request.param == "fixed":
         states = airflow_dataset_race_fix.apply(strict=True)
@@ -52,6 +80,10 @@ def variant(request):
 def variant_fixed():
     import airflow_dataset_race_fix
 
+    if SOURCE_MODE:
+        _assert_source_patched()
+        yield "fixed"
+        return
     airflow_dataset_race_fix.unapply()
     airflow_dataset_race_fix.apply(strict=True)
     yield "fixed"
@@ -62,6 +94,8 @@ def variant_fixed():
 def variant_stock():
     import airflow_dataset_race_fix
 
+    if SOURCE_MODE:
+        pytest.skip(_SKIP_STOCK)
     airflow_dataset_race_fix.unapply()
     yield "stock"
 

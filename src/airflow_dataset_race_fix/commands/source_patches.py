@@ -1,7 +1,156 @@
-"""``source_patches``: not implemented yet."""
+"""
+``apply``, ``revert``, ``check``: the source patches in an installed Airflow;
+``generate-patches``: write ``patches/`` from the fix (a repository tool).
+
+Exit codes: 0 done (or nothing to do; ``check``: the patches are applied), 1 refused or
+``check`` found them not (fully) applied, 2 bad usage.
+"""
 
 from __future__ import annotations
 
+import argparse
+import sys
+from pathlib import Path
+
+from airflow_dataset_race_fix import cli
+
 
 def register(subparsers) -> None:
-    pass
+    for name, handler, text in (
+        ("apply", _apply, "apply the source patches to the installed Airflow (all or nothing)"),
+        ("revert", _revert, "restore the pristine Airflow files"),
+        ("check", _check, "report whether the source patches are applied (exit 0 if they are)"),
+    ):
+        parser = subparsers.add_parser(name, help=text, description=text)
+        if name != "check":
+            parser.add_argument("--dry-run", action="store_true", help="check everything, write nothing")
+        _add_locations(parser)
+        parser.set_defaults(handler=handler)
+
+    generate = subparsers.add_parser(
+        "generate-patches",
+        help="write patches/<version>/ from the fix (repository tool; downloads release wheels)",
+        description="Generate the source patches from the fixed members, for every supported "
+        "Airflow release (wheels are downloaded with pip once and cached).",
+    )
+    generate.add_argument("--patches-dir", type=Path, help="default: the repository's patches/")
+    generate.add_argument("--airflow-version", action="append", dest="versions", metavar="VERSION")
+    generate.add_argument("--check", action="store_true", help="write nothing; exit 1 if patches/ is not up to date")
+    generate.add_argument("--wheel-cache", type=Path, help="default: $ADRF_WHEEL_CACHE or ~/.cache/airflow-dataset-race-fix/wheels")
+    generate.set_defaults(handler=_generate)
+
+
+def _add_locations(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--site-packages",
+        type=Path,
+        help="the site-packages holding Airflow (default: the one this Python imports airflow from)",
+    )
+    parser.add_argument(
+        "--patches-dir",
+        type=Path,
+        help="directory with <airflow-version>/series (default: $ADRF_PATCHES_DIR, or the patches/ "
+        "of the source tree this package runs from)",
+    )
+
+
+def _locations(args) -> tuple[Path, Path]:
+    from airflow_dataset_race_fix.source_patches import locations, wheels
+
+    site_packages = args.site_packages or wheels.default_site_packages()
+    if site_packages is None:
+        raise cli.UsageError("Airflow is not importable from this Python; pass --site-packages PATH")
+    if not site_packages.is_dir():
+        raise cli.UsageError(f"--site-packages {site_packages}: not a directory")
+    patches_dir = args.patches_dir or locations.default_patches_dir()
+    if patches_dir is None:
+        raise cli.UsageError(
+            "no patches directory found (this package is not running from its source tree); "
+            "pass --patches-dir PATH (the repository's patches/) or set ADRF_PATCHES_DIR"
+        )
+    if not patches_dir.is_dir():
+        raise cli.UsageError(f"--patches-dir {patches_dir}: not a directory")
+    return site_packages.resolve(), patches_dir.resolve()
+
+
+def _report(outcome) -> int:
+    print(outcome.message)
+    for path in outcome.changed:
+        print(f"  {path}")
+    for warning in outcome.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    return 0
+
+
+def _refused(command: str, err: Exception) -> int:
+    print(f"airflow-dataset-race-fix {command}: refused: {err}", file=sys.stderr)
+    return 1
+
+
+def _apply(args) -> int:
+    from airflow_dataset_race_fix.source_patches import applier
+
+    site_packages, patches_dir = _locations(args)
+    try:
+        return _report(applier.apply(site_packages, patches_dir, dry_run=args.dry_run))
+    except applier.Refused as err:
+        return _refused("apply", err)
+
+
+def _revert(args) -> int:
+    from airflow_dataset_race_fix.source_patches import applier
+
+    site_packages, patches_dir = _locations(args)
+    try:
+        return _report(applier.revert(site_packages, patches_dir, dry_run=args.dry_run))
+    except applier.Refused as err:
+        return _refused("revert", err)
+
+
+def _check(args) -> int:
+    from airflow_dataset_race_fix.source_patches import applier
+
+    site_packages, patches_dir = _locations(args)
+    try:
+        inspection = applier.inspect(site_packages, patches_dir)
+    except applier.Refused as err:
+        return _refused("check", err)
+    print(f"apache-airflow {inspection.version} in {site_packages}: source patches: {inspection.summary}")
+    for line in applier.describe(inspection):
+        print(f"  {line}")
+    return 0 if inspection.summary == "applied" else 1
+
+
+def _generate(args) -> int:
+    from airflow_dataset_race_fix.source_patches import generator, locations, wheels
+    from airflow_dataset_race_fix.targets import SUPPORTED_AIRFLOW_VERSIONS
+
+    patches_dir = args.patches_dir or locations.repo_patches_dir()
+    if patches_dir is None:
+        raise cli.UsageError("not running from the source tree; pass --patches-dir PATH")
+    versions = args.versions or list(SUPPORTED_AIRFLOW_VERSIONS)
+    unknown = [v for v in versions if v not in SUPPORTED_AIRFLOW_VERSIONS]
+    if unknown:
+        raise cli.UsageError(f"not a supported version: {', '.join(unknown)} (see targets.SUPPORTED_AIRFLOW_VERSIONS)")
+    generated = {}
+    for version in versions:
+        release = wheels.release_files(version, generator.target_paths(), args.wheel_cache)
+        try:
+            generated[version] = generator.render_version(version, release.files, patches_dir / version)
+        except generator.GenerationError as err:
+            print(f"airflow-dataset-race-fix generate-patches: {err}", file=sys.stderr)
+            return 1
+    if args.check:
+        problems = generator.differences(patches_dir, generated)
+        for problem in problems:
+            print(problem)
+        if problems:
+            print("patches/ is not up to date: run 'airflow-dataset-race-fix generate-patches'", file=sys.stderr)
+            return 1
+        print(f"patches/ is up to date for {', '.join(versions)}")
+        return 0
+    for version, files in generated.items():
+        for path in generator.write_version(patches_dir, version, files):
+            print(f"wrote {path}")
+    print(f"patches/ is up to date for {', '.join(versions)}")
+    return 0

@@ -1,0 +1,387 @@
+"""
+Apply, revert and check the source patches in a site-packages directory.
+
+Everything is decided before anything is written (the dry run): the installed Airflow
+version, each target file's state against the wheel's RECORD hash, and that every patch
+file produces exactly what the fix in this package produces. Only then are backups
+written and the targets replaced: each through a temporary file in the same directory
+and ``os.replace``, with SIGINT/SIGTERM held off while the files are swapped and the
+swapped ones put back if a later one fails. Then the bytecode of the touched files is
+rebuilt. A state this module cannot explain is refused, naming the file, the expected
+and found hashes and what to do, and nothing is changed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from airflow_dataset_race_fix import __version__
+from airflow_dataset_race_fix.source_patches import generator, unidiff
+from airflow_dataset_race_fix.source_patches.safe_write import (
+    NotWritable,
+    atomic_write,
+    check_writable,
+    cleanup_stale_temps,
+    refresh_bytecode,
+    replace_all,
+)
+from airflow_dataset_race_fix.source_patches.wheels import (
+    InstalledAirflow,
+    RecordError,
+    installed_airflow,
+    record_digest,
+    record_to_hex,
+)
+from airflow_dataset_race_fix.targets import SUPPORTED_AIRFLOW_VERSIONS
+
+PRISTINE = "pristine"  # the release's file, as its RECORD says
+PATCHED = "patched"  # the release's file with this package's patches
+OTHER_FIX = "patched by another version of the fix"  # our earlier apply, from backups
+MODIFIED = "modified"  # neither: refused
+MISSING = "missing"
+
+BACKUP_DIR = ".airflow-dataset-race-fix"  # in site-packages: pristine copies + manifest
+MANIFEST = "applied.json"
+
+
+class Refused(RuntimeError):
+    """The operation cannot be done safely; nothing was changed."""
+
+
+@dataclass
+class PatchFile:
+    name: str
+    path: Path
+    text: str
+    files: list[unidiff.FilePatch]
+
+
+@dataclass
+class Target:
+    path: str  # relative to site-packages
+    patches: list[PatchFile]
+    expected: str  # RECORD digest of the pristine file
+    found: str | None = None  # RECORD-style digest of the file now; None if missing
+    state: str = MISSING
+    pristine: bytes | None = None
+    patched: bytes | None = None
+
+    @property
+    def patch_names(self) -> str:
+        return ", ".join(p.name for p in self.patches)
+
+
+@dataclass
+class Inspection:
+    airflow: InstalledAirflow
+    patches_dir: Path
+    series: list[PatchFile]
+    targets: list[Target] = field(default_factory=list)
+
+    @property
+    def version(self) -> str:
+        return self.airflow.version
+
+    @property
+    def backup_root(self) -> Path:
+        return self.airflow.site_packages / BACKUP_DIR
+
+    @property
+    def states(self) -> set[str]:
+        return {t.state for t in self.targets}
+
+    @property
+    def summary(self) -> str:
+        states = self.states
+        if states == {PATCHED}:
+            return "applied"
+        if states == {PRISTINE}:
+            return "not applied"
+        if states <= {PATCHED, OTHER_FIX}:
+            return "applied by another version of airflow-dataset-race-fix (run apply to update)"
+        if states <= {PRISTINE, PATCHED, OTHER_FIX}:
+            return "half applied"
+        return "needs attention"
+
+
+# -- inspection (the dry run) ------------------------------------------------------------
+
+
+def _sha(digest: str | None) -> str:
+    return "none (file missing)" if digest is None else f"sha256 {record_to_hex(digest)}"
+
+
+def load_series(patches_dir: Path, version: str) -> list[PatchFile]:
+    directory = patches_dir / version
+    series_file = directory / "series"
+    if not series_file.is_file():
+        raise Refused(
+            f"no source patches for apache-airflow {version} in {patches_dir} ({series_file} is missing); "
+            "nothing was changed"
+        )
+    series = []
+    for name in generator.read_series(series_file.read_text(encoding="utf-8")):
+        path = directory / name
+        try:
+            text = path.read_text(encoding="utf-8")
+            _, files = unidiff.parse(text)
+        except (OSError, UnicodeDecodeError, unidiff.PatchError) as err:
+            raise Refused(
+                f"patch file {path} cannot be read as a patch ({err}); restore it from the repository "
+                "or regenerate it with 'airflow-dataset-race-fix generate-patches'; nothing was changed"
+            ) from err
+        series.append(PatchFile(name, path, text, files))
+    if not series:
+        raise Refused(f"{series_file} lists no patch; nothing was changed")
+    return series
+
+
+def _read_manifest(backup_root: Path) -> dict:
+    try:
+        return json.loads((backup_root / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+
+
+def _pristine_text(target: Target, current: bytes, manifest: dict, backup_root: Path) -> bytes | None:
+    """The pristine bytes behind ``current``, when they can be proven (RECORD hash)."""
+    if record_digest(current) == target.expected:
+        return current
+    entry = manifest.get("files", {}).get(target.path, {})
+    backup = backup_root / target.path
+    if entry.get("patched") == record_digest(current) and backup.is_file():
+        saved = backup.read_bytes()
+        if record_digest(saved) == target.expected:
+            return saved  # our own earlier apply, whatever the patch files say now
+    text = current.decode("utf-8", errors="surrogateescape")
+    try:
+        for patch in reversed(target.patches):
+            for file_patch in patch.files:
+                if file_patch.path == target.path:
+                    text = unidiff.apply(file_patch, text, reverse=True)
+    except unidiff.PatchError:
+        return None
+    candidate = text.encode("utf-8", errors="surrogateescape")
+    return candidate if record_digest(candidate) == target.expected else None
+
+
+def _forward(target: Target, pristine: bytes, version: str) -> str:
+    text = pristine.decode("utf-8")
+    for patch in target.patches:
+        for file_patch in patch.files:
+            if file_patch.path == target.path:
+                try:
+                    text = unidiff.apply(file_patch, text)
+                except unidiff.PatchError as err:
+                    raise Refused(
+                        f"patch file {patch.path} does not fit the pristine {target.path} of "
+                        f"apache-airflow {version} ({err}); it was edited by hand or belongs to another "
+                        "release: restore it from the repository or regenerate it with "
+                        "'airflow-dataset-race-fix generate-patches'; nothing was changed"
+                    ) from err
+    return text
+
+
+def inspect(site_packages: Path, patches_dir: Path) -> Inspection:
+    """Everything apply/revert/check need to know; reads only."""
+    try:
+        airflow = installed_airflow(site_packages)
+    except RecordError as err:
+        raise Refused(f"{err}; nothing was changed") from err
+    if airflow.version not in SUPPORTED_AIRFLOW_VERSIONS:
+        raise Refused(
+            f"apache-airflow {airflow.version} in {site_packages} is not supported: the source patches "
+            f"cover {', '.join(SUPPORTED_AIRFLOW_VERSIONS)}; nothing was changed. Use a supported "
+            "Airflow, or a release of airflow-dataset-race-fix that supports yours"
+        )
+    series = load_series(patches_dir, airflow.version)
+    result = Inspection(airflow, patches_dir, series)
+    paths = list(dict.fromkeys(fp.path for patch in series for fp in patch.files))
+    if sorted(paths) != sorted(generator.target_paths()):
+        raise Refused(
+            f"the series in {patches_dir / airflow.version} patches {', '.join(paths)}, but the fix needs "
+            f"{', '.join(generator.target_paths())}: restore patches/ from the repository; nothing was changed"
+        )
+    manifest = _read_manifest(result.backup_root)
+    for path in paths:
+        if path not in airflow.hashes:
+            raise Refused(f"{path} is not in {airflow.dist_info / 'RECORD'}; nothing was changed")
+        target = Target(path, [p for p in series if any(fp.path == path for fp in p.files)], airflow.hashes[path])
+        _inspect_target(target, result, manifest)
+        result.targets.append(target)
+    return result
+
+
+def _inspect_target(target: Target, inspection: Inspection, manifest: dict) -> None:
+    """Set the target's state, and its pristine and patched bytes when they can be proven."""
+    file = inspection.airflow.site_packages / target.path
+    if not file.is_file():
+        return  # MISSING
+    current = file.read_bytes()
+    target.found = record_digest(current)
+    pristine = _pristine_text(target, current, manifest, inspection.backup_root)
+    if pristine is None:
+        target.state = MODIFIED
+        return
+    target.pristine = pristine
+    module = target.path.removesuffix(".py").replace("/", ".")
+    try:
+        expected = generator.patched_source(module, pristine.decode("utf-8"), inspection.version)
+    except generator.GenerationError as err:
+        raise Refused(f"{err}; nothing was changed") from err
+    # The patch files must say exactly what the fix says (one source of truth).
+    if _forward(target, pristine, inspection.version) != expected:
+        raise Refused(
+            f"patch file {target.patches[0].path} differs from the fix in this package "
+            f"(airflow-dataset-race-fix {__version__}): it was edited by hand or is stale. Restore it "
+            "from the repository or regenerate it with 'airflow-dataset-race-fix generate-patches'; "
+            "nothing was changed"
+        )
+    target.patched = expected.encode("utf-8")
+    if current == pristine:
+        target.state = PRISTINE
+    elif current == target.patched:
+        target.state = PATCHED
+    else:
+        target.state = OTHER_FIX
+
+
+def _refuse_unexplained(inspection: Inspection) -> None:
+    """Refuse, naming every target that is neither pristine nor patched."""
+    problems = []
+    for t in inspection.targets:
+        if t.state == MODIFIED:
+            problems.append(
+                f"{inspection.airflow.site_packages / t.path} is neither the pristine apache-airflow "
+                f"{inspection.version} file nor the one its patches ({t.patch_names}) produce: expected "
+                f"{_sha(t.expected)} (from {inspection.airflow.dist_info.name}/RECORD) or that file with "
+                f"the patches applied, found {_sha(t.found)}. Something else changed it (a hand edit, "
+                "another patch, a custom build)"
+            )
+        elif t.state == MISSING:
+            problems.append(f"{inspection.airflow.site_packages / t.path} is missing (expected {_sha(t.expected)})")
+    if problems:
+        raise Refused(
+            "; ".join(problems) + ". Nothing was changed. To start from the release again: "
+            f"pip install --force-reinstall --no-deps apache-airflow=={inspection.version}, then apply"
+        )
+
+
+# -- operations --------------------------------------------------------------------------
+
+
+@dataclass
+class Outcome:
+    message: str
+    changed: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+def _write_backups(inspection: Inspection) -> None:
+    """Pristine copies and a manifest, written before any target is touched."""
+    root = inspection.backup_root
+    manifest = {
+        "apache-airflow": inspection.version,
+        "airflow-dataset-race-fix": __version__,
+        "patches": {p.name: hashlib.sha256(p.text.encode()).hexdigest() for p in inspection.series},
+        "files": {},
+    }
+    for t in inspection.targets:
+        backup = root / t.path
+        backup.parent.mkdir(parents=True, exist_ok=True)
+        if not backup.is_file() or backup.read_bytes() != t.pristine:
+            atomic_write(backup, t.pristine)
+        manifest["files"][t.path] = {"pristine": t.expected, "patched": record_digest(t.patched)}
+    atomic_write(root / MANIFEST, json.dumps(manifest, indent=2).encode() + b"\n")
+
+
+def _require_writable(directories: list[Path]) -> None:
+    try:
+        check_writable(directories)
+    except NotWritable as err:
+        raise Refused(
+            f"{err}; the site-packages is read-only for this user. Run as the user that owns the "
+            "installation (in an image build: before dropping privileges, or before the file system "
+            "is made read-only); nothing was changed"
+        ) from err
+
+
+def _target_dirs(inspection: Inspection) -> list[Path]:
+    return [(inspection.airflow.site_packages / t.path).parent for t in inspection.targets]
+
+
+def apply(site_packages: Path, patches_dir: Path, dry_run: bool = False) -> Outcome:
+    inspection = inspect(site_packages, patches_dir)
+    _refuse_unexplained(inspection)
+    names = ", ".join(p.name for p in inspection.series)
+    states = inspection.states
+    if states == {PATCHED}:
+        return Outcome(f"already applied: apache-airflow {inspection.version} in {site_packages} has {names}")
+    # All pristine: apply. All patched, some by an earlier release of this package: update
+    # (the pristine bytes are proven by the backups). A mix with pristine files: refuse.
+    if states != {PRISTINE} and not states <= {PATCHED, OTHER_FIX}:
+        listing = "; ".join(f"{t.path} ({t.patch_names}): {t.state}" for t in inspection.targets)
+        raise Refused(
+            f"the source patches are half applied in {site_packages} ({listing}). Nothing was changed: "
+            "run 'airflow-dataset-race-fix revert' to return to the pristine release, then 'apply'"
+        )
+    to_write = [t for t in inspection.targets if t.state != PATCHED]
+    verb = "applied" if states == {PRISTINE} else "updated (from another version of the fix)"
+    _require_writable([*_target_dirs(inspection), inspection.backup_root])
+    changed = [t.path for t in to_write]
+    if dry_run:
+        return Outcome(f"dry run: would have {verb} {names} for apache-airflow {inspection.version}", changed)
+    cleanup_stale_temps(_target_dirs(inspection))
+    _write_backups(inspection)
+    current = {t.path: (site_packages / t.path).read_bytes() for t in to_write}
+    replace_all([(site_packages / t.path, t.patched, current[t.path]) for t in to_write])
+    warnings = [w for t in to_write if (w := refresh_bytecode(site_packages / t.path))]
+    return Outcome(f"{verb} {names} to apache-airflow {inspection.version} in {site_packages}", changed, warnings)
+
+
+def revert(site_packages: Path, patches_dir: Path, dry_run: bool = False) -> Outcome:
+    inspection = inspect(site_packages, patches_dir)
+    _refuse_unexplained(inspection)
+    to_restore = [t for t in inspection.targets if t.state != PRISTINE]
+    if not to_restore:
+        if not dry_run:
+            _remove_backups(inspection)
+        return Outcome(f"not applied: apache-airflow {inspection.version} in {site_packages} is pristine")
+    _require_writable(_target_dirs(inspection))
+    changed = [t.path for t in to_restore]
+    if dry_run:
+        return Outcome(f"dry run: would restore the pristine {', '.join(changed)}", changed)
+    cleanup_stale_temps(_target_dirs(inspection))
+    current = {t.path: (site_packages / t.path).read_bytes() for t in to_restore}
+    replace_all([(site_packages / t.path, t.pristine, current[t.path]) for t in to_restore])
+    warnings = [w for t in to_restore if (w := refresh_bytecode(site_packages / t.path))]
+    _remove_backups(inspection)
+    return Outcome(
+        f"reverted: restored the pristine apache-airflow {inspection.version} {', '.join(changed)}", changed, warnings
+    )
+
+
+def _remove_backups(inspection: Inspection) -> None:
+    """Backups are only needed while a patched file exists."""
+    root = inspection.backup_root
+    if not root.is_dir():
+        return
+    with contextlib.suppress(OSError):
+        for t in inspection.targets:
+            (root / t.path).unlink(missing_ok=True)
+        (root / MANIFEST).unlink(missing_ok=True)
+        for directory in sorted((d for d in root.rglob("*") if d.is_dir()), key=lambda d: -len(d.parts)):
+            directory.rmdir()
+        root.rmdir()
+
+
+def describe(inspection: Inspection) -> list[str]:
+    """One line per target for ``check`` (and ``status``)."""
+    return [
+        f"{t.path}: {t.state} ({t.patch_names}; found {_sha(t.found)}, pristine {_sha(t.expected)})"
+        for t in inspection.targets
+    ]

@@ -1,0 +1,343 @@
+"""
+Source patches on every supported release: generated from the fix (the committed files
+must be what the generator writes), taken by the pristine files of the release's wheel
+with our CLI and with plain ``patch -p1``, compiled, and reverted to the exact pristine
+bytes. No Airflow install is touched: each test patches a throw-away site-packages.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from airflow_dataset_race_fix.cli import main
+from airflow_dataset_race_fix.source_patches import applier, generator, members
+from airflow_dataset_race_fix.source_patches.safe_write import TEMP_SUFFIX
+from airflow_dataset_race_fix.source_patches.wheels import record_digest, record_to_hex
+from airflow_dataset_race_fix.targets import MEMBERS, SUPPORTED_AIRFLOW_VERSIONS, members_of
+
+from source_patch_support import PATCHES_DIR, release, site_packages, snapshot
+
+VERSIONS = SUPPORTED_AIRFLOW_VERSIONS
+PATCH = shutil.which("patch")
+BACKUPS = applier.BACKUP_DIR
+
+
+def cli(capsys, command: str, sp, *extra, patches_dir=PATCHES_DIR) -> tuple[int, str, str]:
+    rc = main([command, "--site-packages", str(sp), "--patches-dir", str(patches_dir), *extra])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def sources(snap: dict[str, bytes]) -> dict[str, bytes]:
+    """A snapshot without bytecode caches."""
+    return {path: data for path, data in snap.items() if "__pycache__" not in path}
+
+
+def series(version: str) -> list[str]:
+    return generator.read_series((PATCHES_DIR / version / "series").read_text())
+
+
+def assert_patched(sp, version: str) -> None:
+    for spec in generator.PATCHES:
+        pristine = release(version).files[spec.path].decode()
+        text = (sp / spec.path).read_text()
+        assert text == generator.patched_source(spec.module, pristine, version)
+        compile(text, spec.path, "exec")
+        # What the shim's "source-patched" check compares: the member as inspect.getsource sees it.
+        lines = text.splitlines(keepends=True)
+        for member in members_of(spec.module):
+            assert members.member_lines(lines, member.owner, member.name) == members.fixed_member_lines(member)
+
+
+# -- generated, one source of truth -------------------------------------------------------
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_committed_patches_are_what_the_generator_writes(version):
+    generated = generator.render_version(version, release(version).files, PATCHES_DIR / version)
+    problems = generator.differences(PATCHES_DIR, {version: generated})
+    assert not problems, "run 'airflow-dataset-race-fix generate-patches': " + "; ".join(problems)
+
+
+def test_patches_exist_for_exactly_the_supported_versions():
+    assert sorted(d.name for d in PATCHES_DIR.iterdir() if d.is_dir()) == sorted(VERSIONS)
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_targeted_members_are_the_fingerprinted_originals(version):
+    for member in MEMBERS:
+        lines = release(version).files[generator.target_path(member.module)].decode().splitlines(keepends=True)
+        span = members.member_span(lines, member.owner, member.name)
+        if member.original_sha256 is None:
+            assert span is None, f"{member.qualname} already exists in {version}"
+        else:
+            assert members.dedented_sha256(lines[span[0] : span[1]]) == member.original_sha256, member.qualname
+
+
+def test_patch_headers_are_dep3_with_the_license_notice():
+    for path in sorted(PATCHES_DIR.glob("*/*.patch")):
+        header = path.read_text().split("\n---\n", 1)[0]
+        fields = {line.split(":", 1)[0] for line in header.splitlines() if line and not line.startswith(" ")}
+        assert {"Description", "Origin", "Bug", "Forwarded", "Last-Update"} <= fields, path
+        assert "Apache License, Version 2.0" in header and "Apache Software" in header, path
+        assert "https://github.com/apache/airflow/issues/56541" in header, path
+
+
+# -- every supported release, our CLI and plain patch -----------------------------------------
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_cli_applies_and_reverts(version, tmp_path, capsys):
+    sp = site_packages(version, tmp_path)
+    pristine = snapshot(sp)
+
+    rc, out, err = cli(capsys, "apply", sp, "--dry-run")
+    assert rc == 0 and out.startswith("dry run"), err
+    assert snapshot(sp) == pristine
+
+    rc, out, err = cli(capsys, "apply", sp)
+    assert rc == 0, err
+    assert_patched(sp, version)
+    for spec in generator.PATCHES:  # fresh bytecode next to each touched file
+        assert list((sp / spec.path).parent.glob("__pycache__/*.pyc")), spec.path
+
+    rc, out, err = cli(capsys, "apply", sp)
+    assert rc == 0 and out.startswith("already applied"), (out, err)
+    assert cli(capsys, "check", sp)[0] == 0
+
+    rc, out, err = cli(capsys, "revert", sp)
+    assert rc == 0, err
+    assert sources(snapshot(sp)) == pristine
+    assert not (sp / BACKUPS).exists()
+    rc, out, err = cli(capsys, "revert", sp)
+    assert rc == 0 and out.startswith("not applied"), (out, err)
+    assert cli(capsys, "check", sp)[0] == 1
+
+
+def run_patch(sp, patch_file, *options: str) -> str:
+    result = subprocess.run(
+        [PATCH, "-p1", "--forward", "--no-backup-if-mismatch", "-d", str(sp), "-i", str(patch_file), *options],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "offset" not in result.stdout and "fuzz" not in result.stdout, result.stdout  # exact fit
+    return result.stdout
+
+
+@pytest.mark.skipif(PATCH is None, reason="the 'patch' tool is not installed (apt-get install patch)")
+@pytest.mark.parametrize("version", VERSIONS)
+def test_plain_patch_takes_the_series_one_file_at_a_time(version, tmp_path, capsys):
+    sp = site_packages(version, tmp_path)
+    pristine = snapshot(sp)
+    for name in series(version):
+        run_patch(sp, PATCHES_DIR / version / name, "--dry-run")
+        run_patch(sp, PATCHES_DIR / version / name)
+    assert_patched(sp, version)
+    assert cli(capsys, "check", sp)[0] == 0  # our CLI knows a tree patched without it
+
+    for name in reversed(series(version)):
+        run_patch(sp, PATCHES_DIR / version / name, "--reverse")
+    assert snapshot(sp) == pristine
+
+    for name in series(version):
+        run_patch(sp, PATCHES_DIR / version / name)
+    rc, _, err = cli(capsys, "revert", sp)  # no backups here: revert by the patches, checked by RECORD
+    assert rc == 0, err
+    assert sources(snapshot(sp)) == pristine
+
+
+# -- bad input: refused clearly, nothing lost ---------------------------------------------------
+
+VERSION = "2.10.4"
+SCHEDULER = "airflow/jobs/scheduler_job_runner.py"
+MANAGER = "airflow/datasets/manager.py"
+
+
+def test_modified_target_is_refused(tmp_path, capsys):
+    sp = site_packages(VERSION, tmp_path)
+    (sp / SCHEDULER).write_bytes((sp / SCHEDULER).read_bytes() + b"# a local change\n")
+    before = snapshot(sp)
+    for command in ("apply", "revert", "check"):
+        rc, _, err = cli(capsys, command, sp)
+        assert rc == 1, command
+        assert snapshot(sp) == before, command
+    rc, _, err = cli(capsys, "apply", sp)
+    expected = record_to_hex(record_digest(release(VERSION).files[SCHEDULER]))
+    found = record_to_hex(record_digest(before[SCHEDULER]))
+    assert SCHEDULER in err and expected in err and found in err, err
+    assert "pip install --force-reinstall --no-deps apache-airflow==2.10.4" in err
+    assert not (sp / BACKUPS).exists()
+
+
+def test_hand_edit_after_apply_is_kept(tmp_path, capsys):
+    sp = site_packages(VERSION, tmp_path)
+    assert cli(capsys, "apply", sp)[0] == 0
+    (sp / MANAGER).write_text((sp / MANAGER).read_text().replace("# MySQL and SQLite", "# edited: MySQL and SQLite"))
+    before = snapshot(sp)
+    rc, _, err = cli(capsys, "revert", sp)
+    assert rc == 1 and MANAGER in err
+    assert snapshot(sp) == before  # the edit and the backups are still there
+
+
+def test_unsupported_version_is_refused(tmp_path, capsys):
+    sp = site_packages(VERSION, tmp_path)
+    dist_info = sp / f"apache_airflow-{VERSION}.dist-info"
+    metadata = dist_info / "METADATA"
+    metadata.write_text(metadata.read_text().replace(f"Version: {VERSION}", "Version: 2.9.3", 1))
+    dist_info.rename(sp / "apache_airflow-2.9.3.dist-info")
+    before = snapshot(sp)
+    rc, _, err = cli(capsys, "apply", sp)
+    assert rc == 1 and "apache-airflow 2.9.3" in err and "not supported" in err, err
+    assert snapshot(sp) == before
+
+
+def test_files_of_another_release_are_refused(tmp_path, capsys):
+    sp = site_packages(VERSION, tmp_path)
+    (sp / SCHEDULER).write_bytes(release("2.10.0").files[SCHEDULER])  # 2.10.0's file under 2.10.4's RECORD
+    before = snapshot(sp)
+    rc, _, err = cli(capsys, "apply", sp)
+    assert rc == 1 and SCHEDULER in err and "neither the pristine apache-airflow 2.10.4" in err, err
+    assert snapshot(sp) == before
+
+
+@pytest.mark.skipif(PATCH is None, reason="the 'patch' tool is not installed")
+def test_half_applied_series_is_refused_and_revert_recovers(tmp_path, capsys):
+    sp = site_packages(VERSION, tmp_path)
+    pristine = snapshot(sp)
+    run_patch(sp, PATCHES_DIR / VERSION / series(VERSION)[0])
+    before = snapshot(sp)
+    rc, out, err = cli(capsys, "apply", sp)
+    assert rc == 1 and "half applied" in err and "revert" in err, err
+    assert snapshot(sp) == before
+    rc, out, err = cli(capsys, "check", sp)
+    assert rc == 1 and "half applied" in out
+    assert cli(capsys, "revert", sp)[0] == 0
+    assert sources(snapshot(sp)) == pristine
+    assert cli(capsys, "apply", sp)[0] == 0
+
+
+def test_half_applied_patch_is_refused(tmp_path, capsys):
+    """Only the first hunk of 0002 applied (what a failed hand-run 'patch' can leave)."""
+    sp = site_packages(VERSION, tmp_path)
+    from airflow_dataset_race_fix.source_patches import unidiff
+
+    _, (file_patch,) = unidiff.parse((PATCHES_DIR / VERSION / series(VERSION)[1]).read_text())
+    file_patch.hunks = file_patch.hunks[:1]
+    (sp / SCHEDULER).write_text(unidiff.apply(file_patch, (sp / SCHEDULER).read_text()))
+    before = snapshot(sp)
+    rc, _, err = cli(capsys, "apply", sp)
+    assert rc == 1 and SCHEDULER in err and "neither the pristine" in err, err
+    assert snapshot(sp) == before
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda t: t.replace("one lock order with producers", "one lock order"), "differs from the fix"),
+        (lambda t: t.replace("\n             dag = self.dagbag.get_dag(", "\n             dag = self.dagbag.get_dag2(", 1), "does not fit"),
+        (lambda t: t.replace("+            Stats.incr(\"dataset.triggered_dagruns\")\n", "", 1), "cannot be read as a patch"),
+    ],
+    ids=["added-line", "context-line", "line-counts"],
+)
+def test_hand_edited_patch_file_is_refused(edit, message, tmp_path, capsys):
+    patches = tmp_path / "patches"
+    shutil.copytree(PATCHES_DIR / VERSION, patches / VERSION)
+    edited = patches / VERSION / series(VERSION)[1]
+    text = edited.read_text()
+    assert edit(text) != text
+    edited.write_text(edit(text))
+    sp = site_packages(VERSION, tmp_path)
+    before = snapshot(sp)
+    rc, _, err = cli(capsys, "apply", sp, patches_dir=patches)
+    assert rc == 1 and message in err and str(edited) in err, err
+    assert snapshot(sp) == before
+
+
+def test_read_only_site_packages_is_refused(tmp_path):
+    sp = site_packages(VERSION, tmp_path)
+    before = snapshot(sp)
+    command = [sys.executable, "-m", "airflow_dataset_race_fix", "apply", "--site-packages", str(sp),
+               "--patches-dir", str(PATCHES_DIR)]
+    if os.geteuid() == 0:
+        setpriv = shutil.which("setpriv")
+        if setpriv is None:
+            pytest.skip("running as root without setpriv: cannot take away root's write access")
+        command = [setpriv, "--bounding-set=-dac_override,-fowner", *command]
+    read_only = sp / "airflow" / "jobs"  # the second target only: the first must stay untouched too
+    read_only.chmod(0o555)
+    try:
+        result = subprocess.run(command, capture_output=True, text=True)
+    finally:
+        read_only.chmod(0o755)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert f"cannot write to {read_only}" in result.stderr and "read-only" in result.stderr, result.stderr
+    assert snapshot(sp) == before
+    assert not (sp / BACKUPS).exists()
+
+
+@pytest.mark.parametrize("where", [BACKUPS, "."], ids=["writing-backups", "swapping-targets"])
+def test_interrupted_apply_leaves_everything_pristine(where, tmp_path, capsys, monkeypatch):
+    sp = site_packages(VERSION, tmp_path)
+    pristine = snapshot(sp)
+    real_replace = os.replace
+
+    def interrupted(src, dst):
+        # Ctrl-C as the second file is written (for targets: after manager.py was swapped in).
+        if str(dst) == str((sp / where / SCHEDULER).resolve()):
+            raise KeyboardInterrupt
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", interrupted)
+    rc, _, err = cli(capsys, "apply", sp)
+    monkeypatch.undo()
+    assert rc == 130
+    after = sources(snapshot(sp))
+    assert {p: after[p] for p in pristine} == pristine  # targets pristine again
+    assert not [p for p in after if p.endswith(TEMP_SUFFIX)]  # no temporary file left
+    assert cli(capsys, "apply", sp)[0] == 0
+    assert_patched(sp, VERSION)
+
+
+def test_patches_of_another_version_of_the_fix_are_updated_or_reverted(tmp_path, capsys, monkeypatch):
+    """After upgrading this package: the old patched files are known by the backups' manifest."""
+    sp = site_packages(VERSION, tmp_path)
+    pristine = snapshot(sp)
+    assert cli(capsys, "apply", sp)[0] == 0
+    old_patched = snapshot(sp)
+    real = generator.patched_source
+    monkeypatch.setattr(generator, "patched_source", lambda *a: real(*a) + "# fix v2\n")
+    patches = tmp_path / "patches"
+    generator.write_version(patches, VERSION, generator.render_version(VERSION, release(VERSION).files))
+
+    rc, out, err = cli(capsys, "check", sp, patches_dir=patches)
+    assert rc == 1 and "another version" in out, out + err
+    rc, out, err = cli(capsys, "revert", sp, patches_dir=patches)  # the pristine files, from the backups
+    assert rc == 0, err
+    assert sources(snapshot(sp)) == pristine
+
+    monkeypatch.undo()
+    assert cli(capsys, "apply", sp)[0] == 0
+    monkeypatch.setattr(generator, "patched_source", lambda *a: real(*a) + "# fix v2\n")
+    rc, out, err = cli(capsys, "apply", sp, patches_dir=patches)
+    assert rc == 0 and out.startswith("updated"), out + err
+    assert all((sp / p).read_text().endswith("# fix v2\n") for p in (MANAGER, SCHEDULER))
+    assert sources(snapshot(sp)) != sources(old_patched)
+    rc, out, err = cli(capsys, "revert", sp, patches_dir=patches)
+    assert rc == 0 and sources(snapshot(sp)) == pristine, err
+
+
+def test_series_missing_a_patch_is_refused(tmp_path, capsys):
+    patches = tmp_path / "patches"
+    shutil.copytree(PATCHES_DIR / VERSION, patches / VERSION)
+    (patches / VERSION / "series").write_text(series(VERSION)[0] + "\n")
+    sp = site_packages(VERSION, tmp_path)
+    before = snapshot(sp)
+    rc, _, err = cli(capsys, "apply", sp, patches_dir=patches)
+    assert rc == 1 and SCHEDULER in err and "restore patches/" in err, err
+    assert snapshot(sp) == before
