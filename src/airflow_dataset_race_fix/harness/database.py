@@ -30,6 +30,12 @@ DEFAULT_SERVER_URLS = {
 }
 
 
+# Airflow's [database] sql_alchemy_connect_args for the SQLite test databases: several
+# producer processes wait for SQLite's single write lock; on a loaded 2-core machine the
+# default 5 s busy timeout turns that wait into "database is locked" failures.
+SQLITE_CONNECT_ARGS = {"timeout": 60, "check_same_thread": False}
+
+
 class DatabaseUnavailable(RuntimeError):
     """The database server cannot be reached or refused to create a database."""
 
@@ -114,6 +120,8 @@ def configure_airflow_env(sql_alchemy_conn: str, airflow_home: str | None = None
         "AIRFLOW__LOGGING__LOGGING_LEVEL": os.environ.get("ADRF_AIRFLOW_LOG_LEVEL", "WARNING"),
         "AIRFLOW__SCHEDULER__MIN_SERIALIZED_DAG_FETCH_INTERVAL": "0",
     }
+    if sql_alchemy_conn.startswith("sqlite"):
+        settings["AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS"] = f"{__name__}.SQLITE_CONNECT_ARGS"
     os.environ.update(settings)
     return airflow_home
 

@@ -2,7 +2,8 @@
 Random concurrent stress: producer processes, scheduler loops, then a drain and the
 invariant counts. Random but reproducible: every choice comes from the printed seed.
 
-Producers are separate processes (forked, each with its own connections). Each event
+Producers and scheduler loops are separate interpreters (spawned, not forked: a forked
+child would inherit the parent's database sockets). Each event
 goes to dataset ``a`` or ``b``; some producers hold their transaction open a few
 milliseconds after the event is flushed, which is where commit order and timestamp order
 part. Consumers: one DAG on ``a``, one on ``a & b`` and one on ``a | b``. One scheduler
@@ -64,16 +65,27 @@ class StressResult:
         return problems
 
 
-def _fresh_connections() -> None:
-    """In a forked child: forget the parent's pooled connections without closing them."""
-    settings.engine.dispose(close=False)
+def _start_child(fixed: bool) -> None:
+    """In a spawned child: the same variant as the parent (stock, or the fix in place)."""
+    if fixed:
+        import airflow_dataset_race_fix
+
+        airflow_dataset_race_fix.apply(strict=True)
 
 
-def _producer(index: int, uris: list[str], config: StressConfig, results) -> None:
-    _fresh_connections()
+def _fix_is_active() -> bool:
+    from airflow_dataset_race_fix import runtime
+
+    name = "airflow.jobs.scheduler_job_runner"
+    return runtime.module_state(name).state in (runtime.PATCHED, runtime.SOURCE_PATCHED)
+
+
+def _producer(index: int, uris: list[str], config: StressConfig, fixed: bool, ready, results) -> None:
+    _start_child(fixed)
     from airflow.datasets import Dataset
     from airflow.datasets.manager import dataset_manager
 
+    ready.wait()  # every child has imported Airflow: start together
     rng = random.Random(config.seed * 1000 + index)
     holds = rng.random() < config.holding_share
     ok, failures, samples = 0, 0, []
@@ -96,8 +108,8 @@ def _producer(index: int, uris: list[str], config: StressConfig, results) -> Non
     results.put(("producer", ok, failures, samples))
 
 
-def _scheduler(index: int, stop, results) -> None:
-    _fresh_connections()
+def _scheduler(index: int, fixed: bool, ready, stop, results) -> None:
+    _start_child(fixed)
     from airflow.jobs.job import Job
     from airflow.jobs.scheduler_job_runner import SchedulerJobRunner
     from airflow.utils.sqlalchemy import prohibit_commit
@@ -108,6 +120,7 @@ def _scheduler(index: int, stop, results) -> None:
     session.commit()
     runner = SchedulerJobRunner(job=job, num_runs=1)
     loops, failures, samples = 0, 0, []
+    ready.wait()
     while not stop.is_set():
         try:
             with prohibit_commit(session) as guard:
@@ -135,16 +148,18 @@ def run_stress(config: StressConfig, *, log=print) -> StressResult:
     world.consumer("single_a", [a])
     world.consumer("all_a_b", DatasetAll(a, b))
     world.consumer("any_a_b", DatasetAny(a, b))
-    settings.engine.dispose()  # children must not share the parent's sockets
+    fixed = _fix_is_active()
 
-    ctx = multiprocessing.get_context("fork")
-    results, stop = ctx.Queue(), ctx.Event()
-    scheduler_procs = [ctx.Process(target=_scheduler, args=(i, stop, results)) for i in range(schedulers)]
+    ctx = multiprocessing.get_context("spawn")
+    results, stop, ready = ctx.Queue(), ctx.Event(), ctx.Barrier(schedulers + config.producers + 1)
+    scheduler_procs = [ctx.Process(target=_scheduler, args=(i, fixed, ready, stop, results)) for i in range(schedulers)]
     producer_procs = [
-        ctx.Process(target=_producer, args=(i, [a.uri, b.uri], config, results)) for i in range(config.producers)
+        ctx.Process(target=_producer, args=(i, [a.uri, b.uri], config, fixed, ready, results))
+        for i in range(config.producers)
     ]
     for proc in scheduler_procs + producer_procs:
         proc.start()
+    ready.wait(timeout=300)
     for proc in producer_procs:
         proc.join()
     stop.set()
