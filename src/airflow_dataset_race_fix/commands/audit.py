@@ -1,7 +1,427 @@
-"""``audit``: not implemented yet."""
+"""
+``audit``: the damage the race already did, from the metadata database; ``--requeue`` recovers.
+
+Read-only by default. It reports per consuming DAG (the invariant checker's counters, see
+``airflow_dataset_race_fix.invariant``):
+
+- suspected lost: events that no run of the DAG consumed although a later
+  dataset-triggered run of the DAG exists. Stock semantics put every event between two
+  runs into the later run's window, so these were most likely lost to the race. "Suspected"
+  because Airflow records neither pauses nor schedule changes nor deleted runs: an event
+  from before a DAG was scheduled on the dataset, or whose run was deleted, shows here too;
+- doubled: events consumed by more than one run of the same DAG;
+- empty runs: dataset-triggered runs that consumed no event;
+- out of order: runs whose logical date is before that of a run created earlier;
+- stale queue rows: queue rows older than the DAG's latest dataset-triggered run (stock
+  Airflow turns them into an out-of-order run);
+- not queued: unconsumed events whose dataset has no queue row for the DAG (nothing will
+  trigger the DAG for them; normal for events produced while the DAG was paused).
+
+``--requeue`` (dry run unless ``--yes``; refused unless the fix is active in this
+interpreter) gives every DAG with *stranded* events (suspected lost or not queued) a
+queue row dated at its oldest such event; see ``airflow_dataset_race_fix.requeue``.
+
+Exit status: 0 clean, 1 findings (suspected lost, doubled, empty or out-of-order runs),
+2 bad input (unreachable database, not an Airflow 2.10/2.11 schema, bad option, requeue refused).
+
+Database: Airflow's own configuration (``[database] sql_alchemy_conn``), or ``--db-url``.
+The audit reads in one REPEATABLE READ transaction (PostgreSQL, MySQL), so counts and
+lists come from one snapshot.
+"""
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import fnmatch
+import json
+import re
+import sys
+import time
+from dataclasses import asdict
+from datetime import datetime, timedelta, timezone
+
+from airflow_dataset_race_fix.cli import UsageError
+
+TABLE_LIMIT = 20  # rows per section in the table unless --limit
+REQUIRED_TABLES = (
+    "alembic_version",
+    "dag",
+    "dag_run",
+    "dag_schedule_dataset_reference",
+    "dagrun_dataset_event",
+    "dataset",
+    "dataset_dag_run_queue",
+    "dataset_event",
+    "serialized_dag",
+)
+# Alembic heads of the schemas the audit reads: 2.10.0-2.10.2, and 2.10.3-2.11.x (2.11 added no migration).
+SUPPORTED_REVISIONS = {"22ed7efa9da2": "2.10.0", "5f2621c13b39": "2.10.3"}
+
 
 def register(subparsers) -> None:
-    pass
+    parser = subparsers.add_parser(
+        "audit",
+        help="find lost, doubled, empty and out-of-order dataset-triggered runs; --requeue recovers lost events",
+        description=(
+            "Audit dataset-triggered scheduling in an Airflow 2.10/2.11 metadata database. "
+            "Read-only unless --requeue --yes. Exit status: 0 clean, 1 findings, 2 bad input."
+        ),
+    )
+    parser.add_argument("--db-url", metavar="URL", help="SQLAlchemy URL (default: Airflow's sql_alchemy_conn)")
+    parser.add_argument(
+        "--dag-id",
+        action="append",
+        metavar="DAG_ID",
+        help="only this consuming DAG (repeatable; shell wildcards * ? [] allowed)",
+    )
+    parser.add_argument(
+        "--since",
+        metavar="WHEN",
+        help="only events and runs from WHEN: an ISO date/time (UTC unless it says otherwise) "
+        "or a duration back from now such as 90m, 12h, 7d",
+    )
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument(
+        "--limit",
+        type=int,
+        metavar="N",
+        help=f"list at most N items per section (default {TABLE_LIMIT}; all with --json)",
+    )
+    parser.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="progress on stderr while scanning (default: when stderr is a terminal)",
+    )
+    parser.add_argument(
+        "--requeue",
+        action="store_true",
+        help="give each DAG with stranded events a queue row that makes the fixed scheduler "
+        "consume them (dry run unless --yes; refused unless the fix is active here)",
+    )
+    parser.add_argument("--yes", action="store_true", help="with --requeue: write the queue rows")
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    since = parse_since(args.since)
+    if args.yes and not args.requeue:
+        raise UsageError("--yes only goes with --requeue")
+    if args.limit is not None and args.limit < 0:
+        raise UsageError("--limit must be 0 or more")
+    limit = args.limit if args.limit is not None else (None if args.json else TABLE_LIMIT)
+    # Airflow logs to stdout (e.g. while deserializing DAGs); keep stdout for the report alone.
+    with contextlib.redirect_stdout(sys.stderr):
+        result, where, dag_ids, seconds, writes, written = _audit_and_requeue(args, since, limit)
+    if args.json:
+        data = _as_json(result, where, since, dag_ids, seconds, args, writes, written)
+        print(json.dumps(data, default=_json_default, indent=2))
+    else:
+        print(render(result, where, since, dag_ids, seconds, limit))
+        if args.requeue:
+            print()
+            print(render_requeue(writes, written))
+    return 1 if result.report.findings() else 0
+
+
+def _audit_and_requeue(args: argparse.Namespace, since: datetime | None, limit: int | None):
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from airflow_dataset_race_fix import invariant, requeue
+
+    if args.requeue:
+        try:
+            requeue.ensure_fix_active()
+        except requeue.RequeueRefused as err:
+            raise UsageError(str(err)) from None
+    engine, where = open_database(args.db_url)
+    started = time.monotonic()
+    try:
+        with _snapshot(engine) as session:
+            dag_ids = select_dags(invariant.consuming_dag_ids(session), args.dag_id)
+            result = invariant.audit(session, dag_ids, since=since, limit=limit, progress=_progress(args.progress))
+    except SQLAlchemyError as err:
+        raise UsageError(f"reading {where} failed: {_first_line(err)}") from None
+    seconds = time.monotonic() - started
+
+    writes, written = [], None
+    if args.requeue:
+        writes = requeue.plan(result.stranded)
+        if args.yes:
+            try:
+                written = requeue.apply(engine, writes)
+            except requeue.RequeueRefused as err:
+                raise UsageError(str(err)) from None
+    return result, where, dag_ids, seconds, writes, written
+
+
+# -- input ------------------------------------------------------------------------------
+_DURATION = re.compile(r"^(\d+)\s*([smhdw])$")
+_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
+
+
+def parse_since(value: str | None) -> datetime | None:
+    if value is None:
+        return None
+    match = _DURATION.match(value.strip().lower())
+    if match:
+        return datetime.now(timezone.utc) - timedelta(**{_UNITS[match[2]]: int(match[1])})
+    try:
+        when = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise UsageError(
+            f"--since {value!r}: expected an ISO date or date/time (2025-06-01, 2025-06-01T12:00+02:00) "
+            "or a duration such as 90m, 12h, 7d"
+        ) from None
+    return when.replace(tzinfo=timezone.utc) if when.tzinfo is None else when.astimezone(timezone.utc)
+
+
+def select_dags(consuming: list[str], patterns: list[str] | None) -> list[str]:
+    if not patterns:
+        return consuming
+    chosen = set()
+    for pattern in patterns:
+        matched = fnmatch.filter(consuming, pattern)
+        if not matched:
+            raise UsageError(f"--dag-id {pattern!r}: no DAG scheduled on datasets matches it")
+        chosen.update(matched)
+    return sorted(chosen)
+
+
+# -- database ---------------------------------------------------------------------------
+def open_database(db_url: str | None):
+    """The engine to audit, checked to reach an Airflow 2.10/2.11 schema; (engine, redacted URL)."""
+    from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+
+    if db_url is None:
+        from airflow import settings
+
+        if settings.engine is None:
+            settings.configure_orm()
+        engine = settings.engine
+    else:
+        try:
+            engine = _engine_for(db_url)
+        except (ArgumentError, NoSuchModuleError, ImportError) as err:
+            raise UsageError(f"--db-url: {err}") from None
+    where = engine.url.render_as_string(hide_password=True)
+    _check_schema(engine, where)
+    return engine, where
+
+
+def _engine_for(url: str):
+    """An engine set up as Airflow sets up its own (UTC session time zone on MySQL, READ COMMITTED)."""
+    from sqlalchemy import create_engine
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.pool import NullPool
+
+    from airflow.utils.orm_event_handlers import setup_event_handlers
+
+    options: dict = {"poolclass": NullPool}
+    if make_url(url).get_backend_name() == "mysql":
+        options["isolation_level"] = "READ COMMITTED"
+    engine = create_engine(url, **options)
+    setup_event_handlers(engine)
+    return engine
+
+
+def _check_schema(engine, where: str) -> None:
+    from sqlalchemy import inspect, text
+    from sqlalchemy.exc import SQLAlchemyError
+
+    try:
+        conn = engine.connect()
+    except SQLAlchemyError as err:
+        raise UsageError(f"cannot connect to the metadata database at {where}: {_first_line(err)}") from None
+    try:
+        tables = set(inspect(conn).get_table_names())
+        missing = [t for t in REQUIRED_TABLES if t not in tables]
+        if missing:
+            raise UsageError(
+                f"{where} is not an Airflow 2.10/2.11 metadata database: missing tables {', '.join(missing)}"
+            )
+        revisions = list(conn.scalars(text("SELECT version_num FROM alembic_version")))
+    except SQLAlchemyError as err:
+        raise UsageError(f"cannot read the metadata database at {where}: {_first_line(err)}") from None
+    finally:
+        conn.close()
+    if not any(r in SUPPORTED_REVISIONS for r in revisions):
+        raise UsageError(
+            f"{where} is not an Airflow 2.10/2.11 metadata database: alembic revision "
+            f"{', '.join(revisions) or 'none'}{_airflow_release(revisions)}; the audit reads the 2.10 schema "
+            f"(revisions {', '.join(SUPPORTED_REVISIONS)})"
+        )
+
+
+def _airflow_release(revisions: list[str]) -> str:
+    try:
+        from airflow.utils.db import _REVISION_HEADS_MAP
+    except ImportError:
+        return ""
+    releases = [version for version, head in _REVISION_HEADS_MAP.items() if head in revisions]
+    return f" (Airflow {releases[-1]}'s schema)" if releases else ""
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(getattr(err, "orig", None) or err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+class _snapshot:
+    """A session reading one snapshot (REPEATABLE READ where the backend has it), closed after."""
+
+    def __init__(self, engine) -> None:
+        self.engine = engine
+
+    def __enter__(self):
+        from sqlalchemy.orm import Session
+
+        self.connection = self.engine.connect()
+        if self.engine.dialect.name in ("postgresql", "mysql"):
+            self.connection = self.connection.execution_options(isolation_level="REPEATABLE READ")
+        self.session = Session(bind=self.connection)
+        return self.session
+
+    def __exit__(self, *exc) -> None:
+        self.session.rollback()  # read-only: nothing to commit
+        self.session.close()
+        self.connection.close()
+
+
+def _progress(enabled: bool | None):
+    if enabled is None:
+        enabled = sys.stderr.isatty()
+    if not enabled:
+        return None
+    started = time.monotonic()
+    tty = sys.stderr.isatty()
+
+    def show(done: int, total: int) -> None:
+        line = f"audit: {done}/{total} DAGs scanned, {time.monotonic() - started:.1f}s"
+        end = "\n" if not tty or done == total else ""
+        print(("\r" if tty else "") + line, end=end, file=sys.stderr, flush=True)
+
+    return show
+
+
+# -- output -----------------------------------------------------------------------------
+def _ts(value: datetime | None) -> str:
+    return "" if value is None else value.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+
+
+def render(result, where: str, since, dag_ids: list[str], seconds: float, limit: int | None) -> str:
+    from tabulate import tabulate
+
+    report = result.report
+    scope = f"{len(dag_ids)} consuming DAG(s)" + (f", events and runs since {_ts(since)} UTC" if since else "")
+    lines = [f"Audit of {where}: {scope}", ""]
+    columns = ("runs", "produced", "consumed", "suspected_lost", "doubled", "empty_runs", "out_of_order",
+               "stale_queue_rows", "lost")
+    headers = ["DAG", "runs", "events", "consumed", "suspected lost", "doubled", "empty runs", "out of order",
+               "stale queue rows", "not queued"]
+    rows = [[d.dag_id, *(getattr(d, c) for c in columns)] for d in report.dags]
+    rows.append(["TOTAL", *(report.total(c) for c in columns)])
+    lines.append(tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True))
+
+    sections = [
+        (
+            "Stranded events per DAG and dataset (no run consumed them: a later run exists, or nothing is queued)",
+            ["DAG", "dataset", "events", "suspected lost", "not queued", "oldest", "newest", "queue row"],
+            [[g.dag_id, g.dataset_uri, g.events, g.suspected_lost, g.not_queued, _ts(g.oldest), _ts(g.newest),
+              _ts(g.queued_at) or "none"] for g in result.stranded],
+            len(result.stranded),
+        ),
+        (
+            "Suspected lost events",
+            ["DAG", "event", "dataset", "timestamp"],
+            [[e.dag_id, e.event_id, e.dataset_uri, _ts(e.timestamp)] for e in result.suspected_lost],
+            report.total("suspected_lost"),
+        ),
+        (
+            "Events consumed by more than one run of the same DAG",
+            ["DAG", "event", "dataset", "timestamp", "runs"],
+            [[e.dag_id, e.event_id, e.dataset_uri, _ts(e.timestamp), ", ".join(e.run_ids)] for e in result.doubled],
+            report.total("doubled"),
+        ),
+        (
+            "Dataset-triggered runs that consumed no event",
+            ["DAG", "run", "logical date"],
+            [[r.dag_id, r.run_id, _ts(r.logical_date)] for r in result.empty_runs],
+            report.total("empty_runs"),
+        ),
+        (
+            "Runs dated before a run created earlier",
+            ["DAG", "run", "logical date", "earlier run dated"],
+            [[r.dag_id, r.run_id, _ts(r.logical_date), _ts(r.earlier_run_date)] for r in result.out_of_order],
+            report.total("out_of_order"),
+        ),
+        (
+            "Queue rows older than the DAG's latest dataset-triggered run",
+            ["DAG", "dataset", "created at", "latest run"],
+            [[q.dag_id, q.dataset_uri, _ts(q.created_at), _ts(q.latest_run_date)] for q in result.stale_queue_rows],
+            report.total("stale_queue_rows"),
+        ),
+    ]
+    for title, headers, rows, total in sections:
+        if not total:
+            continue
+        shown = rows if limit is None else rows[:limit]
+        more = f" (first {len(shown)} of {total}; --limit N or --json for more)" if len(shown) < total else ""
+        table = tabulate(shown, headers=headers, tablefmt="simple", disable_numparse=True)
+        lines += ["", f"{title}: {total}{more}", table]
+
+    findings = report.findings()
+    summary = ", ".join(f"{n} {name.replace('_', ' ')}" for name, n in findings.items()) or "no findings"
+    lines += ["", f"{summary}; scanned in {seconds:.1f}s."]
+    if report.total("suspected_lost"):
+        lines.append(
+            "Suspected: Airflow records no pauses, schedule changes or deleted runs, so an event may show "
+            "here that its DAG was not meant to see. 'audit --requeue' (dry run) shows how to recover them."
+        )
+    return "\n".join(lines)
+
+
+def render_requeue(writes, written: int | None) -> str:
+    from tabulate import tabulate
+
+    from airflow_dataset_race_fix.requeue import KEEP
+
+    if not writes:
+        return "Requeue: nothing to requeue."
+    rows = [[w.dag_id, w.dataset_uri, w.events, _ts(w.current) or "none", w.action, _ts(w.created_at)] for w in writes]
+    table = tabulate(rows, headers=["DAG", "dataset", "events", "queue row now", "action", "created_at"],
+                     tablefmt="simple", disable_numparse=True)
+    changes = sum(1 for w in writes if w.action != KEEP)
+    if written is None:
+        tail = f"Dry run: {changes} queue row(s) would be written. Run again with --requeue --yes to write them."
+    else:
+        tail = (
+            f"Requeued: {written} queue row(s) written in one transaction. The fixed scheduler consumes the "
+            "events in its next loops (an AND condition waits for its other datasets); audit again to confirm."
+        )
+    return "\n".join(["Requeue plan (queue rows only; no event or run is changed):", table, tail])
+
+
+def _as_json(result, where, since, dag_ids, seconds, args, writes, written) -> dict:
+    data = {
+        "database": where,
+        "since": since,
+        "dag_ids": dag_ids,
+        "seconds": round(seconds, 3),
+        "findings_total": result.report.findings(),
+        **result.as_dict(),
+    }
+    if args.requeue:
+        data["requeue"] = {
+            "mode": "applied" if written is not None else "dry-run",
+            "written": written,
+            "rows": [asdict(w) for w in writes],
+        }
+    return data
+
+
+def _json_default(value):
+    if isinstance(value, datetime):
+        return value.isoformat()
+    raise TypeError(f"not JSON serializable: {type(value).__name__}")

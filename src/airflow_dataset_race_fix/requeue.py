@@ -1,0 +1,173 @@
+"""
+``audit --requeue``: make stranded events reach their consumers through the fixed scheduler.
+
+Only queue rows are written (``dataset_dag_run_queue``: dataset_id, target_dag_id,
+created_at); no event and no run is deleted or rewritten. For each (DAG, dataset) with
+stranded events (see ``invariant.StrandedGroup``) the DAG gets a queue row whose
+created_at is at or before the oldest stranded event: a missing row is inserted, an
+existing row's created_at is lowered to min(existing, oldest event), a row already old
+enough is left alone. All rows in one transaction, in the scheduler's lock order.
+
+Why that is enough with the fixed scheduler (``fix/jobs/scheduler_job_runner.py``):
+
+- the row makes the DAG ready the usual way (``DagModel.dags_needing_dagruns`` evaluates
+  the DAG's condition on its queued datasets; an AND condition still waits for its
+  partner's next event, as it should);
+- the fixed scheduler selects the DAG's events that no run of the DAG consumed with
+  ``timestamp >= min(latest run's date, oldest queue row read) - lookback``: the lowered
+  created_at takes that floor down to the oldest stranded event, so all of them are taken,
+  and only the DAG's unconsumed events (never one twice);
+- it deletes queue rows only *as read* (key and created_at). A scheduler that read a row
+  before the requeue lowered it deletes nothing, so the row survives for its next loop;
+  where Airflow locks rows (PostgreSQL, MySQL 8), the requeue waits for the scheduler's
+  lock instead. A concurrent fixed producer may move created_at forward again (it only
+  ever moves rows forward); then the floor may miss the oldest events and a second
+  audit shows what is left: run ``--requeue`` again.
+
+The stock scheduler would instead take the window ``(run before the row, max(created_at)]``
+and create a run dated in the past (S6): that is why the requeue refuses unless the fix is
+active in this interpreter.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy import func
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.orm import Session
+
+from airflow_dataset_race_fix.invariant import StrandedGroup
+
+SCHEDULER_MODULE = "airflow.jobs.scheduler_job_runner"
+INSERT, LOWER, KEEP = "insert", "lower", "keep"
+
+
+class RequeueRefused(RuntimeError):
+    """The requeue cannot or must not write; the message says why, in one line."""
+
+
+@dataclass
+class QueueWrite:
+    dag_id: str
+    dataset_id: int
+    dataset_uri: str
+    events: int
+    created_at: datetime  # the created_at the row must have at most: the oldest stranded event
+    current: datetime | None  # the row's created_at when audited, None if missing
+    action: str  # insert, lower or keep
+
+
+def plan(groups: list[StrandedGroup]) -> list[QueueWrite]:
+    writes = []
+    for g in groups:
+        if g.queued_at is None:
+            action = INSERT
+        elif g.queued_at > g.oldest:
+            action = LOWER
+        else:
+            action = KEEP
+        writes.append(QueueWrite(g.dag_id, g.dataset_id, g.dataset_uri, g.events, g.oldest, g.queued_at, action))
+    return writes
+
+
+def ensure_fix_active() -> str:
+    """
+    Refuse unless this interpreter runs the fixed scheduler code: imported with the shim
+    active, or Airflow's source already patched.
+
+    We do not call ``apply()`` here: that would always succeed on a supported Airflow and say
+    nothing about the deployment. Run where the scheduler runs (same environment, same
+    shim route), so that "active here" stands for "active in the scheduler".
+    """
+    import importlib
+
+    from airflow_dataset_race_fix import runtime
+
+    importlib.import_module(SCHEDULER_MODULE)  # the shim's post-import hook patches it here
+    state = runtime.module_state(SCHEDULER_MODULE)
+    if state.state in (runtime.PATCHED, runtime.SOURCE_PATCHED):
+        return state.state
+    raise RequeueRefused(
+        f"refusing to requeue: the fix is not active in this interpreter ({SCHEDULER_MODULE}: "
+        f"{state.state}{', ' + state.detail if state.detail else ''}). Requeued events reach their "
+        "consumers only through the fixed scheduler; run this where the scheduler runs, with the "
+        "shim active (PYTHONPATH=$(airflow-dataset-race-fix shim path) or "
+        "'airflow-dataset-race-fix shim install-pth') or the source patches applied"
+    )
+
+
+def apply(engine: Engine, writes: list[QueueWrite]) -> int:
+    """Write the rows that need it, in one transaction; returns how many were written."""
+    rows = [
+        {"dataset_id": w.dataset_id, "target_dag_id": w.dag_id, "created_at": w.created_at}
+        for w in sorted(writes, key=lambda w: (w.dataset_id, w.dag_id))  # the scheduler's lock order
+        if w.action != KEEP
+    ]
+    if not rows:
+        return 0
+    try:
+        with Session(bind=engine) as session, session.begin():
+            session.execute(_upsert(engine.dialect.name), rows)
+    except DBAPIError as err:
+        raise RequeueRefused(_explain(err)) from None
+    return len(rows)
+
+
+def _upsert(dialect: str):
+    """
+    Insert the row, or lower an existing row's created_at; never raise it. The upsert (not a
+    read then a write) keeps a producer that inserts the same key meanwhile from failing us.
+    """
+    from airflow.models.dataset import DatasetDagRunQueue
+
+    table = DatasetDagRunQueue.__table__
+    keys = [table.c.dataset_id, table.c.target_dag_id]
+    if dialect == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert
+
+        stmt = insert(table)
+        return stmt.on_conflict_do_update(
+            index_elements=keys,
+            set_={"created_at": stmt.excluded.created_at},
+            where=table.c.created_at > stmt.excluded.created_at,
+        )
+    if dialect == "sqlite":
+        from sqlalchemy.dialects.sqlite import insert
+
+        stmt = insert(table)
+        return stmt.on_conflict_do_update(
+            index_elements=keys,
+            set_={"created_at": stmt.excluded.created_at},
+            where=table.c.created_at > stmt.excluded.created_at,
+        )
+    if dialect == "mysql":
+        from sqlalchemy.dialects.mysql import insert
+
+        stmt = insert(table)
+        return stmt.on_duplicate_key_update(created_at=func.least(table.c.created_at, stmt.inserted.created_at))
+    raise RequeueRefused(f"refusing to requeue: unsupported database dialect {dialect!r}")
+
+
+# Errors meaning "this user or connection may not write": PostgreSQL SQLSTATEs, MySQL errnos.
+_PG_READ_ONLY = {"42501", "25006"}  # insufficient_privilege, read_only_sql_transaction
+_MYSQL_READ_ONLY = {1142, 1044, 1290, 1792}  # command denied, access denied, --read-only, read-only trx
+
+
+def _explain(err: DBAPIError) -> str:
+    orig = err.orig
+    code = getattr(orig, "pgcode", None) or (orig.args[0] if getattr(orig, "args", None) else None)
+    first_line = str(orig).strip().splitlines()[0] if str(orig).strip() else type(orig).__name__
+    read_only = code in _PG_READ_ONLY or code in _MYSQL_READ_ONLY or "readonly database" in first_line
+    if read_only:
+        return (
+            "refusing to requeue: this database user cannot write dataset_dag_run_queue "
+            f"({first_line}); nothing was changed. The audit itself needs only SELECT; "
+            "requeue needs INSERT and UPDATE on dataset_dag_run_queue"
+        )
+    return f"requeue failed, nothing was changed: {type(orig).__name__}: {first_line}"
+
+
+__all__ = ["INSERT", "KEEP", "LOWER", "QueueWrite", "RequeueRefused", "apply", "ensure_fix_active", "plan"]
