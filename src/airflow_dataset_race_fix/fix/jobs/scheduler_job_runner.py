@@ -113,24 +113,24 @@ class SchedulerJobRunner:
             )
         ):
             queued_rows[target_dag_id][dataset_id] = created_at
-        # Each DAG's datasets: those it is scheduled on, and those its queue rows name (an
-        # alias that resolved to a dataset before the DAG was parsed again).
+        # Each DAG's datasets (with their URIs, for the condition): those it is scheduled on,
+        # and those its queue rows name (an alias that resolved to a dataset before the DAG
+        # was parsed again).
         dataset_ids_of: dict[str, set[int]] = defaultdict(set)
-        for dag_id, dataset_id in session.execute(
-            select(DagScheduleDatasetReference.dag_id, DagScheduleDatasetReference.dataset_id).where(
-                DagScheduleDatasetReference.dag_id.in_(dag_ids)
-            )
+        dataset_uris: dict[int, str] = {}
+        for dag_id, dataset_id, uri in session.execute(
+            select(DagScheduleDatasetReference.dag_id, DatasetModel.id, DatasetModel.uri)
+            .join(DatasetModel, DatasetModel.id == DagScheduleDatasetReference.dataset_id)
+            .where(DagScheduleDatasetReference.dag_id.in_(dag_ids))
         ):
             dataset_ids_of[dag_id].add(dataset_id)
+            dataset_uris[dataset_id] = uri
         for dag_id, queued in queued_rows.items():
             dataset_ids_of[dag_id].update(queued)
-        dataset_uris = dict(
-            session.execute(
-                select(DatasetModel.id, DatasetModel.uri).where(
-                    DatasetModel.id.in_(set().union(*dataset_ids_of.values()))
-                )
-            ).all()
-        )
+        if unknown := set().union(*queued_rows.values()) - dataset_uris.keys():
+            dataset_uris.update(
+                session.execute(select(DatasetModel.id, DatasetModel.uri).where(DatasetModel.id.in_(unknown)))
+            )
         lookback = timedelta(
             seconds=max(0, conf.getint("dataset_race_fix", "event_lookback_seconds", fallback=900))
         )
@@ -162,13 +162,15 @@ class SchedulerJobRunner:
                     select(func.max(DagRun.execution_date)).where(DagRun.dag_id == dag.dag_id).scalar_subquery(),
                 )
             ).one()
-            dataset_event_filters = [
-                DatasetEvent.dataset_id.in_(sorted(dataset_ids_of[dag.dag_id])),
-                ~DatasetEvent.created_dagruns.any(DagRun.dag_id == dag.dag_id),
-            ]
+            dataset_event_filters = [DatasetEvent.dataset_id.in_(sorted(dataset_ids_of[dag.dag_id]))]
+            consumed_by = DagRun.dag_id == dag.dag_id
             if latest_run_date:
                 floor = min([latest_run_date, *queued.values()]) - lookback
                 dataset_event_filters.append(DatasetEvent.timestamp >= floor)
+                # A run's logical date is never before the events it consumed, so only runs
+                # from the floor on can have consumed these: keeps the anti-join small.
+                consumed_by = and_(consumed_by, DagRun.execution_date >= floor)
+            dataset_event_filters.append(~DatasetEvent.created_dagruns.any(consumed_by))
 
             dataset_events = session.scalars(select(DatasetEvent).where(*dataset_event_filters)).all()
 
