@@ -1,0 +1,76 @@
+"""
+Producers for ``reproduce --e2e``: many mapped tasks that each emit one dataset event.
+
+``race_producer_a`` expands ADRF_E2E_MAPPED tasks (default 30) with outlet dataset ``a``:
+every task instance that succeeds registers one event on ``a`` in its own transaction,
+so a triggered run is a burst of concurrent producers. ``race_producer_b`` emits a few
+events on ``b`` so that the AND consumer runs too. Each task sleeps a short, seeded
+time (ADRF_E2E_SEED) so that stock and fixed runs see the same load, and returns
+whether the fix is in place in its process (XCom), which the reproduction counts.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from datetime import datetime
+
+from airflow import DAG
+from airflow.datasets import Dataset
+from airflow.decorators import task
+
+MAPPED = int(os.environ.get("ADRF_E2E_MAPPED", "30"))
+MAPPED_B = int(os.environ.get("ADRF_E2E_MAPPED_B", "5"))
+SEED = int(os.environ.get("ADRF_E2E_SEED", "0"))
+MAX_SLEEP = float(os.environ.get("ADRF_E2E_MAX_SLEEP", "1.0"))
+A = Dataset("race-e2e://datasets/a")
+B = Dataset("race-e2e://datasets/b")
+PATCH_MARKER = "__airflow_dataset_race_fix_patched__"  # set on a class the fix patched
+
+
+def fix_state() -> dict[str, bool]:
+    """Whether the producer path and the scheduler code carry the fix in this process."""
+    import importlib
+
+    manager = importlib.import_module("airflow.datasets.manager").DatasetManager
+    scheduler = importlib.import_module("airflow.jobs.scheduler_job_runner").SchedulerJobRunner
+    return {"producer_path": PATCH_MARKER in vars(manager), "scheduler": PATCH_MARKER in vars(scheduler)}
+
+
+def _seeded_sleep(run_id: str, index: int) -> None:
+    time.sleep(random.Random(f"{SEED}/{run_id}/{index}").uniform(0, MAX_SLEEP))
+
+
+with DAG(
+    "race_producer_a",
+    schedule=None,
+    start_date=datetime(2024, 1, 1),
+    catchup=False,
+    max_active_runs=16,
+    tags=["airflow-dataset-race-fix"],
+):
+
+    @task(outlets=[A])
+    def emit_a(index: int, run_id=None) -> dict[str, bool]:
+        _seeded_sleep(run_id, index)
+        return fix_state()
+
+    emit_a.expand(index=list(range(MAPPED)))
+
+
+with DAG(
+    "race_producer_b",
+    schedule=None,
+    start_date=datetime(2024, 1, 1),
+    catchup=False,
+    max_active_runs=16,
+    tags=["airflow-dataset-race-fix"],
+):
+
+    @task(outlets=[B])
+    def emit_b(index: int, run_id=None) -> dict[str, bool]:
+        _seeded_sleep(run_id, index)
+        return fix_state()
+
+    emit_b.expand(index=list(range(MAPPED_B)))

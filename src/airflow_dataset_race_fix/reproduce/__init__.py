@@ -1,0 +1,10 @@
+"""
+``reproduce``: show every race on stock Airflow and show it gone with the fix.
+
+- deterministic (default): the scenarios S1-S7 of ``harness.scenarios``;
+- ``--stress``: ``harness.stress`` (random, seeded);
+- ``--e2e``: a real ``airflow scheduler`` running the DAG files of ``reproduce/dags``.
+
+``runner`` is the parent (no Airflow import); each variant runs in ``child`` in a fresh
+interpreter on its own scratch database; ``report`` renders the tables.
+"""

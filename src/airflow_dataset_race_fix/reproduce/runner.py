@@ -1,0 +1,234 @@
+"""
+The parent side of ``reproduce``: options, scratch databases, one child interpreter per
+variant (stock, then fixed), the table and the exit code.
+
+The parent imports nothing from Airflow, so that stock and fixed code never meet in
+one interpreter and a wrong Airflow version is reported before anything starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+from airflow_dataset_race_fix.harness.database import BACKENDS, DatabaseUnavailable, ScratchDatabase
+from airflow_dataset_race_fix.reproduce import report
+
+VARIANTS = ("stock", "fixed")
+DEFAULT_SEED = 20261130
+URL_SCHEMES = {"postgresql": "postgres", "postgres": "postgres", "mysql": "mysql", "mariadb": "mysql"}
+
+
+class ReproduceError(Exception):
+    """A clear, one-line reason to stop (bad input, database unreachable, wrong Airflow)."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--backend", choices=BACKENDS, help="metadata database (default: sqlite, or the --db-url's)")
+    parser.add_argument(
+        "--db-url",
+        metavar="URL",
+        help="SQLAlchemy URL of a PostgreSQL or MySQL/MariaDB server; a scratch database is created "
+        "on it and dropped afterwards (default: ADRF_POSTGRES_URL / ADRF_MYSQL_URL or loopback)",
+    )
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--stress", action="store_true", help="random concurrent producers and scheduler loops")
+    mode.add_argument("--e2e", action="store_true", help="a real 'airflow scheduler' running producer/consumer DAGs")
+    parser.add_argument("--seed", type=int, default=DEFAULT_SEED, help="seed for --stress and --e2e (default %(default)s)")
+    parser.add_argument("--repeat", type=int, default=1, metavar="N", help="runs per variant for --stress and --e2e")
+    parser.add_argument("--only", metavar="IDS", help="deterministic: comma-separated scenario ids (e.g. S1,S6)")
+    parser.add_argument("--producers", type=int, default=8, help="--stress: producer processes (default %(default)s)")
+    parser.add_argument("--events", type=int, default=50, help="--stress: events per producer (default %(default)s)")
+    parser.add_argument("--schedulers", type=int, choices=(1, 2), help="--stress: scheduler loops (default 2 on postgres)")
+    parser.add_argument("--mapped", type=int, default=30, help="--e2e: mapped producer tasks per run (default %(default)s)")
+    parser.add_argument("--triggers", type=int, help="--e2e: runs of the main producer (default 4; 2 on sqlite)")
+    parser.add_argument(
+        "--executor",
+        choices=("local", "sequential"),
+        help="--e2e: Airflow executor (default: local on servers, sequential on sqlite)",
+    )
+    parser.add_argument("--parallelism", type=int, default=8, help="--e2e: tasks the executor takes per scheduler loop (default %(default)s)")
+    parser.add_argument("--timeout", type=float, default=600, help="--e2e: seconds to wait for the drain (default %(default)s)")
+    parser.add_argument("--keep-logs", metavar="DIR", help="--e2e: copy the scheduler and task logs of each run here")
+    parser.add_argument("--json", metavar="FILE", help="also write the results as JSON to FILE")
+
+
+def _terminate(signum, frame):
+    raise KeyboardInterrupt
+
+
+def main(args: argparse.Namespace) -> int:
+    signal.signal(signal.SIGTERM, _terminate)  # clean up children and databases as on Ctrl-C
+    try:
+        return _main(args)
+    except ReproduceError as err:
+        print(f"reproduce: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("reproduce: interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(args: argparse.Namespace) -> int:
+    backend = resolve_backend(args.backend, args.db_url)
+    airflow_version = check_airflow_version()
+    mode = "e2e" if args.e2e else "stress" if args.stress else "deterministic"
+    if args.repeat < 1:
+        raise ReproduceError("--repeat must be at least 1")
+    if mode == "e2e" and args.mapped < 30:
+        print("reproduce: note: fewer than 30 mapped producer tasks rarely shows the race", file=sys.stderr)
+    if mode == "e2e":
+        from airflow_dataset_race_fix.reproduce.e2e import dags_dir
+
+        try:
+            dags_dir()
+        except FileNotFoundError as err:
+            raise ReproduceError(str(err)) from None
+    if mode == "e2e" and backend == "sqlite" and args.executor == "local":
+        raise ReproduceError("Airflow runs no LocalExecutor on SQLite; use --executor sequential or a server")
+    repeats = args.repeat if mode != "deterministic" else 1
+    print(
+        f"reproduce: {mode} on {backend}, Airflow {airflow_version}"
+        + (f", seed {args.seed}" if mode != "deterministic" else "")
+        + (f", {repeats} run(s) per variant" if repeats > 1 else ""),
+        file=sys.stderr,
+    )
+    started = time.monotonic()
+    runs: list[dict[str, Any]] = []
+    for index in range(repeats):
+        for variant in VARIANTS:
+            label = f"{variant}" + (f" run {index + 1}/{repeats}" if repeats > 1 else "")
+            result = run_child(_spec(args, mode, backend, variant, index, label), backend, args.db_url, label)
+            result["run"] = index + 1
+            runs.append(result)
+    verdict = report.verdict(mode, runs)
+    print(report.render(mode, backend, runs), flush=True)
+    print(verdict.summary, flush=True)
+    print(f"reproduce: {round(time.monotonic() - started)} s in all", file=sys.stderr)
+    if args.json:
+        document = {
+            "mode": mode,
+            "backend": backend,
+            "airflow_version": airflow_version,
+            "seed": args.seed if mode != "deterministic" else None,
+            "ok": verdict.ok,
+            "summary": verdict.summary,
+            "runs": runs,
+        }
+        try:
+            with open(args.json, "w") as handle:
+                json.dump(document, handle, indent=2, default=str)
+        except OSError as err:
+            raise ReproduceError(f"cannot write --json {args.json}: {err}") from None
+    return 0 if verdict.ok else 1
+
+
+def resolve_backend(backend: str | None, db_url: str | None) -> str:
+    if not db_url:
+        return backend or "sqlite"
+    scheme = db_url.split(":", 1)[0].split("+", 1)[0].lower()
+    from_url = URL_SCHEMES.get(scheme)
+    if from_url is None:
+        raise ReproduceError(f"--db-url must be a PostgreSQL or MySQL/MariaDB server URL, not {scheme!r}")
+    if backend and backend != from_url:
+        raise ReproduceError(f"--backend {backend} does not match --db-url ({from_url})")
+    return from_url
+
+
+def check_airflow_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    from airflow_dataset_race_fix.targets import SUPPORTED_AIRFLOW_VERSIONS
+
+    try:
+        found = version("apache-airflow")
+    except PackageNotFoundError:
+        raise ReproduceError(f"Apache Airflow is not installed in {sys.executable}") from None
+    if found not in SUPPORTED_AIRFLOW_VERSIONS:
+        raise ReproduceError(
+            f"Airflow {found} is not supported; this package fixes Airflow "
+            f"{SUPPORTED_AIRFLOW_VERSIONS[0]} to {SUPPORTED_AIRFLOW_VERSIONS[-1]}"
+        )
+    return found
+
+
+def _spec(args: argparse.Namespace, mode: str, backend: str, variant: str, index: int, label: str) -> dict[str, Any]:
+    spec: dict[str, Any] = {"mode": mode, "backend": backend, "variant": variant, "progress_prefix": f"  [{label}] "}
+    if mode == "deterministic":
+        spec["only"] = [s.strip().upper() for s in args.only.split(",")] if args.only else []
+    elif mode == "stress":
+        spec.update(seed=args.seed + index, producers=args.producers, events=args.events, schedulers=args.schedulers)
+    else:
+        spec.update(
+            seed=args.seed + index,
+            mapped=args.mapped,
+            triggers=args.triggers,
+            parallelism=args.parallelism,
+            executor=args.executor,
+            timeout=args.timeout,
+            keep_logs=os.path.join(args.keep_logs, f"{variant}-{index + 1}") if args.keep_logs else None,
+        )
+    return spec
+
+
+def run_child(spec: dict[str, Any], backend: str, server_url: str | None, label: str) -> dict[str, Any]:
+    """Run one variant in a fresh interpreter on a database of its own; return its JSON."""
+    database = ScratchDatabase(backend, server=server_url)
+    try:
+        database.create()
+    except DatabaseUnavailable as err:
+        raise ReproduceError(f"{err}\n  (start the server, or point --db-url / {_env_hint(backend)} at one)") from None
+    except ImportError as err:
+        raise ReproduceError(f"the {backend} driver is not installed: {err}") from None
+    home = tempfile.TemporaryDirectory(prefix="adrf-reproduce-home-")
+    spec = {**spec, "db_url": database.url, "airflow_home": home.name}
+    print(f"reproduce: {label}: child interpreter on database {database.name}", file=sys.stderr, flush=True)
+    try:
+        from airflow_dataset_race_fix.reproduce.shim import child_env
+
+        # The child itself applies the fix in-process for deterministic and stress; the e2e
+        # driver gives its Airflow processes the fix through PYTHONPATH (see shim.py).
+        env = child_env(os.environ, "stock")
+        child = subprocess.Popen(
+            [sys.executable, "-m", "airflow_dataset_race_fix.reproduce.child", json.dumps(spec)],
+            stdout=subprocess.PIPE,
+            env=env,
+            text=True,
+        )
+        try:
+            stdout, _ = child.communicate()
+        except BaseException:  # interrupted: let the child stop its scheduler, then drop the database
+            child.terminate()
+            child.wait(180)
+            raise
+    finally:
+        try:
+            database.drop()
+        except DatabaseUnavailable as err:
+            print(f"reproduce: warning: could not drop {database.name}: {err}", file=sys.stderr)
+        home.cleanup()
+    try:
+        result = json.loads(stdout)
+    except json.JSONDecodeError:
+        raise ReproduceError(
+            f"the {label} child interpreter exited with {child.returncode} without a result"
+        ) from None
+    if result.get("error") and _is_environment_error(result["error"]):
+        raise ReproduceError(f"{label}: {result['error']}")
+    return result
+
+
+def _is_environment_error(message: str) -> bool:
+    """Errors that no table can explain: the fix refused, or the database went away."""
+    return message.startswith("the fix refused") or message.startswith("OperationalError")
+
+
+def _env_hint(backend: str) -> str:
+    return {"postgres": "ADRF_POSTGRES_URL", "mysql": "ADRF_MYSQL_URL"}.get(backend, "the URL")

@@ -1,0 +1,113 @@
+"""The README cannot rot: every command it shows parses, runs here, or is run by CI."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from airflow_dataset_race_fix.cli import build_parser
+
+REPO = Path(__file__).resolve().parents[1]
+README = REPO / "README.md"
+CLI = "airflow-dataset-race-fix"
+
+# Commands that are not ours, and what runs them: a README line must start with one of
+# these or be one of our CLI's commands (which test_cli_commands_parse checks).
+EXERCISED_ELSEWHERE = {
+    "reproduce/run": "test_reproduce_run_script_starts (and the reproduction tests)",
+    ".ci/run": "CI itself",
+    "pip install": ".ci/run and tox install the same way",
+    "tox": ".ci/run runs tox; tox -e <env> -- <args> is tox's own syntax",
+    "pg_ctlcluster": ".ci/run starts PostgreSQL with it",
+    "start-stop-daemon": ".ci/run starts MariaDB with it",
+    "apt-get install": ".ci/run installs the same packages",
+    "export PYTHONPATH=": "tests/test_shim.py runs Python and Airflow with the shim on PYTHONPATH",
+    "python reproduce/bench.py": "test_bench_script_starts",
+}
+
+
+def _readme_commands() -> list[str]:
+    """Shell commands in the README's bash and Dockerfile blocks, continuations joined."""
+    commands: list[str] = []
+    for lang, body in re.findall(r"```(bash|dockerfile)\n(.*?)```", README.read_text(), re.S):
+        text = body.replace("\\\n", " ")
+        for line in text.splitlines():
+            line = re.sub(r"\s+#\s.*$", "", line).strip()
+            if lang == "dockerfile":
+                if not line.startswith("RUN "):
+                    continue
+                commands.extend(part.strip() for part in line[4:].split("&&"))
+            elif line and not line.startswith("#"):
+                commands.append(line)
+    return commands
+
+
+def _our_argv(command: str) -> list[str] | None:
+    """argv of our CLI in ``command`` (after any VAR=value prefix), or None."""
+    words = shlex.split(re.sub(r"\$\([^)]*\)", "X", command))
+    while words and re.match(r"^[A-Z_]+=", words[0]):
+        words.pop(0)
+    if words and words[0] == CLI:
+        return words[1:]
+    return None
+
+
+def test_the_readme_shows_commands():
+    commands = _readme_commands()
+    assert len(commands) > 20
+    assert any(c.startswith("reproduce/run") for c in commands)
+    assert any(c.startswith(".ci/run") for c in commands)
+
+
+@pytest.mark.parametrize("command", _readme_commands())
+def test_every_readme_command_is_ours_or_exercised_elsewhere(command):
+    argv = _our_argv(command)
+    if argv is None:
+        assert any(command.startswith(prefix) for prefix in EXERCISED_ELSEWHERE), (
+            f"README command {command!r} is neither ours nor known to be run by a test or CI: "
+            "add a test, or name what runs it in EXERCISED_ELSEWHERE"
+        )
+        return
+    try:
+        build_parser().parse_args(argv)
+    except SystemExit as exit:
+        pytest.fail(f"README command {command!r} does not parse (exit {exit.code})")
+
+
+def _run(*argv: str, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run(argv, capture_output=True, text=True, timeout=300, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "argv, codes",
+    [
+        (["status"], {0, 1}),
+        (["status", "--json"], {0, 1}),
+        (["shim", "path"], {0}),
+        (["check"], {0, 1}),
+        (["apply", "--dry-run"], {0}),
+    ],
+    ids=lambda v: " ".join(v) if isinstance(v, list) else None,
+)
+def test_readme_cli_commands_run(argv, codes):
+    result = _run(sys.executable, "-m", "airflow_dataset_race_fix", *argv)
+    assert result.returncode in codes, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+
+
+def test_reproduce_run_script_starts():
+    env = dict(os.environ, ADRF_VENV=sys.prefix)  # reuse this virtualenv instead of creating .venv
+    result = _run(str(REPO / "reproduce" / "run"), "--help", env=env)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "--backend" in result.stdout
+
+
+def test_bench_script_starts():
+    result = _run(sys.executable, str(REPO / "reproduce" / "bench.py"), "--help")
+    assert result.returncode == 0, result.stderr[-2000:]

@@ -1,0 +1,91 @@
+"""
+``reproduce``: the command a newcomer runs first. Each test runs it as a user would, in
+a subprocess: the parent starts a stock and a fixed child interpreter, each on its own
+scratch database on the backend named by ADRF_BACKEND (server URLs from ADRF_*_URL).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import BACKEND
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def reproduce(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "airflow_dataset_race_fix", "reproduce", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+    )
+
+
+def test_deterministic_shows_every_race_on_stock_and_none_fixed(tmp_path):
+    out = tmp_path / "result.json"
+    done = reproduce("--backend", BACKEND, "--json", str(out))
+    print(done.stdout)
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert "Traceback" not in done.stderr
+    result = json.loads(out.read_text())
+    assert result["ok"] and result["backend"] == BACKEND
+    stock, fixed = (next(r for r in result["runs"] if r["variant"] == v) for v in ("stock", "fixed"))
+    assert fixed["fix_states"] and set(fixed["fix_states"]) == {"patched"}
+    assert stock["fix_states"] == []
+    ran = [s for s in stock["scenarios"] if "skipped" not in s]
+    assert {"S1", "S2", "S4", "S6"} <= {s["id"] for s in ran}
+    for scenario in ran:
+        assert scenario["shows_bug"], scenario
+    for scenario in fixed["scenarios"]:
+        assert "skipped" in scenario or scenario["violations"] == {}, scenario
+    assert "S1  stale queue timestamp" in done.stdout  # the table
+
+
+def test_script_is_the_same_command():
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "reproduce" / "reproduce.py"), "--help"], capture_output=True, text=True
+    )
+    assert done.returncode == 0 and "--e2e" in done.stdout and "--stress" in done.stdout
+
+
+def test_unreachable_server_is_one_clear_line():
+    done = reproduce("--db-url", "postgresql+psycopg2://postgres@127.0.0.1:1/test", timeout=120)
+    assert done.returncode == 2
+    assert "reproduce: error: postgres server at" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_conflicting_backend_and_url():
+    done = reproduce("--backend", "mysql", "--db-url", "postgresql://postgres@127.0.0.1/test", timeout=120)
+    assert done.returncode == 2 and "does not match" in done.stderr
+
+
+def test_unsupported_airflow_is_refused_before_anything_runs(monkeypatch):
+    import importlib.metadata
+
+    from airflow_dataset_race_fix.reproduce import runner
+
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "2.9.3")
+    with pytest.raises(runner.ReproduceError, match="Airflow 2.9.3 is not supported"):
+        runner.check_airflow_version()
+
+
+@pytest.mark.skipif(os.environ.get("ADRF_E2E") != "1", reason="e2e with a real scheduler is opt-in (ADRF_E2E=1)")
+def test_e2e_real_scheduler(tmp_path):
+    """One stock and one fixed run of a real scheduler: the fix must lose nothing and fail no producer."""
+    out = tmp_path / "e2e.json"
+    done = reproduce("--e2e", "--backend", BACKEND, "--json", str(out), timeout=1800)
+    print(done.stdout)
+    result = json.loads(out.read_text())
+    fixed = [r for r in result["runs"] if r["variant"] == "fixed"]
+    assert fixed and all(not r.get("error") and r["e2e"]["problems"] == {} for r in fixed), done.stdout
+    stock = [r for r in result["runs"] if r["variant"] == "stock"]
+    print("stock problems:", [r.get("error") or r["e2e"]["problems"] for r in stock])
