@@ -95,32 +95,40 @@ class DatasetManager:
         before this producer committed leaves it in place. Rows are written in key order so
         that concurrent producers and the scheduler take row locks in one order.
         """
-        from sqlalchemy import func, literal_column
+        from sqlalchemy import func, literal_column, text
 
         from airflow.utils import timezone
 
         dialect_name = session.bind.dialect.name
+        dag_ids = sorted({dag.dag_id for dag in dags_to_queue})
+        now = timezone.utcnow()
         if dialect_name == "postgresql":
-            from sqlalchemy.dialects.postgresql import insert
-        elif dialect_name == "mysql":
+            # The same statement text whatever the number of DAGs, so SQLAlchemy compiles it
+            # once: its PostgreSQL insert() is never cached, and compiling a VALUES row per
+            # DAG cost more than running the statement.
+            session.execute(
+                text(
+                    "INSERT INTO dataset_dag_run_queue (dataset_id, target_dag_id, created_at) "
+                    "SELECT :dataset_id, dag_id, :created_at FROM unnest(:dag_ids) AS dag_id ORDER BY dag_id "
+                    "ON CONFLICT (dataset_id, target_dag_id) DO UPDATE SET created_at = GREATEST("
+                    "excluded.created_at, dataset_dag_run_queue.created_at + interval '1 microsecond')"
+                ),
+                {"dataset_id": dataset_id, "created_at": now, "dag_ids": dag_ids},
+            )
+            return
+
+        if dialect_name == "mysql":
             from sqlalchemy.dialects.mysql import insert
         else:
             from sqlalchemy.dialects.sqlite import insert
 
-        now = timezone.utcnow()
         stmt = insert(DatasetDagRunQueue).values(
-            [
-                {"dataset_id": dataset_id, "target_dag_id": dag_id, "created_at": now}
-                for dag_id in sorted({dag.dag_id for dag in dags_to_queue})
-            ]
+            [{"dataset_id": dataset_id, "target_dag_id": dag_id, "created_at": now} for dag_id in dag_ids]
         )
         stored = DatasetDagRunQueue.created_at
-        if dialect_name == "postgresql":
-            successor = stored + literal_column("interval '1 microsecond'")
-            forward = func.greatest(stmt.excluded.created_at, successor)
-        elif dialect_name == "mysql":
+        if dialect_name == "mysql":
             successor = func.timestampadd(literal_column("MICROSECOND"), 1, stored)
-            forward = func.greatest(stmt.inserted.created_at, successor)
+            stmt = stmt.on_duplicate_key_update(created_at=func.greatest(stmt.inserted.created_at, successor))
         else:
             # SQLite stores 'YYYY-MM-DD HH:MM:SS.ffffff' text; add one microsecond in integer
             # arithmetic (julianday() is a float and too coarse) and keep the format so that
@@ -133,13 +141,8 @@ class DatasetManager:
                 f"strftime('%Y-%m-%d %H:%M:%S', {micros} / 1000000, 'unixepoch')"
                 f" || printf('.%06d', {micros} % 1000000)"
             )
-            forward = func.max(stmt.excluded.created_at, successor)
-
-        if dialect_name == "mysql":
-            stmt = stmt.on_duplicate_key_update(created_at=forward)
-        else:
             stmt = stmt.on_conflict_do_update(
                 index_elements=[DatasetDagRunQueue.dataset_id, DatasetDagRunQueue.target_dag_id],
-                set_={"created_at": forward},
+                set_={"created_at": func.max(stmt.excluded.created_at, successor)},
             )
         session.execute(stmt)

@@ -163,14 +163,19 @@ class SchedulerJobRunner:
                 )
             ).one()
             dataset_event_filters = [DatasetEvent.dataset_id.in_(sorted(dataset_ids_of[dag.dag_id]))]
-            consumed_by = DagRun.dag_id == dag.dag_id
-            if latest_run_date:
+            if latest_run_date:  # else no run of this DAG has consumed anything yet
+                from airflow.models.dataset import association_table
+
                 floor = min([latest_run_date, *queued.values()]) - lookback
-                dataset_event_filters.append(DatasetEvent.timestamp >= floor)
-                # A run's logical date is never before the events it consumed, so only runs
-                # from the floor on can have consumed these: keeps the anti-join small.
-                consumed_by = and_(consumed_by, DagRun.execution_date >= floor)
-            dataset_event_filters.append(~DatasetEvent.created_dagruns.any(consumed_by))
+                # What this DAG already consumed. A run is never dated before the events it
+                # consumed, so only its runs from the floor on matter: a small set, which the
+                # databases hash once instead of probing per event.
+                consumed = (
+                    select(association_table.c.event_id)
+                    .join(DagRun, DagRun.id == association_table.c.dag_run_id)
+                    .where(DagRun.dag_id == dag.dag_id, DagRun.execution_date >= floor)
+                )
+                dataset_event_filters += [DatasetEvent.timestamp >= floor, DatasetEvent.id.not_in(consumed)]
 
             dataset_events = session.scalars(select(DatasetEvent).where(*dataset_event_filters)).all()
 
