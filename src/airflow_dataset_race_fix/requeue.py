@@ -125,17 +125,11 @@ def _upsert(dialect: str):
 
     table = DatasetDagRunQueue.__table__
     keys = [table.c.dataset_id, table.c.target_dag_id]
-    if dialect == "postgresql":
-        from sqlalchemy.dialects.postgresql import insert
-
-        stmt = insert(table)
-        return stmt.on_conflict_do_update(
-            index_elements=keys,
-            set_={"created_at": stmt.excluded.created_at},
-            where=table.c.created_at > stmt.excluded.created_at,
-        )
-    if dialect == "sqlite":
-        from sqlalchemy.dialects.sqlite import insert
+    if dialect in ("postgresql", "sqlite"):
+        if dialect == "postgresql":
+            from sqlalchemy.dialects.postgresql import insert
+        else:
+            from sqlalchemy.dialects.sqlite import insert
 
         stmt = insert(table)
         return stmt.on_conflict_do_update(
