@@ -191,12 +191,26 @@ def _trigger(spec: dict[str, Any], progress: Callable[[str], None]) -> dict[str,
     return dict(triggered)
 
 
+def _producer_task_states(session) -> dict:
+    """Producer task instances by state."""
+    from sqlalchemy import func, select
+
+    from airflow.models.taskinstance import TaskInstance
+
+    return dict(
+        session.execute(
+            select(TaskInstance.state, func.count())
+            .where(TaskInstance.dag_id.in_(PRODUCERS))
+            .group_by(TaskInstance.state)
+        ).all()
+    )
+
+
 def _snapshot() -> tuple:
     from sqlalchemy import func, select
 
     from airflow.models.dagrun import DagRun
     from airflow.models.dataset import DatasetDagRunQueue, DatasetEvent
-    from airflow.models.taskinstance import TaskInstance
 
     with _session() as session:
         runs = tuple(
@@ -206,13 +220,7 @@ def _snapshot() -> tuple:
                 )
             ).all()
         )
-        tis = dict(
-            session.execute(
-                select(TaskInstance.state, func.count())
-                .where(TaskInstance.dag_id.in_(PRODUCERS))
-                .group_by(TaskInstance.state)
-            ).all()
-        )
+        tis = _producer_task_states(session)
         events = session.scalar(select(func.count()).select_from(DatasetEvent))
         queued = session.scalar(select(func.count()).select_from(DatasetDagRunQueue))
     return runs, tuple(sorted((str(k), v) for k, v in tis.items())), events, queued
@@ -313,22 +321,13 @@ def count(spec: dict[str, Any], triggers: dict[str, int]) -> dict[str, Any]:
 
     from airflow.models.dagrun import DagRun
     from airflow.models.dataset import DatasetEvent
-    from airflow.models.taskinstance import TaskInstance
     from airflow.models.xcom import XCom
 
     from airflow_dataset_race_fix import invariant
 
     with _session() as session:
         report = invariant.check(session, CONSUMERS)
-        ti_states = Counter(
-            dict(
-                session.execute(
-                    select(TaskInstance.state, func.count())
-                    .where(TaskInstance.dag_id.in_(PRODUCERS))
-                    .group_by(TaskInstance.state)
-                ).all()
-            )
-        )
+        ti_states = Counter(_producer_task_states(session))
         events = session.scalar(select(func.count()).select_from(DatasetEvent))
         consumer_runs = session.scalar(select(func.count()).where(DagRun.dag_id.in_(CONSUMERS)))
         states = [
