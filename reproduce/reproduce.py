@@ -3,12 +3,9 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 
-from airflow_dataset_race_fix.reproduce import runner
+from airflow_dataset_race_fix.cli import main
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(prog="reproduce.py", description=__doc__)
-    runner.add_arguments(parser)
-    sys.exit(runner.main(parser.parse_args()))
+    sys.exit(main(["reproduce", *sys.argv[1:]]))

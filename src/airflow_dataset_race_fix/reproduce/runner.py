@@ -18,6 +18,7 @@ import tempfile
 import time
 from typing import Any
 
+from airflow_dataset_race_fix.cli import UsageError
 from airflow_dataset_race_fix.harness.database import BACKENDS, DatabaseUnavailable, ScratchDatabase
 from airflow_dataset_race_fix.reproduce import report
 
@@ -26,7 +27,7 @@ DEFAULT_SEED = 20261130
 URL_SCHEMES = {"postgresql": "postgres", "postgres": "postgres", "mysql": "mysql", "mariadb": "mysql"}
 
 
-class ReproduceError(Exception):
+class ReproduceError(UsageError):
     """A clear, one-line reason to stop (bad input, database unreachable, wrong Airflow)."""
 
 
@@ -66,14 +67,7 @@ def _terminate(signum, frame):
 
 def main(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _terminate)  # clean up children and databases as on Ctrl-C
-    try:
-        return _main(args)
-    except ReproduceError as err:
-        print(f"reproduce: error: {err}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("reproduce: interrupted", file=sys.stderr)
-        return 130
+    return _main(args)  # errors and Ctrl-C are reported by airflow_dataset_race_fix.cli.main
 
 
 def _main(args: argparse.Namespace) -> int:
