@@ -52,7 +52,8 @@ def queue(request, variant_fixed):
 
         event.listen(settings.engine, "before_cursor_execute", count)
         try:
-            with create_session() as session, time_machine.travel(at, tick=False):
+            # The rows are written at the producer's commit: the clock must still be at ``at`` then.
+            with time_machine.travel(at, tick=False), create_session() as session:
                 models = set(session.scalars(select(DagModel).where(DagModel.dag_id.in_(dags))))
                 manager._queue_dagruns(dataset_id=dataset_id, dags_to_queue=models, session=session)
         finally:

@@ -62,6 +62,10 @@ MEMBERS = (
         "_postgres_queue_dagruns",
         "8d5f0ab805811c8a4f8ab4fc4b089a7ef9b60e127d41cde823dc486a525a784e",
     ),
+    Member("airflow.datasets.manager", "DatasetManager", "_defer_queue_dagruns", None),
+    Member("airflow.datasets.manager", "DatasetManager", "_write_deferred_queue_rows", None),
+    Member("airflow.datasets.manager", "DatasetManager", "_forget_rolled_back_queue_rows", None),
+    Member("airflow.datasets.manager", "DatasetManager", "_forget_ended_queue_rows", None),
     Member("airflow.datasets.manager", "DatasetManager", "_upsert_queue_dagruns", None),
     Member(
         "airflow.jobs.scheduler_job_runner",

@@ -94,10 +94,11 @@ def s2_delete_at_the_delete(w: World) -> None:
     p1, p2, s = w.producer("P1"), w.producer("P2"), w.scheduler()
     w.clock.at(1), w.emit(p1, a), p1.finish()
     w.clock.at(2)
-    s.pause_before("delete from dataset_dag_run_queue")
+    # Fixed MySQL deletes with the multi-table syntax, after taking the rows FOR UPDATE.
+    s.pause_before("delete from dataset_dag_run_queue", "delete q from dataset_dag_run_queue")
     _expect(w.loop(s), PAUSED)
-    # Stock: nothing locks the row, P2 commits. Fixed on PostgreSQL: the scheduler holds
-    # the row (FOR UPDATE SKIP LOCKED), so P2 waits for the scheduler's commit.
+    # Stock: nothing locks the row, P2 commits. Fixed on MySQL: the scheduler took the row
+    # (FOR UPDATE SKIP LOCKED) just before, so P2's commit waits for the scheduler's.
     _expect(w.emit(p2, a), DONE, BLOCKED)
     s.finish()
     p2.finish()
@@ -177,7 +178,9 @@ def s7_merge_conflict(w: World) -> None:
     p1, p2, s = w.producer("P1"), w.producer("P2"), w.scheduler()
     w.clock.at(1), _expect(w.emit(p1, a, commit=False), DONE), p1.finish()
     w.clock.at(2)
-    _expect(w.emit(p2, a), BLOCKED)  # waits on P1's uncommitted key
+    # Stock: P2 waits on P1's uncommitted key. Fixed: P1 writes its queue row at its commit,
+    # so P2 goes first and P1's commit then moves the row forward.
+    _expect(w.emit(p2, a), BLOCKED, DONE)
     w.commit(p1), p1.finish()
     p2.finish()  # stock: IntegrityError swallowed, the row keeps created_at 1
     w.clock.at(3), w.loop(s), s.finish()  # stock window (.., 1]: E2 is left out

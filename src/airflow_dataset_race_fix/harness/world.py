@@ -90,8 +90,8 @@ class Actor:
         self.world = world
         self.name = name
         self.connection_id: int | None = None
-        self._pause_patterns: list[str] = []
-        self._pause_after_patterns: list[str] = []
+        self._pause_patterns: list[tuple[str, ...]] = []
+        self._pause_after_patterns: list[tuple[str, ...]] = []
         self._paused = threading.Event()
         self._resume = threading.Event()
         self._steps: queue.Queue[_Step | None] = queue.Queue()
@@ -125,7 +125,7 @@ class Actor:
         patterns = self._pause_after_patterns if after else self._pause_patterns
         lowered = statement.lower()
         for pattern in patterns:
-            if pattern in lowered:
+            if any(alternative in lowered for alternative in pattern):
                 patterns.remove(pattern)
                 self._resume.clear()
                 self._paused.set()
@@ -134,14 +134,14 @@ class Actor:
                 return
 
     # -- scenario side ------------------------------------------------------------------
-    def pause_before(self, pattern: str) -> Actor:
-        """Pause this actor's next statement containing ``pattern`` (case-insensitive)."""
-        self._pause_patterns.append(pattern.lower())
+    def pause_before(self, *patterns: str) -> Actor:
+        """Pause this actor's next statement containing one of ``patterns`` (case-insensitive)."""
+        self._pause_patterns.append(tuple(p.lower() for p in patterns))
         return self
 
-    def pause_after(self, pattern: str) -> Actor:
-        """Pause right after this actor's next statement containing ``pattern``."""
-        self._pause_after_patterns.append(pattern.lower())
+    def pause_after(self, *patterns: str) -> Actor:
+        """Pause right after this actor's next statement containing one of ``patterns``."""
+        self._pause_after_patterns.append(tuple(p.lower() for p in patterns))
         return self
 
     def do(self, fn: Callable[[Session], Any]) -> str:

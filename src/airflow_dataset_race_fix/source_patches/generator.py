@@ -68,11 +68,18 @@ PATCHES = (
         them, and concurrent producers on MySQL and SQLite swallow IntegrityErrors and
         keep the stale row.
 
-        Queue all consuming DAGs in one upsert on PostgreSQL, MySQL/MariaDB and SQLite
-        (new helper _upsert_queue_dagruns) whose created_at only moves forward: to the
+        Remember the queue rows on the session (new helper _defer_queue_dagruns) and
+        write all of a transaction's rows just before its COMMIT, after its other
+        writes, in one upsert in (dataset_id, target_dag_id) order on PostgreSQL,
+        MySQL/MariaDB and SQLite (new helper _upsert_queue_dagruns, chunked for each
+        backend's statement limits), whose created_at only moves forward: to the
         producer's clock, or one microsecond past the stored value when that clock is
         behind. Every write changes the row, which lets the scheduler (0002) delete a
-        queue row only as it read it. Other dialects keep the SAVEPOINT merge.
+        queue row only as it read it. One global lock order, held only for the COMMIT:
+        tasks with several outlets, in any order, cannot deadlock each other. A rolled
+        back transaction or SAVEPOINT forgets the rows it registered (session event
+        listeners _write_deferred_queue_rows, _forget_rolled_back_queue_rows,
+        _forget_ended_queue_rows). Other dialects keep the SAVEPOINT merge.
         """,
     ),
     PatchSpec(
@@ -92,8 +99,10 @@ PATCHES = (
         (above the latest run minus [dataset_race_fix] event_lookback_seconds, default
         900, to keep the index useful), create a run only when the DAG's dataset
         condition holds on them, keep runs in logical-date order, and delete the queue
-        rows exactly as read (locked FOR UPDATE SKIP LOCKED where Airflow uses row
-        locks; new helper _delete_dataset_queue_rows_as_read). Apply with 0001.
+        rows exactly as read, for all DAGs of the loop at its end (new helper
+        _delete_dataset_queue_rows_as_read): taken FOR UPDATE SKIP LOCKED (PostgreSQL,
+        MySQL 8, MariaDB 10.6+) and deleted by primary key, so the scheduler never waits
+        for a producer. Statements are chunked for each backend's limits. Apply with 0001.
         """,
     ),
 )

@@ -42,12 +42,30 @@ The fixed member selects events by what the DAG has *consumed*, not by time:
   earlier run already took);
 - the run's logical date is the newest of: the queue rows, the consumed events, and one
   microsecond after the latest dataset-triggered run, so runs stay in order;
-- the queue rows are read again, ``FOR UPDATE SKIP LOCKED`` where Airflow uses row
-  locks, and deleted exactly as read (key and created_at). Producers move created_at on
-  every write, so a row that a producer touched meanwhile survives; a row that a
-  producer still holds is skipped, never waited for. When no run is created, the rows
-  whose datasets have nothing left to consume are deleted, so they cannot make the
-  scheduler spin.
+- the queue rows read are deleted exactly as read (key and created_at). Producers move
+  created_at on every write, so a row that a producer touched meanwhile survives. When
+  no run is created, the rows whose datasets have nothing left to consume are deleted,
+  so they cannot make the scheduler spin.
+
+Lock discipline (the scheduler never waits for a producer):
+
+- the queue is read without locks; every queue row this loop deletes, for all its DAGs,
+  is deleted by one statement per chunk at the end of the loop, just before the loop's
+  COMMIT, so a producer that meets one of those rows waits at most for that COMMIT (stock
+  deletes per DAG and holds the rows for the rest of the loop);
+- the rows are taken ``FOR UPDATE SKIP LOCKED`` (PostgreSQL, MySQL 8.0.1+, MariaDB
+  10.6+): a row a producer holds is its COMMIT in progress, which changes created_at
+  anyway, so it is left for the next loop instead of waited for. The delete then goes by
+  primary key only (MySQL: ``FORCE INDEX (PRIMARY)``), so it visits no other row, such as
+  the one it skipped or a producer's new one. Producers lock queue rows in key order
+  right before their COMMIT (see ``datasets/manager.py``), so nothing they hold waits
+  for the scheduler, and the scheduler waits for nothing they hold: no lock cycle;
+- MySQL before 8.0.1 and MariaDB before 10.6 have no ``SKIP LOCKED``: the delete may
+  wait there for a producer's COMMIT in progress, in key order like the producers, so
+  still no cycle; SQLite has one writer at a time and no row locks;
+- every statement whose size follows the number of DAGs, datasets or rows is chunked
+  (500 terms) so it stays inside SQLite's 999 variables and expression depth, and
+  MySQL's packet size, at any queue length.
 
 Nothing here commits: all of it is in the scheduler's own transaction, as before.
 Every global below must name the same object in ``airflow.jobs.scheduler_job_runner``.
@@ -57,11 +75,12 @@ from __future__ import annotations
 
 from collections import defaultdict
 from datetime import timedelta
-from typing import TYPE_CHECKING, Collection
+from typing import TYPE_CHECKING, Any, Collection
 
-from sqlalchemy import and_, delete, func, or_, select
+from sqlalchemy import delete, func, select
 
 from airflow.configuration import conf
+from airflow.models.dag import DagModel
 from airflow.models.dagrun import DagRun
 from airflow.models.dataset import (
     DagScheduleDatasetReference,
@@ -72,7 +91,6 @@ from airflow.models.dataset import (
 from airflow.stats import Stats
 from airflow.timetables.simple import DatasetTriggeredTimetable
 from airflow.utils import timezone
-from airflow.utils.sqlalchemy import with_row_locks
 from airflow.utils.state import DagRunState
 from airflow.utils.types import DagRunType
 
@@ -81,11 +99,9 @@ if TYPE_CHECKING:
 
     from sqlalchemy.orm import Session
 
-    from airflow.models.dag import DagModel
-
 
 class SchedulerJobRunner:
-    """Mirror of ``airflow.jobs.scheduler_job_runner.SchedulerJobRunner``: only the fixed member."""
+    """Mirror of ``airflow.jobs.scheduler_job_runner.SchedulerJobRunner``: only the fixed members."""
 
     def _create_dag_runs_dataset_triggered(
         self,
@@ -94,48 +110,71 @@ class SchedulerJobRunner:
         session: Session,
     ) -> None:
         """For DAGs that are triggered by datasets, create dag runs."""
-        dag_ids = [dm.dag_id for dm in dag_models]
-        # Read the queue rows of these DAGs again, locking them where Airflow uses row locks
-        # (skipping rows a producer still holds): they are deleted below exactly as read.
+        from sqlalchemy import Text, cast
+
+        dag_ids = sorted(dm.dag_id for dm in dag_models)
+        chunks = [dag_ids[start : start + 500] for start in range(0, len(dag_ids), 500)]
+        # The queue rows of these DAGs, read without locks: each is deleted at the end exactly
+        # as read (on SQLite, as the stored text, whatever format wrote it).
         queued_rows: dict[str, dict[int, datetime]] = defaultdict(dict)
-        for dataset_id, target_dag_id, created_at in session.execute(
-            with_row_locks(
+        stored_as_read: dict[tuple[int, str], Any] = {}
+        as_stored = (
+            cast(DatasetDagRunQueue.created_at, Text)
+            if session.bind.dialect.name == "sqlite"
+            else DatasetDagRunQueue.created_at
+        ).label("stored")
+        # Each DAG's datasets (with their URIs, for the condition): those it is scheduled on,
+        # and those its queue rows name (an alias that resolved to a dataset before the DAG
+        # was parsed again). And each DAG's latest dataset-triggered run and latest run of
+        # any type (for the unique date), for all DAGs in one statement.
+        dataset_ids_of: dict[str, set[int]] = defaultdict(set)
+        dataset_uris: dict[int, str] = {}
+        latest_runs: dict[str, tuple[datetime | None, datetime | None]] = {}
+        for chunk in chunks:
+            for dataset_id, target_dag_id, created_at, stored in session.execute(
                 select(
                     DatasetDagRunQueue.dataset_id,
                     DatasetDagRunQueue.target_dag_id,
                     DatasetDagRunQueue.created_at,
-                )
-                .where(DatasetDagRunQueue.target_dag_id.in_(dag_ids))
-                .order_by(DatasetDagRunQueue.dataset_id, DatasetDagRunQueue.target_dag_id),
-                of=DatasetDagRunQueue,
-                session=session,
-                skip_locked=True,
-            )
-        ):
-            queued_rows[target_dag_id][dataset_id] = created_at
-        # Each DAG's datasets (with their URIs, for the condition): those it is scheduled on,
-        # and those its queue rows name (an alias that resolved to a dataset before the DAG
-        # was parsed again).
-        dataset_ids_of: dict[str, set[int]] = defaultdict(set)
-        dataset_uris: dict[int, str] = {}
-        for dag_id, dataset_id, uri in session.execute(
-            select(DagScheduleDatasetReference.dag_id, DatasetModel.id, DatasetModel.uri)
-            .join(DatasetModel, DatasetModel.id == DagScheduleDatasetReference.dataset_id)
-            .where(DagScheduleDatasetReference.dag_id.in_(dag_ids))
-        ):
-            dataset_ids_of[dag_id].add(dataset_id)
-            dataset_uris[dataset_id] = uri
+                    as_stored,
+                ).where(DatasetDagRunQueue.target_dag_id.in_(chunk))
+            ):
+                queued_rows[target_dag_id][dataset_id] = created_at
+                stored_as_read[(dataset_id, target_dag_id)] = stored
+            for dag_id, dataset_id, uri in session.execute(
+                select(DagScheduleDatasetReference.dag_id, DatasetModel.id, DatasetModel.uri)
+                .join(DatasetModel, DatasetModel.id == DagScheduleDatasetReference.dataset_id)
+                .where(DagScheduleDatasetReference.dag_id.in_(chunk))
+            ):
+                dataset_ids_of[dag_id].add(dataset_id)
+                dataset_uris[dataset_id] = uri
+            for dag_id, latest_run_date, latest_any_run_date in session.execute(
+                select(
+                    DagModel.dag_id,
+                    select(DagRun.execution_date)
+                    .where(DagRun.dag_id == DagModel.dag_id, DagRun.run_type == DagRunType.DATASET_TRIGGERED)
+                    .order_by(DagRun.execution_date.desc())
+                    .limit(1)
+                    .scalar_subquery(),
+                    select(func.max(DagRun.execution_date)).where(DagRun.dag_id == DagModel.dag_id).scalar_subquery(),
+                ).where(DagModel.dag_id.in_(chunk))
+            ):
+                latest_runs[dag_id] = (latest_run_date, latest_any_run_date)
         for dag_id, queued in queued_rows.items():
             dataset_ids_of[dag_id].update(queued)
-        if unknown := set().union(*queued_rows.values()) - dataset_uris.keys():
+        unknown = sorted(set().union(*queued_rows.values()) - dataset_uris.keys())
+        for start in range(0, len(unknown), 500):
             dataset_uris.update(
-                session.execute(select(DatasetModel.id, DatasetModel.uri).where(DatasetModel.id.in_(unknown)))
+                session.execute(
+                    select(DatasetModel.id, DatasetModel.uri).where(DatasetModel.id.in_(unknown[start : start + 500]))
+                )
             )
         lookback = timedelta(
             seconds=max(0, conf.getint("dataset_race_fix", "event_lookback_seconds", fallback=900))
         )
+        consumed_rows: list[tuple[int, str, Any]] = []  # deleted at the end, as read
 
-        for dag_model in sorted(dag_models, key=lambda dm: dm.dag_id):  # one lock order with producers
+        for dag_model in sorted(dag_models, key=lambda dm: dm.dag_id):
             dag = self.dagbag.get_dag(dag_model.dag_id, session=session)
             if not dag:
                 self.log.error("DAG '%s' not found in serialized_dag table", dag_model.dag_id)
@@ -151,18 +190,8 @@ class SchedulerJobRunner:
             dag_hash = self.dagbag.dags_hash.get(dag.dag_id)
 
             queued = queued_rows.get(dag.dag_id, {})
-            # The latest dataset-triggered run, and the latest run of any type (for the unique date).
-            latest_run_date, latest_any_run_date = session.execute(
-                select(
-                    select(DagRun.execution_date)
-                    .where(DagRun.dag_id == dag.dag_id, DagRun.run_type == DagRunType.DATASET_TRIGGERED)
-                    .order_by(DagRun.execution_date.desc())
-                    .limit(1)
-                    .scalar_subquery(),
-                    select(func.max(DagRun.execution_date)).where(DagRun.dag_id == dag.dag_id).scalar_subquery(),
-                )
-            ).one()
-            dataset_event_filters = [DatasetEvent.dataset_id.in_(sorted(dataset_ids_of[dag.dag_id]))]
+            latest_run_date, latest_any_run_date = latest_runs.get(dag.dag_id, (None, None))
+            dataset_event_filters = []
             if latest_run_date:  # else no run of this DAG has consumed anything yet
                 from airflow.models.dataset import association_table
 
@@ -177,7 +206,16 @@ class SchedulerJobRunner:
                 )
                 dataset_event_filters += [DatasetEvent.timestamp >= floor, DatasetEvent.id.not_in(consumed)]
 
-            dataset_events = session.scalars(select(DatasetEvent).where(*dataset_event_filters)).all()
+            dataset_ids = sorted(dataset_ids_of[dag.dag_id])
+            dataset_events = [
+                event
+                for start in range(0, len(dataset_ids), 500)
+                for event in session.scalars(
+                    select(DatasetEvent).where(
+                        DatasetEvent.dataset_id.in_(dataset_ids[start : start + 500]), *dataset_event_filters
+                    )
+                )
+            ]
 
             with_events = {event.dataset_id for event in dataset_events}
             statuses = {dataset_uris[dataset_id]: True for dataset_id in with_events if dataset_id in dataset_uris}
@@ -189,9 +227,11 @@ class SchedulerJobRunner:
             if not ready:
                 # Nothing new to run on. Queue rows whose datasets have no event left to consume
                 # are stale; drop them (as read) so they do not make this DAG look ready again.
-                stale = {ds_id: ts for ds_id, ts in queued.items() if ds_id not in with_events}
-                if stale:
-                    self._delete_dataset_queue_rows_as_read(dag.dag_id, stale, session)
+                consumed_rows += [
+                    (ds_id, dag.dag_id, stored_as_read[(ds_id, dag.dag_id)])
+                    for ds_id in queued
+                    if ds_id not in with_events
+                ]
                 Stats.incr("dataset_race_fix.empty_runs_prevented")
                 continue
 
@@ -239,24 +279,70 @@ class SchedulerJobRunner:
             )
             Stats.incr("dataset.triggered_dagruns")
             dag_run.consumed_dataset_events.extend(dataset_events)
-            if queued:
-                self._delete_dataset_queue_rows_as_read(dag_run.dag_id, queued, session)
+            consumed_rows += [(ds_id, dag.dag_id, stored_as_read[(ds_id, dag.dag_id)]) for ds_id in queued]
+        if consumed_rows:
+            self._delete_dataset_queue_rows_as_read(consumed_rows, session)
 
     @staticmethod
-    def _delete_dataset_queue_rows_as_read(
-        dag_id: str, rows: dict[int, datetime], session: Session
-    ) -> None:
-        """Delete queue rows of ``dag_id`` that still have the created_at they were read with."""
-        session.execute(
-            delete(DatasetDagRunQueue)
-            .where(
-                DatasetDagRunQueue.target_dag_id == dag_id,
-                or_(
-                    *(
-                        and_(DatasetDagRunQueue.dataset_id == dataset_id, DatasetDagRunQueue.created_at == ts)
-                        for dataset_id, ts in sorted(rows.items())
-                    )
-                ),
+    def _delete_dataset_queue_rows_as_read(rows: list[tuple[int, str, Any]], session: Session) -> None:
+        """
+        Delete queue rows ``(dataset_id, target_dag_id, created_at as read)`` that still hold that value.
+
+        Never waits for a producer where the database can skip locked rows; touches no row
+        but those given (see the module docstring for the lock-order argument).
+        """
+        from sqlalchemy import Text, bindparam, cast, text, tuple_
+
+        rows = sorted(rows)
+        dialect = session.bind.dialect
+        if dialect.name == "sqlite":  # one writer at a time, no row locks; executemany, no statement limit
+            session.execute(
+                delete(DatasetDagRunQueue)
+                .where(
+                    DatasetDagRunQueue.dataset_id == bindparam("b_dataset_id"),
+                    DatasetDagRunQueue.target_dag_id == bindparam("b_target_dag_id"),
+                    cast(DatasetDagRunQueue.created_at, Text) == bindparam("b_stored", type_=Text),
+                )
+                .execution_options(synchronize_session=False),
+                [{"b_dataset_id": d, "b_target_dag_id": t, "b_stored": s} for d, t, s in rows],
             )
-            .execution_options(synchronize_session=False)
-        )
+            return
+        key_columns = (DatasetDagRunQueue.dataset_id, DatasetDagRunQueue.target_dag_id)
+        as_read = tuple_(*key_columns, DatasetDagRunQueue.created_at)
+        for start in range(0, len(rows), 500):
+            chunk = rows[start : start + 500]
+            if dialect.name == "postgresql":
+                # One statement: take the rows still as read, skipping those a producer holds.
+                session.execute(
+                    delete(DatasetDagRunQueue)
+                    .where(
+                        tuple_(*key_columns).in_(
+                            select(*key_columns).where(as_read.in_(chunk)).with_for_update(skip_locked=True)
+                        )
+                    )
+                    .execution_options(synchronize_session=False)
+                )
+                continue
+            # MySQL/MariaDB: lock by primary key (skipping what producers hold where the server
+            # can), then delete exactly those keys by primary key.
+            version = dialect.server_version_info or ()
+            taken = session.execute(
+                select(*key_columns)
+                .with_hint(DatasetDagRunQueue.__table__, "FORCE INDEX (PRIMARY)")
+                .where(as_read.in_(chunk))
+                .with_for_update(skip_locked=version >= ((10, 6) if dialect.is_mariadb else (8, 0, 1)))
+            ).all()
+            if taken:
+                # Multi-table syntax: MySQL's single-table DELETE takes no index hint.
+                session.execute(
+                    text(
+                        "DELETE q FROM dataset_dag_run_queue AS q FORCE INDEX (PRIMARY) "
+                        "WHERE (q.dataset_id, q.target_dag_id) IN ("
+                        + ", ".join(f"(:dataset_id_{i}, :dag_id_{i})" for i in range(len(taken)))
+                        + ")"
+                    ),
+                    {
+                        **{f"dataset_id_{i}": row[0] for i, row in enumerate(taken)},
+                        **{f"dag_id_{i}": row[1] for i, row in enumerate(taken)},
+                    },
+                )

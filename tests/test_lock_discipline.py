@@ -1,0 +1,239 @@
+"""
+The fix's lock discipline, one deterministic interleaving per failure it must not add
+(issue "Never fail or stall a task where stock Airflow would not"):
+
+- the scheduler never waits for a producer (it takes queue rows ``SKIP LOCKED`` and
+  deletes by primary key, at the end of its loop);
+- producers never deadlock, whatever the order of a task's outlets (queue rows are
+  written at COMMIT, in one key order);
+- a producer never waits for the scheduler's run creation, only for its COMMIT;
+- statements stay inside each backend's limits at any queue length;
+- SQLite queue rows in any text format are deleted as read.
+
+Each test drives two or three real sessions step by step and asserts on what each step
+ended as (done, or blocked on a row lock as the database itself reports it). Two open
+writers cannot exist on SQLite, so the interleavings that need them run on PostgreSQL and
+MySQL/MariaDB only.
+"""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import event, func, select, text
+
+from airflow import settings
+from airflow.datasets import DatasetAny
+from airflow.models.dagrun import DagRun
+from airflow.models.dataset import DatasetDagRunQueue, DatasetEvent, DatasetModel
+from airflow.utils.session import create_session
+
+from airflow_dataset_race_fix.harness.world import DONE, PAUSED, World
+
+from conftest import BACKEND
+
+servers_only = pytest.mark.skipif(BACKEND == "sqlite", reason="needs two open writers (SQLite has one)")
+
+
+@pytest.fixture
+def world(request, variant_fixed):
+    w = World(request.node.name[:20])
+    yield w
+    w.close()
+
+
+def _dataset_id(uri: str) -> int:
+    with create_session() as session:
+        return session.scalar(select(DatasetModel.id).where(DatasetModel.uri == uri))
+
+
+def _queued(dag_id: str) -> list[int]:
+    with create_session() as session:
+        return sorted(
+            session.scalars(select(DatasetDagRunQueue.dataset_id).where(DatasetDagRunQueue.target_dag_id == dag_id))
+        )
+
+
+def _runs(dag_id: str) -> int:
+    with create_session() as session:
+        return session.scalar(select(func.count()).select_from(DagRun).where(DagRun.dag_id == dag_id))
+
+
+@servers_only
+def test_scheduler_does_not_wait_for_a_multi_outlet_task(world):
+    """Issue item 1: task with outlets [b, a] against one scheduler loop (MariaDB deadlocked: 1213)."""
+    w = world
+    a, b = w.dataset("a"), w.dataset("b")
+    d1, d2 = w.consumer("d1", [a]), w.consumer("d2", [b])
+    p, producer, s = w.producer("P"), w.producer("P0"), w.scheduler()
+    w.clock.at(1), w.emit(producer, a), producer.finish(), w.emit(producer, b), producer.finish()
+    w.clock.at(2)
+    assert w.emit(p, b, commit=False) == DONE  # the task registers its first outlet
+    p.finish()
+    assert w.loop(s) == DONE  # a whole scheduler loop, while the task's transaction is open
+    s.finish()
+    assert w.emit(p, a) == DONE  # second outlet and commit: no deadlock, no wait
+    p.finish()
+    assert (_runs(d1), _runs(d2)) == (1, 1)
+    w.drain(s, start=10)
+    assert w.report().violations() == {}
+
+
+@servers_only
+def test_opposite_outlet_orders_do_not_deadlock(world):
+    """Issue item 2: outlets [a, b] and [b, a] on existing queue rows, interleaved."""
+    w = world
+    a, b = w.dataset("a"), w.dataset("b")
+    w.consumer("on_a", [a], max_active_runs=1), w.consumer("on_b", [b], max_active_runs=1)
+    w.consumer("a_or_b", DatasetAny(a, b), max_active_runs=1)
+    p0, p1, p2, s = w.producer("P0"), w.producer("P1"), w.producer("P2"), w.scheduler()
+    w.clock.at(1), w.emit(p0, a), p0.finish(), w.emit(p0, b), p0.finish()  # queue rows exist
+    w.clock.at(2)
+    for producer, dataset in ((p1, a), (p2, b), (p1, b), (p2, a)):
+        assert w.emit(producer, dataset, commit=False) == DONE
+        producer.finish()
+    assert w.commit(p1) == DONE
+    p1.finish()
+    assert w.commit(p2) == DONE
+    p2.finish()
+    w.drain(s, start=10)
+    assert w.report().violations() == {}
+
+
+@servers_only
+def test_a_row_a_producer_holds_is_skipped_never_waited_for(world):
+    """Issue item 3: the delete visits no row but those it took (MySQL 8 planned it on target_dag_id)."""
+    w = world
+    a, b = w.dataset("a"), w.dataset("b")
+    d = w.consumer("d", DatasetAny(a, b))
+    p0, p, s = w.producer("P0"), w.producer("P"), w.scheduler()
+    w.clock.at(1), w.emit(p0, a), p0.finish(), w.emit(p0, b), p0.finish()
+    w.clock.at(2)
+    p.pause_after("insert into dataset_dag_run_queue")  # upserted b's row, COMMIT not yet sent
+    assert w.emit(p, b) == PAUSED
+    assert w.loop(s) == DONE  # a run with E_a and E_b; b's row is held by P: skipped
+    s.finish()
+    assert _queued(d) == [_dataset_id(b.uri)]
+    assert p.resume() == DONE
+    p.finish()
+    w.drain(s, start=10)
+    assert _runs(d) == 2
+    assert w.report().violations() == {}
+
+
+@servers_only
+def test_a_producer_does_not_wait_for_the_schedulers_run_creation(world):
+    """Issue item 4: the queue rows are locked only by the loop's last statement, not from its start."""
+    w = world
+    a, b = w.dataset("a"), w.dataset("b")
+    w.consumer("d1", [a]), w.consumer("d2", [b])
+    p0, p, s = w.producer("P0"), w.producer("P"), w.scheduler()
+    w.clock.at(1), w.emit(p0, a), p0.finish(), w.emit(p0, b), p0.finish()
+    w.clock.at(2)
+    s.pause_before("from dataset_event").pause_before("from dataset_event")
+    assert w.loop(s) == PAUSED  # before d1's events
+    assert s.resume() == PAUSED  # d1's run is created; before d2's events
+    assert w.emit(p, a) == DONE  # stock PostgreSQL waits here for the scheduler's COMMIT
+    p.finish()
+    s.finish()
+    w.drain(s, start=10)
+    assert w.report().violations() == {}
+
+
+def test_rows_are_written_at_commit_in_key_order_in_one_statement(world):
+    """Both outlets of one transaction go out as one upsert, in (dataset_id, target_dag_id) order."""
+    w = world
+    a, b = w.dataset("a"), w.dataset("b")
+    dags = [w.consumer(name, [a, b]) for name in ("y", "x")]
+    statements: list[tuple[str, object]] = []
+
+    def record(conn, cursor, statement, parameters, context, executemany):
+        if "dataset_dag_run_queue" in statement.lower() and statement.lstrip().upper().startswith("INSERT"):
+            statements.append((statement, parameters))
+
+    event.listen(settings.engine, "before_cursor_execute", record)
+    try:
+        with create_session() as session:
+            from airflow.datasets.manager import dataset_manager
+
+            dataset_manager.register_dataset_change(dataset=b, session=session)
+            dataset_manager.register_dataset_change(dataset=a, session=session)
+            assert statements == []  # nothing written before COMMIT
+    finally:
+        event.remove(settings.engine, "before_cursor_execute", record)
+    assert len(statements) == 1
+    a_id, b_id = _dataset_id(a.uri), _dataset_id(b.uri)
+    expected = sorted((ds, dag) for ds in (a_id, b_id) for dag in dags)
+    statement, parameters = statements[0]
+    if BACKEND == "postgres":
+        assert list(zip(parameters["dataset_ids"], parameters["dag_ids"])) == expected
+    else:  # (dataset_id, target_dag_id, created_at) per row, positional
+        assert [(parameters[i], parameters[i + 1]) for i in range(0, 12, 3)] == expected
+    for dag in dags:
+        assert _queued(dag) == sorted((a_id, b_id))
+
+
+def test_a_rolled_back_savepoint_or_transaction_writes_no_queue_row(world):
+    w = world
+    a, b, c = w.dataset("a"), w.dataset("b"), w.dataset("c")
+    da, db, dc = w.consumer("on_a", [a]), w.consumer("on_b", [b]), w.consumer("on_c", [c])
+    from airflow.datasets.manager import dataset_manager
+
+    with create_session() as session:
+        dataset_manager.register_dataset_change(dataset=a, session=session)
+        try:
+            with session.begin_nested():
+                dataset_manager.register_dataset_change(dataset=b, session=session)
+                raise RuntimeError("the SAVEPOINT is rolled back")
+        except RuntimeError:
+            pass
+        with session.begin_nested():
+            dataset_manager.register_dataset_change(dataset=c, session=session)
+    assert (_queued(da) != [], _queued(db), _queued(dc) != []) == (True, [], True)
+
+    session = settings.Session.session_factory()
+    dataset_manager.register_dataset_change(dataset=b, session=session)
+    session.rollback()
+    session.commit()  # a later commit of the same session writes nothing of the rolled back one
+    dataset_manager.register_dataset_change(dataset=b, session=session)
+    session.close()  # closed without commit
+    session = settings.Session.session_factory()
+    session.commit()
+    session.close()
+    assert _queued(db) == []
+    with create_session() as session:
+        b_events = session.scalar(
+            select(func.count()).select_from(DatasetEvent).where(DatasetEvent.dataset_id == _dataset_id(b.uri))
+        )
+    assert b_events == 0
+
+
+def test_sqlite_rows_in_any_text_format_are_deleted_as_read(world):
+    """Issue item 6: rows written by raw SQL or older tools (no microseconds, '+00:00')."""
+    if BACKEND != "sqlite":
+        pytest.skip("a text format of SQLite's")
+    w = world
+    a, b = w.dataset("a"), w.dataset("b")
+    d = w.consumer("d", DatasetAny(a, b))
+    p, s = w.producer("P"), w.scheduler()
+    w.clock.at(1), w.emit(p, a), p.finish(), w.emit(p, b), p.finish()
+    base = w.clock.base.strftime("%Y-%m-%d %H:%M:%S")
+    with create_session() as session:
+        for uri, stored in ((a.uri, base), (b.uri, base + "+00:00")):
+            session.execute(
+                text("UPDATE dataset_dag_run_queue SET created_at = :stored WHERE dataset_id = :ds AND target_dag_id = :d"),
+                {"stored": stored, "ds": _dataset_id(uri), "d": d},
+            )
+    w.clock.at(2), w.loop(s), s.finish()
+    assert _queued(d) == [] and _runs(d) == 1
+    # And a producer moves such a row forward into the canonical format.
+    with create_session() as session:
+        session.execute(
+            text("INSERT INTO dataset_dag_run_queue (dataset_id, target_dag_id, created_at) VALUES (:ds, :d, :stored)"),
+            {"stored": base + "+00:00", "ds": _dataset_id(a.uri), "d": d},
+        )
+    w.clock.at(-1), w.emit(p, a), p.finish()  # a lagging clock: stored + 1 microsecond
+    with create_session() as session:
+        stored = session.scalar(text("SELECT created_at FROM dataset_dag_run_queue WHERE target_dag_id = :d"), {"d": d})
+    assert stored == base + ".000001"
+    w.drain(s, start=10)
+    assert w.report().violations() == {}
