@@ -3,10 +3,14 @@ Random concurrent stress: producer processes, scheduler loops, then a drain and 
 invariant counts. Random but reproducible: every choice comes from the printed seed.
 
 Producers and scheduler loops are separate interpreters (spawned, not forked: a forked
-child would inherit the parent's database sockets). Each event
-goes to dataset ``a`` or ``b``; some producers hold their transaction open a few
-milliseconds after the event is flushed, which is where commit order and timestamp order
-part. Consumers: one DAG on ``a``, one on ``a & b`` and one on ``a | b``. One scheduler
+child would inherit the parent's database sockets). Each producer transaction is one
+task finishing: it registers ``outlets`` events (one by default; 2-3 in the multi-outlet
+mode, on distinct datasets of ``a``, ``b``, ``c`` in random order, as a task with several
+outlets does) and commits; some producers hold their transaction open a few
+milliseconds after each event, which is where commit order and timestamp order part.
+There are no retries: a failed transaction (a deadlock, a lock timeout) is counted.
+Consumers: one DAG on ``a``, one on ``a & b``, one on ``a | b`` (and one on ``c`` in the
+multi-outlet mode). One scheduler
 loop process, two on PostgreSQL (Airflow's HA schedulers need row locks: PostgreSQL and
 MySQL 8; MariaDB and SQLite take none). After the producers finish, the scheduler
 drains and the checker counts.
@@ -35,15 +39,20 @@ class StressConfig:
     schedulers: int | None = None  # default: 2 on PostgreSQL, else 1
     hold_ms: tuple[float, float] = (1.0, 8.0)
     holding_share: float = 0.5  # share of producers that hold their transaction open
+    outlets: tuple[int, int] = (1, 1)  # events per producer transaction, min and max
+
+    @property
+    def multi_outlet(self) -> bool:
+        return self.outlets[1] > 1
 
 
 @dataclass
 class StressResult:
     config: StressConfig
     backend: str
-    produced: int  # producer transactions that committed
-    events_in_db: int  # events of a and b found afterwards (must equal produced)
-    producer_failures: int
+    produced: int  # events registered by producer transactions that committed
+    events_in_db: int  # events of the world's datasets found afterwards (must equal produced)
+    producer_failures: int  # producer transactions that failed (never retried)
     scheduler_loops: int
     scheduler_failures: int
     seconds: float
@@ -90,14 +99,16 @@ def _producer(index: int, uris: list[str], config: StressConfig, fixed: bool, re
     holds = rng.random() < config.holding_share
     ok, failures, samples = 0, 0, []
     for _ in range(config.events_per_producer):
+        outlets = rng.sample(uris, rng.randint(*config.outlets))  # distinct datasets, random order
         session = settings.Session.session_factory()
         try:
-            dataset_manager.register_dataset_change(dataset=Dataset(rng.choice(uris)), session=session)
-            session.flush()
-            if holds:
-                time.sleep(rng.uniform(*config.hold_ms) / 1000)
+            for uri in outlets:
+                dataset_manager.register_dataset_change(dataset=Dataset(uri), session=session)
+                session.flush()
+                if holds:
+                    time.sleep(rng.uniform(*config.hold_ms) / 1000)
             session.commit()
-            ok += 1
+            ok += len(outlets)
         except Exception as err:  # a failed producer transaction is a finding, not a crash
             failures += 1
             session.rollback()
@@ -142,19 +153,23 @@ def run_stress(config: StressConfig, *, log=print) -> StressResult:
     schedulers = config.schedulers or (2 if world.backend == "postgres" else 1)
     log(
         f"stress on {world.backend}: seed {config.seed}, {config.producers} producers x "
-        f"{config.events_per_producer} events, {schedulers} scheduler loop(s)"
+        f"{config.events_per_producer} transactions of {config.outlets[0]}-{config.outlets[1]} outlet(s), "
+        f"{schedulers} scheduler loop(s)"
     )
-    a, b = world.dataset("a"), world.dataset("b")
+    datasets = [world.dataset(name) for name in ("a", "b", "c")[: 3 if config.multi_outlet else 2]]
+    a, b = datasets[:2]
     world.consumer("single_a", [a])
     world.consumer("all_a_b", DatasetAll(a, b))
     world.consumer("any_a_b", DatasetAny(a, b))
+    if config.multi_outlet:
+        world.consumer("single_c", [datasets[2]])
     fixed = _fix_is_active()
 
     ctx = multiprocessing.get_context("spawn")
     results, stop, ready = ctx.Queue(), ctx.Event(), ctx.Barrier(schedulers + config.producers + 1)
     scheduler_procs = [ctx.Process(target=_scheduler, args=(i, fixed, ready, stop, results)) for i in range(schedulers)]
     producer_procs = [
-        ctx.Process(target=_producer, args=(i, [a.uri, b.uri], config, fixed, ready, results))
+        ctx.Process(target=_producer, args=(i, [d.uri for d in datasets], config, fixed, ready, results))
         for i in range(config.producers)
     ]
     for proc in scheduler_procs + producer_procs:
@@ -188,7 +203,10 @@ def run_stress(config: StressConfig, *, log=print) -> StressResult:
         config=config,
         backend=world.backend,
         produced=produced,
-        events_in_db=report.by_dag()[f"{world.prefix}_any_a_b"].produced,  # the OR DAG sees a and b
+        events_in_db=sum(
+            report.by_dag()[f"{world.prefix}_{dag}"].produced
+            for dag in ("any_a_b", "single_c")[: 2 if config.multi_outlet else 1]
+        ),  # the OR DAG sees a and b, single_c sees c
         producer_failures=producer_failures,
         scheduler_loops=loops,
         scheduler_failures=scheduler_failures,

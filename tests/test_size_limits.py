@@ -1,0 +1,115 @@
+"""
+Statement sizes at scale, on every backend: 10 000 queue rows for one DAG, and one dataset
+with 10 000 consuming DAGs. Every statement of the fix whose size follows the number of
+rows, datasets or DAGs is chunked, so it stays inside SQLite's expression depth (1 000)
+and bound variables (999 before 3.32), and MySQL's packet size. The previous fix crashed
+the scheduler here on SQLite ("Expression tree is too large").
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+from sqlalchemy import func, select, update
+
+from airflow.datasets import DatasetAny
+from airflow.models.dag import DAG, DagModel
+from airflow.models.dagrun import DagRun
+from airflow.models.dataset import DagScheduleDatasetReference, DatasetDagRunQueue, DatasetEvent, DatasetModel
+from airflow.models.serialized_dag import SerializedDagModel
+from airflow.operators.empty import EmptyOperator
+from airflow.utils.session import create_session
+
+from airflow_dataset_race_fix import invariant
+from airflow_dataset_race_fix.harness.world import DONE, World
+
+MANY = 10_000
+
+
+def _count(model, *where) -> int:
+    with create_session() as session:
+        return session.scalar(select(func.count()).select_from(model).where(*where))
+
+
+def test_one_dag_with_ten_thousand_queued_rows(variant_fixed):
+    w = World("rows10k")
+    try:
+        a, b = w.dataset("a"), w.dataset("b")
+        dag_id = w.consumer("d", DatasetAny(a, b), max_active_runs=1)
+        p, s = w.producer("P"), w.scheduler()
+        start = w.clock.at(1)
+        # The DAG is scheduled on 10 000 more datasets (as an OR schedule on them would make
+        # it), each with an event and a queue row: what piles up while it is held back.
+        with create_session() as session:
+            models = [DatasetModel(uri=f"race://{w.prefix}/many/{i}") for i in range(MANY)]
+            session.add_all(models)
+            session.flush()
+            session.add_all(DagScheduleDatasetReference(dag_id=dag_id, dataset_id=m.id) for m in models)
+            session.add_all(
+                DatasetEvent(dataset_id=m.id, timestamp=start - timedelta(seconds=i % 500)) for i, m in enumerate(models)
+            )
+            session.add_all(DatasetDagRunQueue(dataset_id=m.id, target_dag_id=dag_id, created_at=start) for m in models)
+        w.clock.at(2), w.emit(p, a), p.finish()
+        w.clock.at(3)
+        assert w.loop(s) == DONE
+        s.finish()  # raises what the loop raised
+        with create_session() as session:
+            run = session.scalar(select(DagRun).where(DagRun.dag_id == dag_id))
+            assert len(run.consumed_dataset_events) == MANY + 1
+        assert _count(DatasetDagRunQueue, DatasetDagRunQueue.target_dag_id == dag_id) == 0
+        assert w.report().violations() == {}
+    finally:
+        w.close()
+
+
+def test_one_dataset_with_ten_thousand_consuming_dags(variant_fixed):
+    w = World("dags10k")
+    try:
+        a = w.dataset("a")
+        dags = []
+        for i in range(MANY):
+            dag = DAG(f"{w.prefix}_c{i:05d}", schedule=[a], start_date=datetime(2024, 1, 1, tzinfo=timezone.utc))
+            EmptyOperator(task_id="consume", dag=dag)
+            dags.append(dag)
+        with create_session() as session:
+            DAG.bulk_write_to_db(dags, session=session)
+            session.add_all(SerializedDagModel(dag) for dag in dags)
+        with create_session() as session:
+            session.execute(
+                update(DagModel)
+                .where(DagModel.dag_id.like(f"{w.prefix}_c%"))
+                .values(is_paused=False)
+                .execution_options(synchronize_session=False)
+            )
+        dag_ids = [dag.dag_id for dag in dags]
+        w.dag_ids += dag_ids
+        p, s = w.producer("P"), w.scheduler()
+        w.clock.at(1)
+        assert w.emit(p, a) == DONE  # one producer transaction queues all 10 000 DAGs
+        p.finish()
+        assert _count(DatasetDagRunQueue, DatasetDagRunQueue.target_dag_id.like(f"{w.prefix}_c%")) == MANY
+        # One scheduler loop over 1 000 of them (the others paused): 1 000 runs, chunked statements.
+        ready, held = dag_ids[:1000], dag_ids[1000:]
+        with create_session() as session:
+            session.execute(
+                update(DagModel)
+                .where(DagModel.dag_id >= held[0], DagModel.dag_id.like(f"{w.prefix}_c%"))
+                .values(is_paused=True)
+                .execution_options(synchronize_session=False)
+            )
+        per_loop = DagModel.NUM_DAGS_PER_DAGRUN_QUERY
+        DagModel.NUM_DAGS_PER_DAGRUN_QUERY = len(ready)
+        try:
+            w.clock.at(2)
+            assert w.loop(s) == DONE
+            s.finish()
+        finally:
+            DagModel.NUM_DAGS_PER_DAGRUN_QUERY = per_loop
+        assert _count(DagRun, DagRun.dag_id.like(f"{w.prefix}_c%")) == len(ready)
+        assert _count(DatasetDagRunQueue, DatasetDagRunQueue.target_dag_id.like(f"{w.prefix}_c%")) == len(held)
+        with create_session() as session:
+            report = invariant.check(session, ready + held[:100])
+        assert report.violations() == {}
+        assert report.total("consumed") == len(ready)
+    finally:
+        w.close()
