@@ -239,7 +239,7 @@ def test_half_applied_patch_is_refused(tmp_path, capsys):
 @pytest.mark.parametrize(
     "edit, message",
     [
-        (lambda t: t.replace("one lock order with producers", "one lock order"), "differs from the fix"),
+        (lambda t: t.replace("# deleted at the end, as read", "# deleted at the end"), "differs from the fix"),
         (lambda t: t.replace("\n             dag = self.dagbag.get_dag(", "\n             dag = self.dagbag.get_dag2(", 1), "does not fit"),
         (lambda t: t.replace("+            Stats.incr(\"dataset.triggered_dagruns\")\n", "", 1), "cannot be read as a patch"),
     ],
