@@ -4,6 +4,10 @@
 - producer path: ``DatasetManager.register_dataset_change`` plus commit, for a dataset
   with 1, 10 and 50 consuming DAGs, with the queue empty (first event after the
   scheduler drained it) and with the queue rows already there (a burst);
+- producer latency while the scheduler is busy: producer threads commit events on a
+  dataset whose ten consumer DAGs a scheduler thread keeps creating runs for (its real
+  loop, ``_create_dagruns_for_dags``, committing each pass); each producer transaction
+  (register the event, commit) is timed, and any failure is counted. Median and p99;
 - scheduler loop: one ``SchedulerJobRunner._create_dagruns_for_dags`` pass that creates
   the runs of three consumer DAGs (on ``a``, ``a & b``, ``a | b``) for one new event on
   each dataset, with 1 000 and then 100 000 historical events in the database. History
@@ -130,6 +134,91 @@ def bench_producer(variants: Variants, fanouts: tuple[int, ...], samples: int) -
             rows.append(_row(f"producer, {fanout} DAG(s), {queue_state}", times))
             _log(f"  {rows[-1]['case']}: {_ms(rows[-1])}")
     return rows
+
+
+# -- producers beside a busy scheduler --------------------------------------------------
+def bench_busy_producers(variants: Variants, rounds: int, producers: int = 4, commits: int = 30) -> list[dict[str, Any]]:
+    """Producer transaction latency (median, p99) while a scheduler thread creates runs for the same DAGs."""
+    import threading
+
+    from airflow import settings
+    from airflow.datasets import Dataset
+    from airflow.datasets.manager import dataset_manager
+    from airflow.jobs.job import Job
+    from airflow.jobs.scheduler_job_runner import SchedulerJobRunner
+    from airflow.utils.sqlalchemy import prohibit_commit
+
+    dataset = Dataset("bench://busy/a")
+    names = make_consumers("bench_busy", {f"c{i:02d}": [dataset] for i in range(10)})
+    quiet_other_dags(names)
+    latencies: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    failures: dict[str, int] = {v: 0 for v in VARIANTS}
+    with settings.Session() as session:
+        job = Job()
+        session.add(job)
+        session.commit()
+        runner = SchedulerJobRunner(job=job, num_runs=1)
+
+    def scheduler(stop: threading.Event, errors: list[str]) -> None:
+        session = settings.Session.session_factory()
+        while not stop.is_set():
+            try:
+                with prohibit_commit(session) as guard:
+                    runner._create_dagruns_for_dags(guard=guard, session=session)
+            except Exception as err:  # reported, not hidden
+                session.rollback()
+                errors.append(f"scheduler: {type(err).__name__}: {str(err).splitlines()[0][:160]}")
+        session.close()
+
+    def producer(variant: str, seed: int, errors: list[str]) -> None:
+        import random
+
+        rng = random.Random(seed)
+        for _ in range(commits):
+            session = settings.Session.session_factory()
+            try:
+                started = time.perf_counter()
+                dataset_manager.register_dataset_change(dataset=dataset, session=session)
+                session.commit()
+                latencies[variant].append(time.perf_counter() - started)
+            except Exception as err:
+                session.rollback()
+                failures[variant] += 1
+                errors.append(f"producer: {type(err).__name__}: {str(err).splitlines()[0][:160]}")
+            finally:
+                session.close()
+            time.sleep(rng.uniform(0, 0.01))
+
+    errors: list[str] = []
+    for i in range(rounds * 2):
+        variant = VARIANTS[(i + i // 2) % 2]  # stock, fixed, fixed, stock, ...
+        variants.use(variant)
+        stop = threading.Event()
+        busy = threading.Thread(target=scheduler, args=(stop, errors))
+        busy.start()
+        threads = [threading.Thread(target=producer, args=(variant, i * 100 + n, errors)) for n in range(producers)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        stop.set()
+        busy.join()
+    variants.use("stock")
+    rows = []
+    for name, pick in (("median", statistics.median), ("p99", _p99)):
+        stock, fixed = pick(latencies["stock"]), pick(latencies["fixed"])
+        rows.append({"case": f"producer beside a busy scheduler, {name}", "stock_ms": stock * 1000,
+                     "fixed_ms": fixed * 1000, "ratio": fixed / stock, "samples": len(latencies["stock"]),
+                     "failures": failures})
+        _log(f"  {rows[-1]['case']}: {_ms(rows[-1])}")
+    if errors:
+        _log(f"  {len(errors)} error(s) beside the busy scheduler, e.g. {errors[:3]}")
+    return rows
+
+
+def _p99(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
 
 
 # -- scheduler loop -------------------------------------------------------------------
@@ -388,6 +477,13 @@ def targets(backend: str, rows: list[dict[str, Any]]) -> list[str]:
             else:
                 ok, goal = row["ratio"] <= 0.5, "<= 0.50 (2x faster)"
             lines.append(f"producer path, 50 DAGs, {state}: ratio {row['ratio']:.2f}, target {goal}: {'met' if ok else 'MISSED'}")
+    busy = by_case.get("producer beside a busy scheduler, p99")
+    if busy:
+        failed = {k: v for k, v in busy["failures"].items() if v}
+        lines.append(
+            f"producer p99 beside a busy scheduler: ratio {busy['ratio']:.2f}, target <= 1.2: "
+            f"{'met' if busy['ratio'] <= 1.2 else 'MISSED'}; failed producer transactions: {failed or 'none'}"
+        )
     loops = sorted((r for r in rows if r["case"].startswith("scheduler loop")), key=lambda r: int(r["case"].split()[2]))
     if loops:
         big = loops[-1]
@@ -417,6 +513,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--db-url", metavar="URL", help="server URL (a scratch database is created and dropped)")
     parser.add_argument("--samples", type=int, default=40, help="producer samples per variant (default %(default)s)")
     parser.add_argument("--loop-samples", type=int, default=15, help="scheduler loop samples per variant")
+    parser.add_argument("--busy-rounds", type=int, default=6,
+                        help="rounds per variant of producers beside a busy scheduler (default %(default)s)")
     parser.add_argument("--sizes", default="1000,100000", help="historical events (default %(default)s)")
     parser.add_argument("--fanouts", default="1,10,50", help="consuming DAGs (default %(default)s)")
     parser.add_argument("--explain", action="store_true", help="print the query plans of the event selection")
@@ -445,6 +543,7 @@ def main(argv: list[str] | None = None) -> int:
         init_airflow_db()
         variants = Variants()
         rows = bench_producer(variants, tuple(int(x) for x in args.fanouts.split(",")), args.samples)
+        rows += bench_busy_producers(variants, args.busy_rounds)
         loop_rows, plans = bench_loop(variants, tuple(int(x) for x in args.sizes.split(",")), args.loop_samples,
                                       args.explain)
         rows += loop_rows
