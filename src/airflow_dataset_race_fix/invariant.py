@@ -38,7 +38,11 @@ committed events of D's datasets:
   DATASET_TRIGGERED run. Stock Airflow then takes the run *before* the latest one as
   the window start (S6: an out-of-order run that consumes events again); the fixed
   scheduler only lowers its event floor with them, which is what ``audit --requeue``
-  relies on.
+  relies on;
+- ``future_dated``: events of D's datasets dated after the checker's clock (a producer
+  host whose clock runs ahead; the fixed scheduler waits for the clock to get there);
+- ``overlapping_intervals``: DATASET_TRIGGERED runs of D whose data interval starts
+  before the previous run's (by logical date) ended: overlapping or backwards intervals.
 
 ``audit()`` also groups per (D, dataset) the *stranded* events: lost or suspected lost, the
 events that will not reach D by themselves; ``audit --requeue`` works on those groups.
@@ -74,7 +78,7 @@ from airflow.utils.types import DagRunType
 # What the tests require to be zero with the fix, after a drain.
 VIOLATIONS = ("lost", "doubled", "empty_runs", "out_of_order", "lingering")
 # What the audit reports as damage in a live deployment's history.
-FINDINGS = ("suspected_lost", "doubled", "empty_runs", "out_of_order")
+FINDINGS = ("suspected_lost", "doubled", "empty_runs", "out_of_order", "future_dated", "overlapping_intervals")
 
 # DAGs per query: large enough for few round trips, small enough for a live progress display.
 DAG_BATCH = 20
@@ -100,6 +104,8 @@ class DagReport:
     out_of_order: int = 0
     lingering: int = 0
     stale_queue_rows: int = 0
+    future_dated: int = 0
+    overlapping_intervals: int = 0
 
     def violations(self) -> dict[str, int]:
         return {name: getattr(self, name) for name in VIOLATIONS if getattr(self, name)}
@@ -409,6 +415,9 @@ class _Scan:
         produced = _events_of(dag_ids, self.since).with_only_columns(ref.dag_id, func.count()).group_by(ref.dag_id)
         for dag_id, count in self.session.execute(produced):
             self.reports[dag_id].produced = self.reports[dag_id].consumed = int(count)
+        ahead = produced.where(DatasetEvent.timestamp > datetime.now(timezone.utc))
+        for dag_id, count in self.session.execute(ahead):
+            self.reports[dag_id].future_dated = int(count)
         with_events = [dag_id for dag_id in dag_ids if self.reports[dag_id].produced]
         for batch in _batches(with_events, EVENT_BATCH.get(self.session.bind.dialect.name, DAG_BATCH)):
             self._event_findings(batch)
@@ -460,6 +469,19 @@ class _Scan:
                 self.reports[dag_id].out_of_order += 1
                 self.lists["out_of_order"].add((dag_id, date, run_id), RunFinding(dag_id, run_id, date, earlier))
             latest[dag_id] = date if earlier is None else max(earlier, date)
+        previous_end: dict[str, datetime | None] = {}  # by logical date: the previous run's interval end
+        intervals = (
+            select(DagRun.dag_id, DagRun.execution_date, DagRun.data_interval_start, DagRun.data_interval_end)
+            .where(DagRun.dag_id.in_(dag_ids), _dataset_triggered())
+            .order_by(DagRun.dag_id, DagRun.execution_date)
+        )
+        for dag_id, date, start, end in self.session.execute(intervals.execution_options(stream_results=True)):
+            before = previous_end.get(dag_id)
+            if before is not None and start is not None and _utc(start) < before:
+                if self.since is None or _utc(date) >= self.since:
+                    self.reports[dag_id].overlapping_intervals += 1
+            if end is not None:
+                previous_end[dag_id] = _utc(end) if before is None else max(before, _utc(end))
 
     def _queue(self, dag_ids: list[str]) -> None:
         for q in self.session.execute(_queue_facts(dag_ids)):

@@ -317,9 +317,9 @@ def render(result, where: str, since, dag_ids: list[str], seconds: float, limit:
     scope = f"{len(dag_ids)} consuming DAG(s)" + (f", events and runs since {_ts(since)} UTC" if since else "")
     lines = [f"Audit of {where}: {scope}", ""]
     columns = ("runs", "produced", "consumed", "suspected_lost", "doubled", "empty_runs", "out_of_order",
-               "stale_queue_rows", "lost")
+               "stale_queue_rows", "lost", "future_dated", "overlapping_intervals")
     headers = ["DAG", "runs", "events", "consumed", "suspected lost", "doubled", "empty runs", "out of order",
-               "stale queue rows", "not queued"]
+               "stale queue rows", "not queued", "future-dated events", "overlapping intervals"]
     rows = [[d.dag_id, *(getattr(d, c) for c in columns)] for d in report.dags]
     rows.append(["TOTAL", *(report.total(c) for c in columns)])
     lines.append(tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True))

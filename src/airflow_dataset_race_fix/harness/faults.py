@@ -6,6 +6,9 @@ The child (``python -m airflow_dataset_race_fix.harness.faults producer URI`` or
 starts its work and stops at the named point: after the event is flushed (producer) or
 after the new DAG run row is inserted (scheduler), with nothing committed. It prints
 ``READY`` and waits; the parent kills it with SIGKILL and reads the tables.
+
+``run_producer`` is the same child without a crash: one event, committed, by stock or
+fixed code (a process not yet restarted during a rolling upgrade, say).
 """
 
 from __future__ import annotations
@@ -45,6 +48,27 @@ def kill_when_ready(role: str, *args: str, fixed: bool = True, timeout: float = 
         raise RuntimeError(f"{role} child was not killed by SIGKILL (exit {child.returncode})")
 
 
+def run_producer(uri: str, *, fixed: bool, timeout: float = 120.0) -> None:
+    """One producer transaction (register an event on ``uri``, commit) in a separate interpreter."""
+    env = dict(os.environ, ADRF_FAULT_FIXED="1" if fixed else "0")
+    done = subprocess.run(
+        [sys.executable, "-m", "airflow_dataset_race_fix.harness.faults", "commit", uri],
+        capture_output=True, text=True, env=env, timeout=timeout,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"producer child failed (exit {done.returncode}): {done.stderr[-2000:]}")
+
+
+def _commit(uri: str) -> None:
+    from airflow import settings
+    from airflow.datasets import Dataset
+    from airflow.datasets.manager import dataset_manager
+
+    session = settings.Session.session_factory()
+    dataset_manager.register_dataset_change(dataset=Dataset(uri), session=session)
+    session.commit()
+
+
 def _stop_here() -> None:
     print(READY, flush=True)
     while True:
@@ -58,7 +82,7 @@ def _producer(uri: str) -> None:
 
     session = settings.Session.session_factory()
     dataset_manager.register_dataset_change(dataset=Dataset(uri), session=session)
-    session.flush()  # the event and its queue rows are written, not committed
+    session.flush()  # the event is written, not committed (the fix writes queue rows at commit)
     _stop_here()
 
 
@@ -92,7 +116,7 @@ def main(argv: list[str]) -> None:
     if os.environ.get("ADRF_FAULT_FIXED") == "1":
         airflow_dataset_race_fix.apply(strict=True)
     role, *args = argv
-    {"producer": _producer, "scheduler": _scheduler}[role](*args)
+    {"producer": _producer, "scheduler": _scheduler, "commit": _commit}[role](*args)
 
 
 if __name__ == "__main__":

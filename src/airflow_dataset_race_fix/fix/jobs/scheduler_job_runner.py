@@ -41,7 +41,18 @@ The fixed member selects events by what the DAG has *consumed*, not by time:
   events (no empty run, and an AND condition is not met by a queue row whose events an
   earlier run already took);
 - the run's logical date is the newest of: the queue rows, the consumed events, and one
-  microsecond after the latest dataset-triggered run, so runs stay in order;
+  microsecond after the latest dataset-triggered run, so runs stay in order. A run is
+  never dated before the events it consumes (the floor above relies on it);
+- clock skew: an event dated more than ``[dataset_race_fix] max_event_ahead_seconds``
+  (default 60) after the scheduler's clock waits until the clock reaches it (one warning
+  per DAG, metric ``dataset_race_fix.future_events_deferred``) and queue rows count at
+  most that far ahead, so one host whose clock runs ahead cannot date this run and, since
+  runs stay in order, every later run in the future;
+- the data interval starts no earlier than the previous dataset-triggered run's ended,
+  so intervals never go backwards or overlap (a late event may lie before its run's
+  interval);
+- events dated before the latest run (late commits, or the events of a deleted run,
+  whose consumption record went with it) are consumed by the next run, with a warning;
 - the queue rows read are deleted exactly as read (key and created_at). Producers move
   created_at on every write, so a row that a producer touched meanwhile survives. When
   no run is created, the rows whose datasets have nothing left to consume are deleted,
@@ -129,7 +140,7 @@ class SchedulerJobRunner:
         # any type (for the unique date), for all DAGs in one statement.
         dataset_ids_of: dict[str, set[int]] = defaultdict(set)
         dataset_uris: dict[int, str] = {}
-        latest_runs: dict[str, tuple[datetime | None, datetime | None]] = {}
+        latest_runs: dict[str, tuple[datetime | None, datetime | None, datetime | None]] = {}
         for chunk in chunks:
             for dataset_id, target_dag_id, created_at, stored in session.execute(
                 select(
@@ -148,18 +159,21 @@ class SchedulerJobRunner:
             ):
                 dataset_ids_of[dag_id].add(dataset_id)
                 dataset_uris[dataset_id] = uri
-            for dag_id, latest_run_date, latest_any_run_date in session.execute(
+            latest = (
+                select(DagRun)
+                .where(DagRun.dag_id == DagModel.dag_id, DagRun.run_type == DagRunType.DATASET_TRIGGERED)
+                .order_by(DagRun.execution_date.desc())
+                .limit(1)
+            )
+            for dag_id, *dates in session.execute(
                 select(
                     DagModel.dag_id,
-                    select(DagRun.execution_date)
-                    .where(DagRun.dag_id == DagModel.dag_id, DagRun.run_type == DagRunType.DATASET_TRIGGERED)
-                    .order_by(DagRun.execution_date.desc())
-                    .limit(1)
-                    .scalar_subquery(),
+                    latest.with_only_columns(DagRun.execution_date).scalar_subquery(),
+                    latest.with_only_columns(DagRun.data_interval_end).scalar_subquery(),
                     select(func.max(DagRun.execution_date)).where(DagRun.dag_id == DagModel.dag_id).scalar_subquery(),
                 ).where(DagModel.dag_id.in_(chunk))
             ):
-                latest_runs[dag_id] = (latest_run_date, latest_any_run_date)
+                latest_runs[dag_id] = tuple(dates)
         for dag_id, queued in queued_rows.items():
             dataset_ids_of[dag_id].update(queued)
         unknown = sorted(set().union(*queued_rows.values()) - dataset_uris.keys())
@@ -171,6 +185,10 @@ class SchedulerJobRunner:
             )
         lookback = timedelta(
             seconds=max(0, conf.getint("dataset_race_fix", "event_lookback_seconds", fallback=900))
+        )
+        # Nothing dated further ahead of this scheduler's clock dates a run (clock skew).
+        horizon = timezone.utcnow() + timedelta(
+            seconds=max(0, conf.getint("dataset_race_fix", "max_event_ahead_seconds", fallback=60))
         )
         consumed_rows: list[tuple[int, str, Any]] = []  # deleted at the end, as read
 
@@ -190,7 +208,7 @@ class SchedulerJobRunner:
             dag_hash = self.dagbag.dags_hash.get(dag.dag_id)
 
             queued = queued_rows.get(dag.dag_id, {})
-            latest_run_date, latest_any_run_date = latest_runs.get(dag.dag_id, (None, None))
+            latest_run_date, latest_interval_end, latest_any_run_date = latest_runs.get(dag.dag_id, (None,) * 3)
             dataset_event_filters = []
             if latest_run_date:  # else no run of this DAG has consumed anything yet
                 from airflow.models.dataset import association_table
@@ -217,7 +235,23 @@ class SchedulerJobRunner:
                 )
             ]
 
+            if ahead := [event for event in dataset_events if event.timestamp > horizon]:
+                # Consumed once the clock reaches them: a run is never dated before its events.
+                dataset_events = [event for event in dataset_events if event.timestamp <= horizon]
+                Stats.incr("dataset_race_fix.future_events_deferred", len(ahead))
+                warned = self.__dict__.setdefault("_dataset_race_fix_warned_ahead", set())
+                if dag.dag_id not in warned:
+                    warned.add(dag.dag_id)
+                    self.log.warning(
+                        "DAG '%s': %d dataset event(s) dated up to %s, ahead of the scheduler's clock by more "
+                        "than [dataset_race_fix] max_event_ahead_seconds; they wait until the clock gets there "
+                        "(a producer host's clock runs ahead)",
+                        dag.dag_id,
+                        len(ahead),
+                        max(event.timestamp for event in ahead),
+                    )
             with_events = {event.dataset_id for event in dataset_events}
+            waiting = {event.dataset_id for event in ahead}
             statuses = {dataset_uris[dataset_id]: True for dataset_id in with_events if dataset_id in dataset_uris}
             try:
                 ready = bool(dataset_events) and dag.timetable.dataset_condition.evaluate(statuses)
@@ -230,15 +264,15 @@ class SchedulerJobRunner:
                 consumed_rows += [
                     (ds_id, dag.dag_id, stored_as_read[(ds_id, dag.dag_id)])
                     for ds_id in queued
-                    if ds_id not in with_events
+                    if ds_id not in with_events and ds_id not in waiting
                 ]
                 Stats.incr("dataset_race_fix.empty_runs_prevented")
                 continue
 
             exec_date = max(
                 [
-                    timezone.coerce_datetime(dataset_triggered_dag_info[dag.dag_id][1]),
-                    *queued.values(),
+                    min(timezone.coerce_datetime(dataset_triggered_dag_info[dag.dag_id][1]), horizon),
+                    *(min(created_at, horizon) for created_at in queued.values()),
                     *(event.timestamp for event in dataset_events),
                 ]
             )
@@ -246,6 +280,12 @@ class SchedulerJobRunner:
                 exec_date = max(exec_date, latest_run_date + timedelta(microseconds=1))
                 if late := sum(1 for event in dataset_events if event.timestamp <= latest_run_date):
                     Stats.incr("dataset_race_fix.late_events_consumed", late)
+                    self.log.info(
+                        "DAG '%s': the new run consumes %d event(s) dated before its latest run: late "
+                        "commits, or events of a deleted run (deleting a run gives its events back)",
+                        dag.dag_id,
+                        late,
+                    )
             # Explicitly check if a DagRun already exists at this date (a manual run, say):
             # move past it rather than fail on the unique key or leave the queue rows behind.
             if latest_any_run_date and exec_date <= latest_any_run_date:
@@ -258,6 +298,12 @@ class SchedulerJobRunner:
             exec_date = timezone.coerce_datetime(exec_date)
 
             data_interval = dag.timetable.data_interval_for_events(exec_date, dataset_events)
+            if latest_interval_end and data_interval.start < latest_interval_end:
+                from airflow.timetables.base import DataInterval
+
+                # Never backwards, never overlapping the previous run's interval.
+                start = timezone.coerce_datetime(latest_interval_end)
+                data_interval = DataInterval(start, max(data_interval.end, start))
             run_id = dag.timetable.generate_run_id(
                 run_type=DagRunType.DATASET_TRIGGERED,
                 logical_date=exec_date,
@@ -279,7 +325,9 @@ class SchedulerJobRunner:
             )
             Stats.incr("dataset.triggered_dagruns")
             dag_run.consumed_dataset_events.extend(dataset_events)
-            consumed_rows += [(ds_id, dag.dag_id, stored_as_read[(ds_id, dag.dag_id)]) for ds_id in queued]
+            consumed_rows += [
+                (ds_id, dag.dag_id, stored_as_read[(ds_id, dag.dag_id)]) for ds_id in queued if ds_id not in waiting
+            ]
         if consumed_rows:
             self._delete_dataset_queue_rows_as_read(consumed_rows, session)
 

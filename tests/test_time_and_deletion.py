@@ -1,0 +1,167 @@
+"""
+Time, deletion and upgrade edges (issue "Time, deletion and upgrade semantics"): each
+test drives the decided behaviour deterministically on a real database.
+
+- a producer whose clock runs a day ahead does not date this run, or any later one, in
+  the future: its event waits until the scheduler's clock gets there;
+- data intervals never go backwards or overlap the previous run's;
+- deleting a run gives its events back (within the look-back): the next run consumes
+  them, with a log line saying so;
+- during a rolling upgrade a producer still on stock code can strand an event; audit
+  finds it and ``--requeue`` recovers it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import delete, select
+
+from airflow.datasets import DatasetAny
+from airflow.models.dagrun import DagRun
+from airflow.models.dataset import DatasetDagRunQueue
+from airflow.utils.session import create_session
+
+from airflow_dataset_race_fix import cli
+from airflow_dataset_race_fix.harness.faults import run_producer
+from airflow_dataset_race_fix.harness.world import DONE, PAUSED, World
+
+from conftest import BACKEND
+
+DAY = 86_400
+
+
+@pytest.fixture
+def world(request, variant_fixed):
+    w = World(request.node.name[5:25])
+    yield w
+    w.close()
+
+
+def _runs(dag_id: str) -> list[tuple]:
+    """(logical date, data interval, consumed event timestamps) per run, in creation order."""
+    with create_session() as session:
+        return [
+            (r.execution_date, (r.data_interval_start, r.data_interval_end), sorted(e.timestamp for e in r.consumed_dataset_events))
+            for r in session.scalars(select(DagRun).where(DagRun.dag_id == dag_id).order_by(DagRun.id))
+        ]
+
+
+class _Captured(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def _capture(actor) -> _Captured:
+    handler = _Captured()
+    actor.runner.log.addHandler(handler)
+    actor.runner.log.setLevel(logging.INFO)
+    return handler
+
+
+def test_a_producer_clock_a_day_ahead_dates_no_run_in_the_future(world):
+    w = world
+    a = w.dataset("a")
+    d = w.consumer("d", [a])
+    p, ahead, s = w.producer("P"), w.producer("ahead"), w.scheduler()
+    log = _capture(s)
+    w.clock.at(1), w.emit(p, a), p.finish()
+    w.clock.at(DAY + 3), w.emit(ahead, a), ahead.finish()  # its clock says tomorrow
+    w.clock.at(2), w.loop(s), s.finish()
+    w.clock.at(5), w.emit(p, a), p.finish()
+    w.clock.at(6), w.loop(s), s.finish()
+    w.clock.at(7), w.loop(s), s.finish()
+    runs = _runs(d)
+    assert [r[2] for r in runs] == [[w.clock.base + timedelta(seconds=1)], [w.clock.base + timedelta(seconds=5)]]
+    assert all(r[0] <= w.clock.base + timedelta(seconds=6 + 60) for r in runs)  # never ahead of the clock + 60 s
+    assert len([m for m in log.messages if "ahead of the scheduler's clock" in m]) == 1  # once per DAG
+    with create_session() as session:  # the event still has its queue row: it is waiting, not lost
+        assert session.scalar(select(DatasetDagRunQueue.dataset_id).where(DatasetDagRunQueue.target_dag_id == d))
+    assert w.report().by_dag()[d].future_dated == 1
+    w.clock.at(DAY + 10), w.loop(s), s.finish()  # the clock got there: consumed, in order
+    assert [len(r[2]) for r in _runs(d)] == [1, 1, 1]
+    w.drain(s, start=DAY + 20)
+    assert w.report().violations() == {}
+
+
+def test_data_intervals_never_go_backwards_or_overlap(world):
+    w = world
+    a, b = w.dataset("a"), w.dataset("b")
+    d = w.consumer("d", DatasetAny(a, b))
+    p, lagging, s = w.producer("P"), w.producer("lagging"), w.scheduler()
+    w.clock.at(1), w.emit(p, a), p.finish()
+    w.clock.at(2), w.emit(p, b), p.finish()
+    w.clock.at(3), w.loop(s), s.finish()  # run 1: events at 1 and 2, interval (1, 2)
+    w.clock.at(1.5), w.emit(lagging, a), lagging.finish()  # S6: an event dated inside run 1's interval
+    w.clock.at(4), w.loop(s), s.finish()
+    (_, first, _), (_, second, events) = _runs(d)
+    at = lambda seconds: w.clock.base + timedelta(seconds=seconds)  # noqa: E731
+    assert first == (at(1), at(2))
+    assert events == [at(1.5)]
+    assert second == (at(2), at(2))  # starts where run 1 ended (stock and the former fix: (1.5, 1.5))
+    assert w.report().by_dag()[d].overlapping_intervals == 0
+    w.drain(s, start=10)
+    assert w.report().violations() == {}
+
+
+def test_deleting_a_run_gives_its_events_back_to_the_next_run(world):
+    w = world
+    a = w.dataset("a")
+    d = w.consumer("d", [a])
+    p, s = w.producer("P"), w.scheduler()
+    log = _capture(s)
+    w.clock.at(1), w.emit(p, a), p.finish()
+    w.clock.at(2), w.loop(s), s.finish()  # R1 {E1}
+    w.clock.at(3), w.emit(p, a), p.finish()
+    w.clock.at(4), w.loop(s), s.finish()  # R2 {E2}
+    first_run_id = _first_run_id(d)
+    with create_session() as session:  # what the REST API's delete_dag_run does
+        session.execute(
+            delete(DagRun)
+            .where(DagRun.dag_id == d, DagRun.run_id == first_run_id)
+            .execution_options(synchronize_session="fetch")
+        )
+    w.clock.at(5), w.emit(p, a), p.finish()
+    w.clock.at(6), w.loop(s), s.finish()
+    at = lambda seconds: w.clock.base + timedelta(seconds=seconds)  # noqa: E731
+    assert [r[2] for r in _runs(d)] == [[at(3)], [at(1), at(5)]]  # E1 again, with E3
+    assert any("events of a deleted run" in m for m in log.messages)
+    assert w.report().violations() == {}
+
+
+def _first_run_id(dag_id: str) -> str:
+    with create_session() as session:
+        return session.scalar(select(DagRun.run_id).where(DagRun.dag_id == dag_id).order_by(DagRun.id).limit(1))
+
+
+@pytest.mark.skipif(BACKEND == "sqlite", reason="the scheduler holds SQLite's only write lock at its delete")
+def test_a_stock_producer_during_a_rolling_upgrade_is_found_and_requeued(world, capsys):
+    """A producer process not yet restarted (stock code) commits just before the fixed scheduler's delete."""
+    w = world
+    a = w.dataset("a")
+    d = w.consumer("d", [a])
+    p, s = w.producer("P"), w.scheduler()
+    w.clock.stop()  # the stock child runs on the real clock: so does the rest of this test
+    w.emit(p, a), p.finish()
+    s.pause_before("delete from dataset_dag_run_queue", "from dataset_dag_run_queue force index")
+    assert w.loop(s) == PAUSED  # run created; its queue row is about to be deleted as read
+    run_producer(a.uri, fixed=False)  # stock: DO NOTHING / merge leaves the row as it was
+    assert s.resume() == DONE
+    s.finish()
+    report = w.report().by_dag()[d]
+    assert (report.produced, report.consumed, report.lost) == (2, 1, 1)  # stranded: no queue row
+    capsys.readouterr()
+    assert cli.main(["audit", "--json", "--dag-id", d]) in (0, 1)  # "not queued" alone is no finding (a paused DAG)
+    found = json.loads(capsys.readouterr().out)
+    assert [g["not_queued"] for g in found["findings"]["stranded"]] == [1]
+    assert cli.main(["audit", "--requeue", "--yes", "--dag-id", d]) in (0, 1)
+    w.drain(s, start=None)
+    assert w.report().violations() == {}
+    assert [len(r[2]) for r in _runs(d)] == [1, 1]
