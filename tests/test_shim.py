@@ -463,3 +463,25 @@ def test_shim_path_prints_the_bootstrap_directory():
         [PYTHON, "-m", "airflow_dataset_race_fix", "shim", "path"], env=child_env(), capture_output=True, text=True
     )
     assert proc.returncode == 0 and proc.stdout.strip() == BOOTSTRAP_DIR
+
+
+# A Python whose SQLite library predates upsert (3.24.0); Airflow 2.10 accepts 3.15.0.
+OLD_SQLITE = """
+import sqlite3
+sqlite3.sqlite_version_info, sqlite3.sqlite_version = (3, 22, 0), "3.22.0"
+"""
+
+
+def test_sqlite_without_upsert_is_refused_clearly(tmp_path, backend):
+    write_sitecustomize(str(tmp_path / "user"), OLD_SQLITE)
+    env = shim_env(str(tmp_path / "user"))
+    proc = run_python(IMPORT_TARGETS, env)
+    report = result(proc)
+    if backend != "sqlite":  # the library does not matter on a server database
+        assert report["states"] == ALL_PATCHED
+        return
+    assert report["states"] == {name: "refused" for name in TARGETS}
+    warnings = [line for line in output(proc).splitlines() if "WARNING" in line and "airflow-dataset-race-fix" in line]
+    assert warnings and all("SQLite library is 3.22.0, which has no upsert" in line for line in warnings)
+    status = run_status(env)
+    assert status.returncode == 1 and "no upsert" in output(status)

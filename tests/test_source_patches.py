@@ -341,3 +341,16 @@ def test_series_missing_a_patch_is_refused(tmp_path, capsys):
     rc, _, err = cli(capsys, "apply", sp, patches_dir=patches)
     assert rc == 1 and SCHEDULER in err and "restore patches/" in err, err
     assert snapshot(sp) == before
+
+
+def test_apply_refuses_a_sqlite_database_whose_library_has_no_upsert(tmp_path, capsys, monkeypatch):
+    import sqlite3
+
+    monkeypatch.setenv("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", f"sqlite:///{tmp_path}/airflow.db")
+    monkeypatch.setattr(sqlite3, "sqlite_version_info", (3, 22, 0))
+    monkeypatch.setattr(sqlite3, "sqlite_version", "3.22.0")
+    sp = site_packages(VERSION, tmp_path)
+    before = snapshot(sp)
+    rc, _, err = cli(capsys, "apply", sp)
+    assert rc == 1 and "SQLite library is 3.22.0, which has no upsert" in err, err
+    assert snapshot(sp) == before

@@ -25,6 +25,7 @@ from airflow_dataset_race_fix.targets import (
     SUPPORTED_AIRFLOW_VERSIONS,
     TARGET_MODULES,
     Member,
+    environment_problem,
     fingerprint,
     members_of,
 )
@@ -98,6 +99,14 @@ def _classify(module: ModuleType) -> ModuleState:
             f"{SUPPORTED_AIRFLOW_VERSIONS[0]} to {SUPPORTED_AIRFLOW_VERSIONS[-1]}); nothing was "
             "patched: install a supported Airflow or a release of this package that supports yours",
         )
+    try:
+        from airflow import settings
+
+        problem = environment_problem(getattr(settings, "SQL_ALCHEMY_CONN", None))
+    except Exception:  # no readable configuration: nothing to judge
+        problem = None
+    if problem:
+        return ModuleState(module.__name__, REFUSED, problem)
     kinds = set()
     for member in members_of(module.__name__):
         owner = getattr(module, member.owner, None)

@@ -33,6 +33,24 @@ SUPPORTED_AIRFLOW_VERSIONS = (
 )
 
 
+# The fixed producer upserts with ON CONFLICT DO UPDATE, which SQLite has since 3.24.0
+# (Airflow 2.10 itself accepts 3.15.0). On an older library every producer would fail.
+MIN_SQLITE_VERSION = (3, 24, 0)
+
+
+def environment_problem(sql_alchemy_conn: str | None) -> str | None:
+    """Why the fixed SQL cannot run against this metadata database here, or None."""
+    import sqlite3
+
+    if (sql_alchemy_conn or "").startswith("sqlite") and sqlite3.sqlite_version_info < MIN_SQLITE_VERSION:
+        return (
+            f"the metadata database is SQLite and this Python's SQLite library is {sqlite3.sqlite_version}, "
+            f"which has no upsert (ON CONFLICT DO UPDATE needs {'.'.join(map(str, MIN_SQLITE_VERSION))} or "
+            "newer); nothing was patched: use a Python built with a newer SQLite, or PostgreSQL/MySQL"
+        )
+    return None
+
+
 @dataclass(frozen=True)
 class Member:
     module: str

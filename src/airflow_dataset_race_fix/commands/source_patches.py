@@ -87,10 +87,24 @@ def _refused(command: str, err: Exception) -> int:
     return 1
 
 
+def _configured_database() -> str | None:
+    """The metadata database URL of this environment's Airflow configuration, if it can be read."""
+    try:
+        from airflow.configuration import conf
+
+        return conf.get("database", "sql_alchemy_conn")
+    except Exception:
+        return None
+
+
 def _apply(args) -> int:
     from airflow_dataset_race_fix.source_patches import applier
 
     site_packages, patches_dir = _locations(args)
+    from airflow_dataset_race_fix.targets import environment_problem
+
+    if problem := environment_problem(_configured_database()):
+        return _refused("apply", problem)
     try:
         return _report(applier.apply(site_packages, patches_dir, dry_run=args.dry_run))
     except applier.Refused as err:
