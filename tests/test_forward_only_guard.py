@@ -133,6 +133,28 @@ def test_new_and_existing_rows_in_one_statement(queue):
     }
 
 
+def _upsert_sent(name: str) -> tuple[str, Exception | None]:
+    """The queue upsert one producer transaction sends, and the error it ended with, if any."""
+    from airflow.datasets.manager import dataset_manager
+
+    world = World(name)
+    sent, error = [], None
+    listener = lambda conn, cursor, statement, *args: sent.append(statement)  # noqa: E731
+    try:
+        a = world.dataset("a")
+        world.consumer("d", [a])
+        event.listen(settings.engine, "before_cursor_execute", listener)
+        try:
+            with create_session() as session:
+                dataset_manager.register_dataset_change(dataset=a, session=session)
+        except Exception as err:
+            error = err
+    finally:
+        event.remove(settings.engine, "before_cursor_execute", listener)
+        world.close()
+    return next(s for s in sent if s.startswith("INSERT INTO dataset_dag_run_queue")), error
+
+
 @pytest.mark.skipif(BACKEND != "mysql", reason="MySQL dialect only")
 def test_mysql_8_gets_the_row_alias_form_not_the_deprecated_values(variant_fixed, monkeypatch):
     """MySQL 8.0.20+ warns (1287) on VALUES() in ON DUPLICATE KEY UPDATE; MariaDB has only VALUES().
@@ -141,46 +163,16 @@ def test_mysql_8_gets_the_row_alias_form_not_the_deprecated_values(variant_fixed
     checked (MariaDB then rejects the alias syntax, which is expected)."""
     from sqlalchemy.exc import ProgrammingError
 
-    from airflow.datasets.manager import dataset_manager
-
-    world = World("mysql8")
-    try:
-        a = world.dataset("a")
-        world.consumer("d", [a])
-        sent = []
-        listener = lambda conn, cursor, statement, *args: sent.append(statement)  # noqa: E731
-        event.listen(settings.engine, "before_cursor_execute", listener)
-        monkeypatch.setattr(settings.engine.dialect, "is_mariadb", False)
-        monkeypatch.setattr(settings.engine.dialect, "server_version_info", (8, 0, 32))
-        try:
-            with pytest.raises(ProgrammingError), create_session() as session:
-                dataset_manager.register_dataset_change(dataset=a, session=session)
-        finally:
-            event.remove(settings.engine, "before_cursor_execute", listener)
-        upsert = next(s for s in sent if s.startswith("INSERT INTO dataset_dag_run_queue"))
-        assert " AS new ON DUPLICATE KEY UPDATE created_at = GREATEST(new.created_at, " in upsert
-        assert "VALUES(created_at)" not in upsert
-    finally:
-        world.close()
+    monkeypatch.setattr(settings.engine.dialect, "is_mariadb", False)
+    monkeypatch.setattr(settings.engine.dialect, "server_version_info", (8, 0, 32))
+    upsert, error = _upsert_sent("mysql8")
+    assert isinstance(error, ProgrammingError)
+    assert " AS new ON DUPLICATE KEY UPDATE created_at = GREATEST(new.created_at, " in upsert
+    assert "VALUES(created_at)" not in upsert
 
 
 @pytest.mark.skipif(BACKEND != "mysql", reason="MySQL dialect only")
 def test_mariadb_keeps_values(variant_fixed):
-    from airflow.datasets.manager import dataset_manager
-
-    world = World("mariadb_values")
-    try:
-        a = world.dataset("a")
-        world.consumer("d", [a])
-        sent = []
-        listener = lambda conn, cursor, statement, *args: sent.append(statement)  # noqa: E731
-        event.listen(settings.engine, "before_cursor_execute", listener)
-        try:
-            with create_session() as session:
-                dataset_manager.register_dataset_change(dataset=a, session=session)
-        finally:
-            event.remove(settings.engine, "before_cursor_execute", listener)
-        upsert = next(s for s in sent if s.startswith("INSERT INTO dataset_dag_run_queue"))
-        assert "GREATEST(VALUES(created_at), " in upsert
-    finally:
-        world.close()
+    upsert, error = _upsert_sent("mariadb_values")
+    assert error is None
+    assert "GREATEST(VALUES(created_at), " in upsert

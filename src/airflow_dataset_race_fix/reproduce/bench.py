@@ -355,21 +355,7 @@ def bench_loop(variants: Variants, sizes: tuple[int, ...], samples: int, explain
                 dataset_manager.register_dataset_change(dataset=dataset, session=session)
             session.commit()
 
-        def measure(variant: str) -> float:
-            session = settings.Session.session_factory()
-            try:
-                started = time.perf_counter()
-                create_dataset_triggered_runs(runner, session)
-                elapsed = time.perf_counter() - started
-                created = _runs_created(session, names)
-                if created != len(names):
-                    raise AssertionError(f"{variant} loop created {created} runs, expected {len(names)}")
-                return elapsed
-            finally:
-                session.rollback()
-                session.close()
-
-        times = alternate(variants, samples, measure)
+        times = alternate(variants, samples, timed_loop(runner, names))
         rows.append(_row(f"scheduler loop, {size} events", times))
         _log(f"  {rows[-1]['case']}: {_ms(rows[-1])}")
         if explain:
@@ -385,7 +371,6 @@ def bench_loop_cases(variants: Variants, windows: tuple[int, ...], ready: int, f
     from airflow.datasets.manager import dataset_manager
     from airflow.jobs.job import Job
     from airflow.jobs.scheduler_job_runner import SchedulerJobRunner
-    from airflow.models.dag import DagModel
     from airflow.models.dataset import DatasetEvent, DatasetModel
     from sqlalchemy import insert, select
 
@@ -403,23 +388,7 @@ def bench_loop_cases(variants: Variants, windows: tuple[int, ...], ready: int, f
             dataset_manager.register_dataset_change(dataset=dataset, session=session)
             session.commit()
 
-        def measure(variant: str) -> float:
-            session = settings.Session.session_factory()
-            saved, DagModel.NUM_DAGS_PER_DAGRUN_QUERY = DagModel.NUM_DAGS_PER_DAGRUN_QUERY, per_loop
-            try:
-                started = time.perf_counter()
-                create_dataset_triggered_runs(runner, session)
-                elapsed = time.perf_counter() - started
-                created = _runs_created(session, dag_names)
-                if created != len(dag_names):
-                    raise AssertionError(f"{variant} loop created {created} runs, expected {len(dag_names)}")
-                return elapsed
-            finally:
-                DagModel.NUM_DAGS_PER_DAGRUN_QUERY = saved
-                session.rollback()
-                session.close()
-
-        row = _row(name, alternate(variants, samples, measure, warmup=1))
+        row = _row(name, alternate(variants, samples, timed_loop(runner, dag_names, per_loop), warmup=1))
         row["per_dag_ms"] = {v: row[f"{v}_ms"] / len(dag_names) for v in VARIANTS}
         _log(f"  {row['case']}: {_ms(row)}")
         return row
@@ -455,6 +424,30 @@ def bench_loop_cases(variants: Variants, windows: tuple[int, ...], ready: int, f
     analyze()
     rows.append(case(f"scheduler loop, first run over {first_run} events", [dag_id], dataset))
     return rows
+
+
+def timed_loop(runner, dag_names: list[str], per_loop: int = 10) -> Callable[[str], float]:
+    """A sample: one loop creating the runs of ``dag_names`` (all of them, or it raises), rolled back."""
+    from airflow import settings
+    from airflow.models.dag import DagModel
+
+    def measure(variant: str) -> float:
+        session = settings.Session.session_factory()
+        saved, DagModel.NUM_DAGS_PER_DAGRUN_QUERY = DagModel.NUM_DAGS_PER_DAGRUN_QUERY, per_loop
+        try:
+            started = time.perf_counter()
+            create_dataset_triggered_runs(runner, session)
+            elapsed = time.perf_counter() - started
+            created = _runs_created(session, dag_names)
+            if created != len(dag_names):
+                raise AssertionError(f"{variant} loop created {created} runs, expected {len(dag_names)}")
+            return elapsed
+        finally:
+            DagModel.NUM_DAGS_PER_DAGRUN_QUERY = saved
+            session.rollback()
+            session.close()
+
+    return measure
 
 
 def create_dataset_triggered_runs(runner, session) -> None:
