@@ -282,26 +282,34 @@ def run(spec: dict[str, Any], progress: Callable[[str], None]) -> dict[str, Any]
 
 
 def retry_causes(logs: str, retried: list[str]) -> dict[str, int]:
-    """Why the earlier tries of retried producer tasks ended: the first error of each try's log,
-    or 'killed' when its log just stops (a SIGKILLed worker or a zombie)."""
-    import glob
+    """Why the earlier tries of retried producer tasks ended: the first database error of each
+    try's log with the statement it failed on, or 'killed' when the log just stops (a SIGKILLed
+    worker, a zombie: at Airflow's WARNING log level a try that was cut off logs nothing)."""
     from collections import Counter
 
     causes: Counter[str] = Counter()
     for entry in retried:
-        key = entry.split(": ", 1)[0]  # dag/task[map] run_id
+        key, tries = entry.split(": ", 1)  # "dag/task[map] run_id", "try 1: failed, try 2: success"
         dag_task, run_id = key.split(" ", 1)
         dag_id, rest = dag_task.split("/", 1)
         task_id, map_index = rest.rstrip("]").split("[")
         folder = os.path.join(logs, f"dag_id={dag_id}", f"run_id={run_id}", f"task_id={task_id}")
         if int(map_index) >= 0:
             folder = os.path.join(folder, f"map_index={map_index}")
-        for path in glob.glob(os.path.join(folder, "attempt=*.log")):
-            with open(path, errors="replace") as handle:
-                text = handle.read()
-            if "Marking task as SUCCESS" in text:
+        numbers = [int(part.split(":")[0].split()[1]) for part in tries.split(", ")]
+        for number in numbers[:-1]:  # every try but the last one
+            try:
+                with open(os.path.join(folder, f"attempt={number}.log"), errors="replace") as handle:
+                    lines = handle.read().splitlines()
+            except FileNotFoundError:
+                causes["never started (no log)"] += 1
                 continue
-            error = next((line.split("] ", 1)[-1].strip()[:140] for line in text.splitlines()
-                          if "Error" in line and ("sqlalchemy" in line or "Exception" in line or "Error:" in line)), "")
-            causes[f"error: {error}" if error else "killed (its log just stops) or never started"] += 1
+            at = next((i for i, line in enumerate(lines) if "Error" in line
+                       and ("sqlalchemy" in line or "Exception" in line or "Error:" in line)), None)
+            if at is None:
+                causes["killed (its log just stops)"] += 1
+                continue
+            error = lines[at].split("] ", 1)[-1].strip()[:120]
+            statement = next((line.strip()[:90] for line in lines[at:] if line.startswith("[SQL: ")), "")
+            causes[f"error: {error}" + (f" on {statement}" if statement else "")] += 1
     return dict(causes)
