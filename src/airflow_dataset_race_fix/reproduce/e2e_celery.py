@@ -261,6 +261,13 @@ def run(spec: dict[str, Any], progress: Callable[[str], None]) -> dict[str, Any]
         e2e.stop_all(processes)  # idempotent: drive stopped them already unless it failed first
         redis_db.release()
     result["faults"] = chaos.log
+    crashes = [crash for process in processes for crash in process.crashes]
+    if "restart-db" in (spec.get("chaos") or []) and crashes and all(
+        any(text in crash for text in CONNECTION_LOST) for crash in crashes
+    ):
+        # Processes that died of the database restart (and were restarted): the fault, not a finding.
+        result["problems"].pop("scheduler_crashes", None)
+        result["notes"].append(f"{len(crashes)} process(es) died of the database restart and were restarted")
     result["topology"] = {
         "executor": "CeleryExecutor", "broker": redis_db.url, "schedulers": spec["schedulers"],
         "workers": spec["workers"], "worker_concurrency": spec["worker_concurrency"],
