@@ -232,7 +232,8 @@ def judge(variant: str, counts: dict[str, Any], drained: bool, crashes: list[str
     causes = counts["producer_failures_by_cause"]
     # Airflow's own task/scheduler deadlock on dag_run (MySQL/MariaDB) fails a producer
     # outside the dataset code, stock or fixed alike: reported, not held against the fix.
-    not_ours = causes.get(OTHER_CAUSE, 0)
+    # (counted per failed try: with retries, a try that failed may be followed by one that succeeded)
+    not_ours = min(causes.get(OTHER_CAUSE, 0), counts["producer_tis_failed"])
     if not_ours:
         notes.append(f"{not_ours} producer task(s) failed outside the dataset code: {causes['sample_other']}")
     if counts["producer_tis_failed"] > not_ours:

@@ -303,13 +303,15 @@ def retry_causes(logs: str, retried: list[str]) -> dict[str, int]:
         folder = os.path.join(logs, f"dag_id={dag_id}", f"run_id={run_id}", f"task_id={task_id}")
         if int(map_index) >= 0:
             folder = os.path.join(folder, f"map_index={map_index}")
-        numbers = [int(part.split(":")[0].split()[1]) for part in tries.split(", ")]
-        for number in numbers[:-1]:  # every try but the last one
+        last = int(tries.split(", ")[-1].split(":")[0].split()[1])
+        for number in range(1, last):  # every try but the last one, recorded in the history or not
             try:
                 with open(os.path.join(folder, f"attempt={number}.log"), errors="replace") as handle:
                     lines = handle.read().splitlines()
             except FileNotFoundError:
-                causes["never started (no log)"] += 1
+                # Airflow counted a try that never ran: the task was reset while queued (orphaned
+                # by a dead scheduler, or stuck in the queue of a dead worker) and queued again.
+                causes["reset while queued (no log)"] += 1
                 continue
             at = next((i for i, line in enumerate(lines) if "Error" in line
                        and ("sqlalchemy" in line or "Exception" in line or "Error:" in line)), None)
