@@ -7,6 +7,7 @@ Runs inside a child interpreter that the parent already pointed at a scratch dat
 MySQL/MariaDB; SequentialExecutor on SQLite, the only executor Airflow allows there),
 with the fix on PYTHONPATH for the fixed variant (``shim``), triggers the producers with
 seeded gaps, waits for the drain, stops the scheduler and counts from the tables.
+``e2e_celery`` runs the same steps (``drive``) with several schedulers and Celery workers.
 """
 
 from __future__ import annotations
