@@ -7,6 +7,13 @@ so a triggered run is a burst of concurrent producers. ``race_producer_b`` emits
 events on ``b`` so that the AND consumer runs too. Each task sleeps a short, seeded
 time (ADRF_E2E_SEED) so that stock and fixed runs see the same load, and returns
 whether the fix is in place in its process (XCom), which the reproduction counts.
+With ADRF_E2E_MAPPED_MULTI > 0 (the Celery run) ``race_producer_ab`` has two mapped
+tasks of that many instances: ``emit_ab`` with outlets ``[a, b]`` and ``emit_ba`` with
+``[b, a]``. Each instance registers one event per outlet, in outlet order, in one
+transaction, so transactions side by side touch the same queue rows in opposite orders.
+ADRF_E2E_RETRIES / ADRF_E2E_RETRY_DELAY (seconds) give the producers Airflow task retries
+(default none: the LocalExecutor run counts a failed producer as failed; the Celery run
+lets Airflow's own recovery retry the tasks its chaos killed).
 """
 
 from __future__ import annotations
@@ -14,7 +21,7 @@ from __future__ import annotations
 import os
 import random
 import time
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from airflow import DAG
 from airflow.datasets import Dataset
@@ -23,9 +30,14 @@ from airflow.decorators import task
 MAPPED = int(os.environ.get("ADRF_E2E_MAPPED", "30"))
 MAPPED_B = int(os.environ.get("ADRF_E2E_MAPPED_B", "5"))
 SEED = int(os.environ.get("ADRF_E2E_SEED", "0"))
+MAPPED_MULTI = int(os.environ.get("ADRF_E2E_MAPPED_MULTI", "0"))
 MAX_SLEEP = float(os.environ.get("ADRF_E2E_MAX_SLEEP", "1.0"))
 A = Dataset("race-e2e://datasets/a")
 B = Dataset("race-e2e://datasets/b")
+DEFAULT_ARGS = {
+    "retries": int(os.environ.get("ADRF_E2E_RETRIES", "0")),
+    "retry_delay": timedelta(seconds=float(os.environ.get("ADRF_E2E_RETRY_DELAY", "5"))),
+}
 PATCH_MARKER = "__airflow_dataset_race_fix_patched__"  # set on a class the fix patched
 
 
@@ -48,6 +60,7 @@ with DAG(
     start_date=datetime(2024, 1, 1),
     catchup=False,
     max_active_runs=16,
+    default_args=DEFAULT_ARGS,
     tags=["airflow-dataset-race-fix"],
 ):
 
@@ -65,6 +78,7 @@ with DAG(
     start_date=datetime(2024, 1, 1),
     catchup=False,
     max_active_runs=16,
+    default_args=DEFAULT_ARGS,
     tags=["airflow-dataset-race-fix"],
 ):
 
@@ -74,3 +88,28 @@ with DAG(
         return fix_state()
 
     emit_b.expand(index=list(range(MAPPED_B)))
+
+
+if MAPPED_MULTI > 0:
+    with DAG(
+        "race_producer_ab",
+        schedule=None,
+        start_date=datetime(2024, 1, 1),
+        catchup=False,
+        max_active_runs=16,
+        default_args=DEFAULT_ARGS,
+        tags=["airflow-dataset-race-fix"],
+    ):
+
+        @task(outlets=[A, B])
+        def emit_ab(index: int, run_id=None) -> dict[str, bool]:
+            _seeded_sleep(run_id, index)
+            return fix_state()
+
+        @task(outlets=[B, A])
+        def emit_ba(index: int, run_id=None) -> dict[str, bool]:
+            _seeded_sleep(run_id, 1000 + index)
+            return fix_state()
+
+        emit_ab.expand(index=list(range(MAPPED_MULTI)))
+        emit_ba.expand(index=list(range(MAPPED_MULTI)))

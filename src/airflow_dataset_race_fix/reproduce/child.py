@@ -124,9 +124,12 @@ def run_stress(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_e2e(spec: dict[str, Any]) -> dict[str, Any]:
-    from airflow_dataset_race_fix.reproduce import e2e
+    if spec.get("executor") == "celery":
+        from airflow_dataset_race_fix.reproduce import e2e_celery as driver
+    else:
+        from airflow_dataset_race_fix.reproduce import e2e as driver
 
-    return {"e2e": e2e.run(spec, progress=progress)}
+    return {"e2e": driver.run(spec, progress=progress)}
 
 
 MODES = {"deterministic": run_deterministic, "stress": run_stress, "e2e": run_e2e}

@@ -7,6 +7,7 @@ Runs inside a child interpreter that the parent already pointed at a scratch dat
 MySQL/MariaDB; SequentialExecutor on SQLite, the only executor Airflow allows there),
 with the fix on PYTHONPATH for the fixed variant (``shim``), triggers the producers with
 seeded gaps, waits for the drain, stops the scheduler and counts from the tables.
+``e2e_celery`` runs the same steps (``drive``) with several schedulers and Celery workers.
 """
 
 from __future__ import annotations
@@ -22,19 +23,59 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from airflow_dataset_race_fix.reproduce import shim
 
-PRODUCER_A, PRODUCER_B = "race_producer_a", "race_producer_b"
+PRODUCER_A, PRODUCER_B, PRODUCER_AB = "race_producer_a", "race_producer_b", "race_producer_ab"
 PRODUCERS = (PRODUCER_A, PRODUCER_B)
 CONSUMERS = ("race_consumer_a", "race_consumer_a_and_b", "race_consumer_a_or_b")
 MAPPED_B = 5
+DAG_FILES = ("race_producers.py", "race_consumers.py")
 POLL_SECONDS = 2.0
 QUIET_POLLS = 4  # unchanged polls after the producers finished before we call it drained
 PARSE_TIMEOUT = 180.0
-EXECUTORS = {"local": "LocalExecutor", "sequential": "SequentialExecutor"}
+EXECUTORS = {"local": "LocalExecutor", "sequential": "SequentialExecutor", "celery": "CeleryExecutor"}
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The producer DAGs of a run: per DAG, its mapped tasks as (instances, outlets per
+    instance); ``multi`` adds ``race_producer_ab`` (outlets [a, b] and [b, a]), triggered
+    with every run of ``a``."""
+
+    mapped: int
+    multi: int = 0
+
+    @property
+    def producers(self) -> tuple[str, ...]:
+        return PRODUCERS + ((PRODUCER_AB,) if self.multi else ())
+
+    def tasks(self, dag_id: str) -> list[tuple[int, int]]:
+        return {
+            PRODUCER_A: [(self.mapped, 1)],
+            PRODUCER_B: [(MAPPED_B, 1)],
+            PRODUCER_AB: [(self.multi, 2), (self.multi, 2)],
+        }[dag_id]
+
+    def tis_per_run(self, dag_id: str) -> int:
+        return sum(instances for instances, _ in self.tasks(dag_id))
+
+    def events_per_run(self, dag_id: str) -> int:
+        return sum(instances * outlets for instances, outlets in self.tasks(dag_id))
+
+    def outlets(self, task_id: str) -> int:
+        return 2 if task_id in ("emit_ab", "emit_ba") else 1
+
+    def triggered_at(self, index: int) -> list[str]:
+        """``a`` every time (with ``ab`` when multi), ``b`` every other time."""
+        return [PRODUCER_A] + ([PRODUCER_AB] if self.multi else []) + ([PRODUCER_B] if index % 2 == 0 else [])
+
+
+def layout(spec: dict[str, Any]) -> Layout:
+    return Layout(mapped=spec["mapped"], multi=spec.get("mapped_multi") or 0)
 
 
 def default_executor(backend: str) -> str:
@@ -83,7 +124,23 @@ def airflow_env(spec: dict[str, Any]) -> dict[str, str]:
         "ADRF_E2E_MAPPED": str(spec["mapped"]),
         "ADRF_E2E_MAPPED_B": str(MAPPED_B),
         "ADRF_E2E_SEED": str(spec["seed"]),
+        "ADRF_E2E_MAPPED_MULTI": str(spec.get("mapped_multi") or 0),
     }
+
+
+def install_dags(home: str) -> None:
+    """Copy the DAG files of reproduce/dags into the Airflow home's DAG folder."""
+    for name in DAG_FILES:
+        shutil.copy(os.path.join(dags_dir(), name), os.path.join(home, "dags"))
+
+
+def process_env(spec: dict[str, Any], extra: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment of every Airflow process of the run: the child's, the run's settings, the
+    variant's shim switch, and this interpreter's ``airflow`` first on PATH (executors start
+    ``airflow tasks run ...``)."""
+    env = shim.child_env({**os.environ, **airflow_env(spec), **(extra or {})}, spec["variant"])
+    env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
+    return env
 
 
 def _free_port() -> int:
@@ -95,37 +152,79 @@ def _free_port() -> int:
 def run(spec: dict[str, Any], progress: Callable[[str], None]) -> dict[str, Any]:
     spec = {**spec, "triggers": spec.get("triggers") or default_triggers(spec["backend"])}
     home = os.environ["AIRFLOW_HOME"]
-    for path in glob.glob(os.path.join(dags_dir(), "race_*.py")):
-        shutil.copy(path, os.path.join(home, "dags"))
-    env = shim.child_env({**os.environ, **airflow_env(spec)}, spec["variant"])
-    # The executors start `airflow tasks run ...`: this interpreter's `airflow` must be first on PATH.
-    env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
-    log_path = os.path.join(home, "scheduler.log")
+    install_dags(home)
+    env = process_env(spec)
     started = time.monotonic()
-    scheduler = Scheduler(env, log_path, progress)
+    scheduler = Scheduler(env, os.path.join(home, "scheduler.log"), progress)
+    return drive(spec, layout(spec), [scheduler], started, progress)
+
+
+def drive(
+    spec: dict[str, Any],
+    lay: Layout,
+    processes: Sequence[Supervised],
+    started: float,
+    progress: Callable[[str], None],
+    on_poll: Callable[[bool], None] | None = None,
+    extra_notes: Callable[[], list[str]] | None = None,
+) -> dict[str, Any]:
+    """Wait for the parse, trigger, wait for the drain, stop ``processes`` (always), count and judge.
+    ``on_poll(producers_active)`` runs between polls from the first trigger on (chaos injection)."""
+    home = os.environ["AIRFLOW_HOME"]
     notes: list[str] = []
+    log_ends: dict[str, int] = {}
     try:
-        _wait_for_dags(scheduler, progress)
-        triggers = _trigger(spec, progress)
-        drained = _wait_for_drain(scheduler, spec["timeout"], started, progress)
+        _wait_for_dags(processes, lay.producers + CONSUMERS, progress)
+        triggers = _trigger(spec, lay, progress, lambda seconds: _pause(processes, seconds, on_poll))
+        drained = _wait_for_drain(processes, spec["timeout"], started, progress, lay, on_poll)
         if not drained:
             notes.append(f"not drained within {spec['timeout']:.0f} s")
     finally:
-        log_end = os.path.getsize(log_path)  # what the scheduler logs while stopping is no finding
-        scheduler.stop()
+        # what the processes log while stopping is no finding
+        log_ends = {p.log_path: os.path.getsize(p.log_path) for p in processes if os.path.exists(p.log_path)}
+        stop_all(processes)
     seconds = round(time.monotonic() - started, 1)
-    counts = count(spec, triggers)
-    notes += counts.pop("notes") + _log_findings(home, log_path, log_end)
+    crashes = [crash for p in processes for crash in p.crashes]
+    counts = count(spec, triggers, lay)
+    notes += counts.pop("notes") + (extra_notes() if extra_notes else [])
+    notes += _log_findings(home, log_ends)
     if spec.get("keep_logs"):
         shutil.copytree(os.path.join(home, "logs"), spec["keep_logs"], dirs_exist_ok=True)
-        shutil.copy(log_path, spec["keep_logs"])
+        for log_path in log_ends:
+            shutil.copy(log_path, spec["keep_logs"])
     counts["producer_failures_by_cause"] = failure_causes(os.path.join(home, "logs"))
-    problems = judge(spec["variant"], counts, drained, scheduler.crashes, notes)
+    problems = judge(spec["variant"], counts, drained, crashes, notes)
     progress(f"done in {seconds} s: {', '.join(f'{k}={v}' for k, v in problems.items()) or 'no violation'}")
     return {
         "seed": spec["seed"], "drained": drained, "seconds": seconds, "problems": problems, "notes": notes,
-        "scheduler_crashes": len(scheduler.crashes), **counts,
+        "scheduler_crashes": len(crashes), **counts,
     }
+
+
+def stop_all(processes: Sequence[Supervised]) -> None:
+    """Stop every process, even when stopping one of them fails."""
+    errors = []
+    for process in processes:
+        try:
+            process.stop()
+        except Exception as err:  # keep stopping the others
+            errors.append(f"{process.name}: {err}")
+    if errors:
+        raise RuntimeError("could not stop " + "; ".join(errors))
+
+
+def _pause(processes: Sequence[Supervised], seconds: float, on_poll: Callable[[bool], None] | None) -> None:
+    """Sleep ``seconds`` while supervising the processes and injecting due faults."""
+    deadline = time.monotonic() + seconds
+    while True:
+        for process in processes:
+            process.check()
+        if on_poll:
+            on_poll(True)
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return
+        time.sleep(min(0.5, left))
 
 
 def judge(variant: str, counts: dict[str, Any], drained: bool, crashes: list[str], notes: list[str]) -> dict[str, int]:
@@ -134,11 +233,14 @@ def judge(variant: str, counts: dict[str, Any], drained: bool, crashes: list[str
     causes = counts["producer_failures_by_cause"]
     # Airflow's own task/scheduler deadlock on dag_run (MySQL/MariaDB) fails a producer
     # outside the dataset code, stock or fixed alike: reported, not held against the fix.
-    not_ours = causes.get(OTHER_CAUSE, 0)
+    # (counted per failed try: with retries, a try that failed may be followed by one that succeeded)
+    not_ours = min(causes.get(OTHER_CAUSE, 0), counts["producer_tis_failed"])
     if not_ours:
         notes.append(f"{not_ours} producer task(s) failed outside the dataset code: {causes['sample_other']}")
     if counts["producer_tis_failed"] > not_ours:
         problems["producer_tis_failed"] = counts["producer_tis_failed"] - not_ours
+    if counts.get("events_not_atomic"):
+        problems["events_not_atomic"] = counts["events_not_atomic"]
     if not drained:
         problems["not_drained"] = 1
     if crashes:
@@ -155,43 +257,47 @@ def _session():
     return create_session()
 
 
-def _wait_for_dags(scheduler: Scheduler, progress: Callable[[str], None]) -> None:
+def _wait_for_dags(processes: Sequence[Supervised], dag_ids: Sequence[str], progress: Callable[[str], None]) -> None:
     from sqlalchemy import func, select
 
+    from airflow.models.dag import DagModel
     from airflow.models.serialized_dag import SerializedDagModel
 
     progress("scheduler started; waiting for it to parse the DAG files")
     deadline = time.monotonic() + PARSE_TIMEOUT
     while time.monotonic() < deadline:
-        scheduler.check()
+        for process in processes:
+            process.check()
         with _session() as session:
-            parsed = session.scalar(
-                select(func.count()).where(SerializedDagModel.dag_id.in_(PRODUCERS + CONSUMERS))
-            )
-        if parsed == len(PRODUCERS + CONSUMERS):
+            parsed = session.scalar(select(func.count()).where(SerializedDagModel.dag_id.in_(dag_ids)))
+            # trigger_dag needs the DagModel row too (written apart from the serialized DAG)
+            known = session.scalar(select(func.count()).where(DagModel.dag_id.in_(dag_ids), DagModel.is_active))
+        if parsed == known == len(dag_ids):
             return
         time.sleep(1)
     raise TimeoutError(f"the scheduler did not parse the DAG files within {PARSE_TIMEOUT:.0f} s")
 
 
-def _trigger(spec: dict[str, Any], progress: Callable[[str], None]) -> dict[str, int]:
-    """Trigger the producers with seeded gaps: a ``triggers`` times, b every other time."""
+def _trigger(
+    spec: dict[str, Any], lay: Layout, progress: Callable[[str], None], sleep: Callable[[float], None] = time.sleep
+) -> dict[str, int]:
+    """Trigger the producers with seeded gaps (``Layout.triggered_at``)."""
     from airflow.api.common.trigger_dag import trigger_dag
 
     rng = random.Random(spec["seed"])
     triggered: Counter[str] = Counter()
     for index in range(spec["triggers"]):
-        dag_ids = [PRODUCER_A] + ([PRODUCER_B] if index % 2 == 0 else [])
+        dag_ids = lay.triggered_at(index)
         for dag_id in dag_ids:
             trigger_dag(dag_id, run_id=f"race_{index}", replace_microseconds=False)
             triggered[dag_id] += 1
         progress(f"triggered {' and '.join(dag_ids)} ({index + 1}/{spec['triggers']})")
         if index + 1 < spec["triggers"]:
-            time.sleep(rng.uniform(1.0, 6.0))
+            sleep(rng.uniform(1.0, 6.0))
     return dict(triggered)
 
 
-def _producer_task_states(session) -> dict:
+def _producer_task_states(session, producers: Sequence[str] = PRODUCERS) -> dict:
     """Producer task instances by state."""
     from sqlalchemy import func, select
 
@@ -200,13 +306,13 @@ def _producer_task_states(session) -> dict:
     return dict(
         session.execute(
             select(TaskInstance.state, func.count())
-            .where(TaskInstance.dag_id.in_(PRODUCERS))
+            .where(TaskInstance.dag_id.in_(producers))
             .group_by(TaskInstance.state)
         ).all()
     )
 
 
-def _snapshot() -> tuple:
+def _snapshot(producers: Sequence[str]) -> tuple:
     from sqlalchemy import func, select
 
     from airflow.models.dagrun import DagRun
@@ -220,22 +326,37 @@ def _snapshot() -> tuple:
                 )
             ).all()
         )
-        tis = _producer_task_states(session)
+        tis = _producer_task_states(session, producers)
         events = session.scalar(select(func.count()).select_from(DatasetEvent))
         queued = session.scalar(select(func.count()).select_from(DatasetDagRunQueue))
     return runs, tuple(sorted((str(k), v) for k, v in tis.items())), events, queued
 
 
-def _wait_for_drain(scheduler: Scheduler, timeout: float, started: float, progress) -> bool:
-    """Until the producer runs are over and nothing changes for QUIET_POLLS polls in a row."""
+def _wait_for_drain(
+    processes: Sequence[Supervised], timeout: float, started: float, progress, lay: Layout,
+    on_poll: Callable[[bool], None] | None = None,
+) -> bool:
+    """Until the producer runs are over and nothing changes for QUIET_POLLS polls in a row.
+    A poll that cannot reach the database (a restarting server) is skipped."""
+    from sqlalchemy.exc import OperationalError
+
     deadline = time.monotonic() + timeout
     previous, quiet, last_report = None, 0, 0.0
     while time.monotonic() < deadline:
-        scheduler.check()
-        state = _snapshot()
+        for process in processes:
+            process.check()
+        try:
+            state = _snapshot(lay.producers)
+        except OperationalError as err:
+            progress(f"poll failed, database unreachable: {str(err.orig).strip().splitlines()[0][:120]}")
+            previous, quiet = None, 0
+            time.sleep(POLL_SECONDS)
+            continue
         runs, tis, events, queued = state
         active = {(dag_id, s) for dag_id, s, _ in runs if s in ("queued", "running")}
-        producers_active = any(dag_id in PRODUCERS for dag_id, _ in active)
+        producers_active = any(dag_id in lay.producers for dag_id, _ in active)
+        if on_poll:
+            on_poll(producers_active)
         quiet = quiet + 1 if state == previous and not active else 0
         previous = state
         now = time.monotonic()
@@ -255,21 +376,26 @@ def _wait_for_drain(scheduler: Scheduler, timeout: float, started: float, progre
     return False
 
 
-class Scheduler:
-    """``airflow scheduler`` in its own process group, restarted if it dies (as a supervisor
+class Supervised:
+    """An Airflow process in its own process group, restarted if it dies (as a supervisor
     such as systemd would): stock MariaDB schedulers die of deadlocks under this load."""
 
     MAX_RESTARTS = 3
 
-    def __init__(self, env: dict[str, str], log_path: str, progress: Callable[[str], None]) -> None:
-        self.env, self.log_path, self.progress = env, log_path, progress
+    def __init__(
+        self, name: str, args: list[str], env: dict[str, str], log_path: str, progress: Callable[[str], None],
+        max_restarts: int | None = None,
+    ) -> None:
+        self.name, self.args, self.env, self.log_path, self.progress = name, args, env, log_path, progress
+        self.max_restarts = self.MAX_RESTARTS if max_restarts is None else max_restarts
         self.crashes: list[str] = []
+        self.down = False  # killed on purpose (chaos): not a crash, restarted by restart()
         self.process = self._start()
 
     def _start(self) -> subprocess.Popen:
         with open(self.log_path, "a") as log:
             return subprocess.Popen(
-                [sys.executable, "-m", "airflow", "scheduler"],
+                [sys.executable, "-m", "airflow", *self.args],
                 env=self.env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -277,27 +403,54 @@ class Scheduler:
             )
 
     def check(self) -> None:
-        """Restart the scheduler if it exited; give up after MAX_RESTARTS."""
-        if self.process.poll() is None:
+        """Restart the process if it exited; give up after ``max_restarts``."""
+        if self.down or self.process.poll() is None:
             return
-        crash = f"exit {self.process.returncode}: {_last_error(self.log_path)}"
+        crash = f"{self.name} exit {self.process.returncode}: {_last_error(self.log_path)}"
         self.crashes.append(crash)
         self.stop()  # its task processes and DAG processor, if any survived it
-        if len(self.crashes) > self.MAX_RESTARTS:
-            raise RuntimeError(f"the scheduler died {len(self.crashes)} times; last: {crash}")
-        self.progress(f"the scheduler died ({crash}); restarting it")
+        if len(self.crashes) > self.max_restarts:
+            raise RuntimeError(f"{self.name} died {len(self.crashes)} times; last: {crash}")
+        self.progress(f"{self.name} died ({crash}); restarting it")
         self.process = self._start()
 
-    def stop(self) -> None:
-        """SIGTERM to the scheduler's process group, SIGKILL if it lingers; then any of its
-        descendants that left the group (the DAG processor manager starts its own session)."""
+    def kill(self) -> int:
+        """SIGKILL the process, its group and every descendant at once (a crash of its host or
+        container); returns how many processes were killed. ``restart`` starts it again."""
+        import psutil
+
+        self.down = True
+        try:
+            victims = [psutil.Process(self.process.pid), *psutil.Process(self.process.pid).children(recursive=True)]
+        except psutil.Error:
+            victims = []
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        for victim in victims:
+            try:
+                victim.kill()
+            except psutil.Error:
+                pass
+        self.process.wait(30)
+        psutil.wait_procs(victims, timeout=10)
+        return len(victims)
+
+    def restart(self) -> None:
+        self.process = self._start()
+        self.down = False
+
+    def stop(self, term_wait: float = 60) -> None:
+        """SIGTERM to the process group, SIGKILL if it lingers; then any of its descendants
+        that left the group (the DAG processor manager starts its own session)."""
         import psutil
 
         try:
             descendants = psutil.Process(self.process.pid).children(recursive=True)
         except psutil.Error:  # already gone: its group may still hold task processes
             descendants = []
-        for sig, wait in ((signal.SIGTERM, 60), (signal.SIGKILL, 10)):
+        for sig, wait in ((signal.SIGTERM, term_wait), (signal.SIGKILL, 10)):
             try:
                 os.killpg(self.process.pid, sig)
             except ProcessLookupError:
@@ -315,8 +468,17 @@ class Scheduler:
                 pass
 
 
-def count(spec: dict[str, Any], triggers: dict[str, int]) -> dict[str, Any]:
-    """What the tables say: invariant counts of the consumers, producer task outcomes, fix state."""
+class Scheduler(Supervised):
+    """``airflow scheduler``."""
+
+    def __init__(self, env: dict[str, str], log_path: str, progress: Callable[[str], None], name: str = "the scheduler",
+                 max_restarts: int | None = None) -> None:
+        super().__init__(name, ["scheduler"], env, log_path, progress, max_restarts)
+
+
+def count(spec: dict[str, Any], triggers: dict[str, int], lay: Layout | None = None) -> dict[str, Any]:
+    """What the tables say: invariant counts of the consumers, producer task outcomes (with
+    retries: try_number > 1), events against successful producers, fix state."""
     from sqlalchemy import func, select
 
     from airflow.models.dagrun import DagRun
@@ -325,22 +487,27 @@ def count(spec: dict[str, Any], triggers: dict[str, int]) -> dict[str, Any]:
 
     from airflow_dataset_race_fix import invariant
 
+    lay = lay or layout(spec)
     with _session() as session:
         report = invariant.check(session, CONSUMERS)
-        ti_states = Counter(_producer_task_states(session))
+        ti_states = Counter(_producer_task_states(session, lay.producers))
         events = session.scalar(select(func.count()).select_from(DatasetEvent))
         consumer_runs = session.scalar(select(func.count()).where(DagRun.dag_id.in_(CONSUMERS)))
         states = [
             _decoded(value)
             for value in session.scalars(
-                select(XCom.value).where(XCom.dag_id.in_(PRODUCERS), XCom.key == "return_value")
+                select(XCom.value).where(XCom.dag_id.in_(lay.producers), XCom.key == "return_value")
             )
         ]
+        tries = _producer_tries(session, lay)
     fix_active = sum(1 for s in states if isinstance(s, dict) and all(s.values()))
-    expected = triggers.get(PRODUCER_A, 0) * spec["mapped"] + triggers.get(PRODUCER_B, 0) * MAPPED_B
+    expected = sum(n * lay.events_per_run(dag_id) for dag_id, n in triggers.items())
     failed = ti_states.get("failed", 0) + ti_states.get("upstream_failed", 0)
+    # Atomic with the producer: one event per outlet of each successful task instance, no more.
+    events_of_successes = tries.pop("events_of_successes")
     notes = []
-    unfinished = expected - ti_states.get("success", 0) - failed
+    expected_tis = sum(n * lay.tis_per_run(dag_id) for dag_id, n in triggers.items())
+    unfinished = expected_tis - ti_states.get("success", 0) - failed
     if unfinished:
         notes.append(f"{unfinished} producer task(s) neither succeeded nor failed: {dict(ti_states)}")
     return {
@@ -349,6 +516,8 @@ def count(spec: dict[str, Any], triggers: dict[str, int]) -> dict[str, Any]:
         "events": events,
         "producer_tis_succeeded": ti_states.get("success", 0),
         "producer_tis_failed": failed,
+        **tries,
+        "events_not_atomic": abs(events - events_of_successes),
         "fix_active_count": fix_active,
         "fix_active": f"{fix_active}/{len(states)}",
         "consumer_runs": consumer_runs,
@@ -356,6 +525,46 @@ def count(spec: dict[str, Any], triggers: dict[str, int]) -> dict[str, Any]:
         "violations": report.violations(),
         "by_dag": {d.dag_id: d.violations() for d in report.dags},
         "notes": notes,
+    }
+
+
+def _producer_tries(session, lay: Layout) -> dict[str, Any]:
+    """Producer task instances that needed a retry (try_number > 1) or failed for good, each
+    with its tries (TaskInstanceHistory keeps the state of every earlier try)."""
+    from sqlalchemy import select
+
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.models.taskinstancehistory import TaskInstanceHistory
+
+    def key(row) -> str:
+        return f"{row.dag_id}/{row.task_id}[{row.map_index}] {row.run_id}"
+
+    history: dict[str, list[str]] = {}
+    for row in session.execute(
+        select(TaskInstanceHistory.dag_id, TaskInstanceHistory.task_id, TaskInstanceHistory.map_index,
+               TaskInstanceHistory.run_id, TaskInstanceHistory.try_number, TaskInstanceHistory.state)
+        .where(TaskInstanceHistory.dag_id.in_(lay.producers))
+        .order_by(TaskInstanceHistory.try_number)
+    ):
+        history.setdefault(key(row), []).append(f"try {row.try_number}: {row.state}")
+    retried, failed, events_of_successes = [], [], 0
+    for row in session.execute(
+        select(TaskInstance.dag_id, TaskInstance.task_id, TaskInstance.map_index, TaskInstance.run_id,
+               TaskInstance.try_number, TaskInstance.state).where(TaskInstance.dag_id.in_(lay.producers))
+    ):
+        if row.state == "success":
+            events_of_successes += lay.outlets(row.task_id)
+        tries = [*history.get(key(row), []), f"try {row.try_number}: {row.state}"]
+        entry = f"{key(row)}: {', '.join(tries)}"
+        if row.try_number > 1:
+            retried.append(entry)
+        if row.state in ("failed", "upstream_failed"):
+            failed.append(entry)
+    return {
+        "producer_tis_retried": len(retried),
+        "producer_tis_retried_list": sorted(retried),
+        "producer_tis_failed_list": sorted(failed),
+        "events_of_successes": events_of_successes,
     }
 
 
@@ -396,8 +605,9 @@ def _decoded(value: Any) -> Any:
     return json.loads(value) if isinstance(value, str) else value
 
 
-def _log_findings(home: str, scheduler_log: str, log_end: int, limit: int = 2) -> list[str]:
-    """A few distinct database errors of failed producer tasks and of the scheduler."""
+def _log_findings(home: str, log_ends: dict[str, int], limit: int = 2) -> list[str]:
+    """A few distinct database errors of failed producer tasks and of the schedulers/workers
+    (their logs up to ``log_ends``: what they log while being stopped is no finding)."""
     findings: Counter[str] = Counter()
     for path in glob.glob(os.path.join(home, "logs", "dag_id=race_producer_*", "**", "*.log"), recursive=True):
         with open(path, errors="replace") as handle:
@@ -405,8 +615,10 @@ def _log_findings(home: str, scheduler_log: str, log_end: int, limit: int = 2) -
                 if "Error" in line and ("sqlalchemy.exc" in line or "OperationalError" in line or "IntegrityError" in line):
                     findings["task: " + line.split("] ", 1)[-1].strip()[:160]] += 1
                     break
-    with open(scheduler_log, errors="replace") as handle:
-        for line in handle.read(log_end).splitlines():
-            if line.startswith("sqlalchemy.exc"):
-                findings["scheduler: " + line.strip()[:160]] += 1
+    for log_path, log_end in log_ends.items():
+        name = os.path.splitext(os.path.basename(log_path))[0]
+        with open(log_path, errors="replace") as handle:
+            for line in handle.read(log_end).splitlines():
+                if line.startswith("sqlalchemy.exc"):
+                    findings[f"{name}: " + line.strip()[:160]] += 1
     return [f"{text} (x{n})" for text, n in findings.most_common(limit)]

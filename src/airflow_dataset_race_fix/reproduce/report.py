@@ -122,8 +122,8 @@ def render_stress(runs: list[dict[str, Any]]) -> str:
 
 
 def render_e2e(runs: list[dict[str, Any]]) -> str:
-    headers = ["variant", "run", "seed", "events", "expected", "prod.failed", "(other)", "fix active", "consumer runs",
-               *COUNT_HEADERS, "drained", "seconds"]
+    headers = ["variant", "run", "seed", "events", "expected", "prod.failed", "(other)", "retried", "fix active",
+               "consumer runs", *COUNT_HEADERS, "drained", "seconds"]
     rows, notes = [], []
     for r in runs:
         if r.get("error"):
@@ -132,19 +132,36 @@ def render_e2e(runs: list[dict[str, Any]]) -> str:
         e = r["e2e"]
         rows.append(
             [r["variant"], r["run"], e["seed"], e["events"], e["expected_events"],
-             e["producer_tis_failed"] - _other_failures(e), _other_failures(e), e["fix_active"], e["consumer_runs"], *_counts(e["totals"]), "yes" if e["drained"] else "NO",
-             e["seconds"]]
+             e["producer_tis_failed"] - _other_failures(e), _other_failures(e), e.get("producer_tis_retried", 0),
+             e["fix_active"], e["consumer_runs"], *_counts(e["totals"]), "yes" if e["drained"] else "NO", e["seconds"]]
         )
+        label = f"{r['variant']} run {r['run']}"
+        for fault in e.get("faults", []):
+            notes.append(f"{label}: fault at {fault['utc']} UTC (+{fault['at_seconds']} s): {fault['fault']}: {fault['detail']}")
+        for entry in e.get("producer_tis_failed_list", [])[:LISTED]:
+            notes.append(f"{label}: failed producer {entry}")
+        retried = e.get("producer_tis_retried_list", [])
+        if retried:
+            causes = ", ".join(f"{cause} x{n}" for cause, n in (e.get("retry_causes") or {}).items())
+            notes.append(f"{label}: {len(retried)} producer task(s) retried" + (f"; earlier tries: {causes}" if causes else ""))
+            notes += [f"{label}: retried producer {entry}" for entry in retried[:LISTED]]
+            if len(retried) > LISTED:
+                notes.append(f"{label}: ... {len(retried) - LISTED} more retried (--json for all)")
         for note in e.get("notes", []):
-            notes.append(f"{r['variant']} run {r['run']}: {note}")
+            notes.append(f"{label}: {note}")
     legend = ("prod.failed: producer tasks that failed in the dataset code or for no known reason; "
-              "(other): failed in Airflow's own statements (dag_run, rendered fields)")
+              "(other): failed in Airflow's own statements (dag_run, rendered fields); retried: producer task "
+              "instances with try_number > 1")
     return "\n".join([table(headers, _pad(rows, len(headers))), f"  {legend}", *(f"  note: {n}" for n in notes)])
+
+
+LISTED = 5  # failed / retried producer task instances listed per run
 
 
 def _other_failures(e2e: dict[str, Any]) -> int:
     """Producer tasks that failed outside the dataset code (Airflow's own deadlocks)."""
-    return (e2e.get("producer_failures_by_cause") or {}).get("outside the dataset code", 0)
+    failed_tries = (e2e.get("producer_failures_by_cause") or {}).get("outside the dataset code", 0)
+    return min(failed_tries, e2e["producer_tis_failed"])  # failed tries that a retry made good are no failure
 
 
 def _pad(rows: list[list[Any]], width: int) -> list[list[Any]]:

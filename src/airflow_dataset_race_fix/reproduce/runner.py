@@ -47,13 +47,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--only", metavar="IDS", help="deterministic: comma-separated scenario ids (e.g. S1,S6)")
     parser.add_argument("--producers", type=int, default=8, help="--stress: producer processes (default %(default)s)")
     parser.add_argument("--events", type=int, default=50, help="--stress: events per producer (default %(default)s)")
-    parser.add_argument("--schedulers", type=int, choices=(1, 2), help="--stress: scheduler loops (default 2 on postgres)")
+    parser.add_argument(
+        "--schedulers", type=int, choices=(1, 2),
+        help="--stress: scheduler loops; --e2e --executor celery: 'airflow scheduler' processes (default 2 on postgres, 1 elsewhere)",
+    )
     parser.add_argument("--mapped", type=int, default=30, help="--e2e: mapped producer tasks per run (default %(default)s)")
     parser.add_argument("--triggers", type=int, help="--e2e: runs of the main producer (default 4; 2 on sqlite)")
     parser.add_argument(
         "--executor",
-        choices=("local", "sequential"),
-        help="--e2e: Airflow executor (default: local on servers, sequential on sqlite)",
+        choices=("local", "sequential", "celery"),
+        help="--e2e: Airflow executor (default: local on servers, sequential on sqlite); celery needs a Redis "
+        "server (ADRF_REDIS_URL, default redis://127.0.0.1:6379) and requirements/celery-e2e-*.txt",
+    )
+    parser.add_argument("--workers", type=int, default=2, help="--executor celery: 'airflow celery worker' processes (default %(default)s)")
+    parser.add_argument("--worker-concurrency", type=int, default=4, help="--executor celery: slots per worker (default %(default)s)")
+    parser.add_argument("--mapped-multi", type=int, default=8,
+                        help="--executor celery: mapped tasks with outlets [a, b] and as many with [b, a] per run (default %(default)s)")
+    parser.add_argument(
+        "--chaos", action="append", choices=("kill-scheduler", "kill-worker", "restart-db"), default=[],
+        help="--executor celery, repeatable: fault injected while the producers run (restart-db restarts the "
+        "database SERVER on this machine: every database on it, other users' too)",
     )
     parser.add_argument("--parallelism", type=int, default=8, help="--e2e: tasks the executor takes per scheduler loop (default %(default)s)")
     parser.add_argument("--timeout", type=float, default=600, help="--e2e: seconds to wait for the drain (default %(default)s)")
@@ -87,6 +100,10 @@ def _main(args: argparse.Namespace) -> int:
             raise ReproduceError(str(err)) from None
     if mode == "e2e" and backend == "sqlite" and args.executor == "local":
         raise ReproduceError("Airflow runs no LocalExecutor on SQLite; use --executor sequential or a server")
+    if args.chaos and not (mode == "e2e" and args.executor == "celery"):
+        raise ReproduceError("--chaos needs --e2e --executor celery")
+    if mode == "e2e" and args.executor == "celery":
+        check_celery(backend, args)
     repeats = args.repeat if mode != "deterministic" else 1
     print(
         f"reproduce: {mode} on {backend}, Airflow {airflow_version}"
@@ -136,6 +153,36 @@ def resolve_backend(backend: str | None, db_url: str | None) -> str:
     return from_url
 
 
+def check_celery(backend: str, args: argparse.Namespace) -> None:
+    """What --executor celery needs, checked before any database is made."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    if backend == "sqlite":
+        raise ReproduceError(
+            "Airflow refuses CeleryExecutor on SQLite (one writer at a time; only SequentialExecutor runs "
+            "there); use --backend postgres or mysql"
+        )
+    if args.workers < 1 or args.worker_concurrency < 1:
+        raise ReproduceError("--workers and --worker-concurrency must be at least 1")
+    try:
+        version("apache-airflow-providers-celery")
+        import redis
+    except (PackageNotFoundError, ImportError):
+        raise ReproduceError(
+            "--executor celery needs the Celery provider and the Redis client: pip install "
+            "-c requirements/constraints-airflow-2.10.4-py3.11.txt -r requirements/celery-e2e-airflow-2.10.4-py3.11.txt"
+        ) from None
+    from airflow_dataset_race_fix.reproduce.e2e_celery import redis_url
+
+    try:
+        redis.Redis.from_url(redis_url(), socket_timeout=5).ping()
+    except redis.RedisError as err:
+        raise ReproduceError(f"Redis at {redis_url()} (ADRF_REDIS_URL) is not reachable: {err}") from None
+    if backend == "mysql" and args.schedulers == 2:
+        print("reproduce: note: Airflow supports several schedulers only on PostgreSQL and MySQL 8 (row locks); "
+              "on MariaDB they collide without our code", file=sys.stderr)
+
+
 def check_airflow_version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -167,6 +214,11 @@ def _spec(args: argparse.Namespace, mode: str, backend: str, variant: str, index
             parallelism=args.parallelism,
             executor=args.executor,
             timeout=args.timeout,
+            schedulers=args.schedulers,
+            workers=args.workers,
+            worker_concurrency=args.worker_concurrency,
+            mapped_multi=args.mapped_multi if args.executor == "celery" else 0,
+            chaos=args.chaos,
             keep_logs=os.path.join(args.keep_logs, f"{variant}-{index + 1}") if args.keep_logs else None,
         )
     return spec
