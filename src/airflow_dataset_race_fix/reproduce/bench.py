@@ -267,7 +267,8 @@ def add_history(
             stored = session.execute(
                 select(DatasetEvent.id, DatasetEvent.dataset_id, DatasetEvent.timestamp)
                 .where(DatasetEvent.timestamp >= part[0], DatasetEvent.timestamp <= part[-1],
-                       DatasetEvent.source_dag_id == "bench_history")
+                       DatasetEvent.source_dag_id == "bench_history",
+                       DatasetEvent.dataset_id.in_(dataset_ids.values()))
                 .order_by(DatasetEvent.timestamp)
             ).all()
             by_dataset = {v: k for k, v in dataset_ids.items()}
