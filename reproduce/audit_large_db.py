@@ -9,7 +9,7 @@ and the CLI ``airflow-dataset-race-fix audit --db-url ... --json`` as a user run
 compare its counts with the ones the generator planted. The database is dropped at the end
 (``--keep`` keeps it and prints its URL).
 
-    .tox/airflow-2.10.4-py3.11/bin/python reproduce/audit_large_db.py postgres mysql sqlite
+    .tox/airflow2104-postgres/bin/python reproduce/audit_large_db.py postgres mysql sqlite
 
 Shape (defaults): 10 datasets x 100,000 events, 13 consumer DAGs (10 on one dataset, two on
 ``a | b``, one on ``a & b``), about 81,000 dataset-triggered runs consuming about 1.6M

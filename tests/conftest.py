@@ -7,19 +7,22 @@ imported, and its schema is created once.
 from __future__ import annotations
 
 import os
+from importlib import metadata
 
 import pytest
 
 from airflow_dataset_race_fix.harness.database import ScratchDatabase, configure_airflow_env
 
 BACKEND = os.environ.get("ADRF_BACKEND", "sqlite")
+# The Airflow release installed here (tox: one env per release), read without importing it.
+AIRFLOW_VERSION = metadata.version("apache-airflow")
 _database = ScratchDatabase(BACKEND)
 _database.create()
 configure_airflow_env(_database.url)
 
 
 def pytest_report_header(config):
-    return f"airflow-dataset-race-fix: backend {BACKEND}, scratch database {_database.name}"
+    return f"airflow-dataset-race-fix: Airflow {AIRFLOW_VERSION}, backend {BACKEND}, scratch database {_database.name}"
 
 
 def pytest_sessionstart(session):

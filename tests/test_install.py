@@ -1,16 +1,44 @@
-"""The pinned install works as an operator would use it: `airflow version` and `airflow db migrate`."""
+"""
+The pinned install works as an operator would use it: `airflow version` and `airflow db
+migrate`, for the Airflow release installed here (tox: one env per release), installed
+from its pins in requirements/.
+"""
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
+from importlib import metadata
+from pathlib import Path
 
 from airflow_dataset_race_fix.harness.database import ScratchDatabase
 
-from conftest import BACKEND
+from conftest import AIRFLOW_VERSION, BACKEND
+
+PINS = Path(__file__).resolve().parents[1] / "requirements" / f"constraints-airflow-{AIRFLOW_VERSION}-py3.11.txt"
+
+
+def _pins() -> dict[str, str]:
+    """{normalized name: version} of the pins file."""
+    pins = {}
+    for line in PINS.read_text().splitlines():
+        if line and not line.startswith("#"):
+            name, pinned = line.split("==")
+            pins[re.sub(r"[-_.]+", "-", name).lower()] = pinned
+    return pins
+
+
+def test_this_release_is_installed_from_its_pins():
+    assert PINS.is_file(), f"no pins for the installed apache-airflow {AIRFLOW_VERSION}: {PINS}"
+    pins = _pins()
+    assert pins["apache-airflow"] == AIRFLOW_VERSION
+    installed = {re.sub(r"[-_.]+", "-", d.metadata["Name"]).lower(): d.version for d in metadata.distributions()}
+    differ = {name: (pinned, installed[name]) for name, pinned in pins.items() if installed.get(name, pinned) != pinned}
+    assert not differ, f"installed versions differ from {PINS.name} (pinned, installed): {differ}"
 
 
 def _airflow(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
@@ -31,7 +59,7 @@ def test_airflow_version_and_db_migrate_on_a_fresh_database():
         )
         version = _airflow("version", env=env)
         assert version.returncode == 0, version.stderr
-        assert version.stdout.strip().splitlines()[-1] == "2.10.4"
+        assert version.stdout.strip().splitlines()[-1] == AIRFLOW_VERSION
         migrate = _airflow("db", "migrate", env=env)
         assert migrate.returncode == 0, migrate.stderr[-3000:]
         check = _airflow("db", "check-migrations", "-t", "0", env=env)

@@ -34,6 +34,8 @@ from shim_children import (
 from airflow_dataset_race_fix import BOOTSTRAP_DIR
 from airflow_dataset_race_fix.targets import MEMBERS
 
+from conftest import AIRFLOW_VERSION
+
 TARGETS = ("airflow.datasets.manager", "airflow.jobs.scheduler_job_runner")
 ALL_PATCHED = {name: "patched" for name in TARGETS}
 ALL_ORIGINAL = {name: "patchable" for name in TARGETS}
@@ -45,9 +47,12 @@ _report()
 
 # A user's sitecustomize that pins Airflow's reported version to an unsupported one
 # before any target module is imported.
-OLD_AIRFLOW = """
+# An Airflow release the fix was not checked against. Newer, not older (2.9.3), since the
+# FAB provider pinned with Airflow 2.11.x refuses to import under an Airflow before 2.11.1.
+UNSUPPORTED_VERSION = "2.12.0"
+UNSUPPORTED_AIRFLOW = f"""
 import airflow
-airflow.__version__ = "2.9.3"
+airflow.__version__ = "{UNSUPPORTED_VERSION}"
 """
 
 # Another tool's patch of one targeted member, in place before our hook sees the class.
@@ -220,7 +225,7 @@ _report(
 
 
 def test_unsupported_airflow_version_patches_nothing_and_warns_once_per_target(tmp_path):
-    write_sitecustomize(str(tmp_path / "user"), OLD_AIRFLOW)
+    write_sitecustomize(str(tmp_path / "user"), UNSUPPORTED_AIRFLOW)
     env = shim_env(str(tmp_path / "user"))
     proc = run_python(IMPORT_TARGETS + "\nimport importlib, airflow.datasets.manager as m; importlib.reload(m)\n", env)
     report = result(proc)
@@ -228,14 +233,14 @@ def test_unsupported_airflow_version_patches_nothing_and_warns_once_per_target(t
     warnings = [line for line in output(proc).splitlines() if "WARNING" in line and "airflow-dataset-race-fix" in line]
     assert len(warnings) == 2, warnings  # one per target module, not repeated by the reload
     for line in warnings:
-        assert "Airflow 2.9.3 is not a supported release" in line  # what was found
+        assert f"Airflow {UNSUPPORTED_VERSION} is not a supported release" in line  # what was found
         assert "2.10.0 to 2.11.2" in line  # what was expected
         assert "install a supported Airflow" in line  # what to do
     assert count(output(proc), INFO_LINE) == 0
 
     status = run_status(env)
     assert status.returncode == 1, output(status)
-    assert "Airflow: 2.9.3 (NOT supported" in status.stdout
+    assert f"Airflow: {UNSUPPORTED_VERSION} (NOT supported" in status.stdout
     assert status.stdout.count(": refused") == 2 and "Fix active: NO" in status.stdout
 
 
@@ -253,14 +258,14 @@ def test_changed_target_function_is_refused_with_what_was_found(tmp_path):
     assert report["kept"] == "sitecustomize"  # the other tool's function is left in place
     warnings = [line for line in output(proc).splitlines() if "WARNING" in line and "airflow-dataset-race-fix" in line]
     assert len(warnings) == 1
-    assert "DatasetManager._postgres_queue_dagruns is not the Airflow 2.10.4 original" in warnings[0]
+    assert f"DatasetManager._postgres_queue_dagruns is not the Airflow {AIRFLOW_VERSION} original" in warnings[0]
     assert "expected sha256 8d5f0ab80581" in warnings[0] and "found sha256" in warnings[0]
 
     status = run_status(env, "--json")
     assert status.returncode == 1
     targets = {t["module"]: t for t in status_json(status)["targets"]}
     assert targets["airflow.datasets.manager"]["status"] == "refused"
-    assert "not the Airflow 2.10.4 original" in targets["airflow.datasets.manager"]["detail"]
+    assert f"not the Airflow {AIRFLOW_VERSION} original" in targets["airflow.datasets.manager"]["detail"]
     assert targets["airflow.jobs.scheduler_job_runner"]["status"] == "fixed-by-shim"
 
 
@@ -320,12 +325,12 @@ def test_disable_switch_turns_the_shim_off():
 
 
 def test_strict_switch_makes_a_refusal_fail_the_import(tmp_path):
-    write_sitecustomize(str(tmp_path / "user"), OLD_AIRFLOW)
+    write_sitecustomize(str(tmp_path / "user"), UNSUPPORTED_AIRFLOW)
     env = shim_env(str(tmp_path / "user"), switches={"AIRFLOW_DATASET_RACE_FIX_STRICT": "1"})
     proc = run_python("import airflow.jobs.scheduler_job_runner\nprint('RESULT {}')", env)
     assert proc.returncode == 1
     assert "RefusedError: airflow-dataset-race-fix (strict)" in proc.stderr
-    assert "Airflow 2.9.3 is not a supported release" in proc.stderr
+    assert f"Airflow {UNSUPPORTED_VERSION} is not a supported release" in proc.stderr
     assert "RESULT" not in proc.stdout
 
     status = run_status(env, "--json")
@@ -354,7 +359,7 @@ def test_status_with_the_shim_on_pythonpath(tmp_path):
     status = run_status(shim_env(str(tmp_path / "user")))
     assert status.returncode == 0, output(status)
     text = status.stdout
-    assert "Airflow: 2.10.4 (supported)" in text
+    assert f"Airflow: {AIRFLOW_VERSION} (supported)" in text
     assert "Shim activated by: PYTHONPATH" in text
     assert "loaded in this process: yes, via sitecustomize" in text
     assert f"chained sitecustomize: {user}" in text
@@ -365,7 +370,7 @@ def test_status_json_without_the_shim():
     status = run_status(child_env(), "--json")
     assert status.returncode == 1
     report = json.loads(status.stdout)  # nothing imported Airflow at start: stdout is the document only
-    assert report["airflow"]["version"] == "2.10.4" and report["airflow"]["supported"] is True
+    assert report["airflow"]["version"] == AIRFLOW_VERSION and report["airflow"]["supported"] is True
     assert report["shim"]["activated_by"] == [] and report["shim"]["loaded_in_this_process"] is False
     assert [t["status"] for t in report["targets"]] == ["not-fixed", "not-fixed"]
     assert "PYTHONPATH" in report["targets"][0]["detail"] and report["fix_active"] is False

@@ -20,6 +20,7 @@ from airflow_dataset_race_fix.source_patches.safe_write import TEMP_SUFFIX
 from airflow_dataset_race_fix.source_patches.wheels import record_digest, record_to_hex
 from airflow_dataset_race_fix.targets import MEMBERS, SUPPORTED_AIRFLOW_VERSIONS, members_of
 
+from conftest import AIRFLOW_VERSION
 from source_patch_support import PATCHES_DIR, release, site_packages, snapshot
 
 VERSIONS = SUPPORTED_AIRFLOW_VERSIONS
@@ -154,7 +155,7 @@ def test_plain_patch_takes_the_series_one_file_at_a_time(version, tmp_path, caps
 
 # -- bad input: refused clearly, nothing lost ---------------------------------------------------
 
-VERSION = "2.10.4"
+VERSION = AIRFLOW_VERSION  # the release installed here (tox: one env per release)
 SCHEDULER = "airflow/jobs/scheduler_job_runner.py"
 MANAGER = "airflow/datasets/manager.py"
 
@@ -171,7 +172,7 @@ def test_modified_target_is_refused(tmp_path, capsys):
     expected = record_to_hex(record_digest(release(VERSION).files[SCHEDULER]))
     found = record_to_hex(record_digest(before[SCHEDULER]))
     assert SCHEDULER in err and expected in err and found in err, err
-    assert "pip install --force-reinstall --no-deps apache-airflow==2.10.4" in err
+    assert f"pip install --force-reinstall --no-deps apache-airflow=={VERSION}" in err
     assert not (sp / BACKUPS).exists()
 
 
@@ -199,10 +200,10 @@ def test_unsupported_version_is_refused(tmp_path, capsys):
 
 def test_files_of_another_release_are_refused(tmp_path, capsys):
     sp = site_packages(VERSION, tmp_path)
-    (sp / SCHEDULER).write_bytes(release("2.10.0").files[SCHEDULER])  # 2.10.0's file under 2.10.4's RECORD
+    (sp / SCHEDULER).write_bytes(release("2.10.0").files[SCHEDULER])  # 2.10.0's file under this release's RECORD
     before = snapshot(sp)
     rc, _, err = cli(capsys, "apply", sp)
-    assert rc == 1 and SCHEDULER in err and "neither the pristine apache-airflow 2.10.4" in err, err
+    assert rc == 1 and SCHEDULER in err and f"neither the pristine apache-airflow {VERSION}" in err, err
     assert snapshot(sp) == before
 
 
