@@ -50,19 +50,23 @@ def fix_state() -> dict[str, bool]:
     return {"producer_path": PATCH_MARKER in vars(manager), "scheduler": PATCH_MARKER in vars(scheduler)}
 
 
+def _producer_dag(dag_id: str) -> DAG:
+    return DAG(
+        dag_id,
+        schedule=None,
+        start_date=datetime(2024, 1, 1),
+        catchup=False,
+        max_active_runs=16,
+        default_args=DEFAULT_ARGS,
+        tags=["airflow-dataset-race-fix"],
+    )
+
+
 def _seeded_sleep(run_id: str, index: int) -> None:
     time.sleep(random.Random(f"{SEED}/{run_id}/{index}").uniform(0, MAX_SLEEP))
 
 
-with DAG(
-    "race_producer_a",
-    schedule=None,
-    start_date=datetime(2024, 1, 1),
-    catchup=False,
-    max_active_runs=16,
-    default_args=DEFAULT_ARGS,
-    tags=["airflow-dataset-race-fix"],
-):
+with _producer_dag("race_producer_a"):
 
     @task(outlets=[A])
     def emit_a(index: int, run_id=None) -> dict[str, bool]:
@@ -72,15 +76,7 @@ with DAG(
     emit_a.expand(index=list(range(MAPPED)))
 
 
-with DAG(
-    "race_producer_b",
-    schedule=None,
-    start_date=datetime(2024, 1, 1),
-    catchup=False,
-    max_active_runs=16,
-    default_args=DEFAULT_ARGS,
-    tags=["airflow-dataset-race-fix"],
-):
+with _producer_dag("race_producer_b"):
 
     @task(outlets=[B])
     def emit_b(index: int, run_id=None) -> dict[str, bool]:
@@ -91,15 +87,7 @@ with DAG(
 
 
 if MAPPED_MULTI > 0:
-    with DAG(
-        "race_producer_ab",
-        schedule=None,
-        start_date=datetime(2024, 1, 1),
-        catchup=False,
-        max_active_runs=16,
-        default_args=DEFAULT_ARGS,
-        tags=["airflow-dataset-race-fix"],
-    ):
+    with _producer_dag("race_producer_ab"):
 
         @task(outlets=[A, B])
         def emit_ab(index: int, run_id=None) -> dict[str, bool]:
