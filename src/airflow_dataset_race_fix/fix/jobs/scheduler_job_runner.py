@@ -225,15 +225,16 @@ class SchedulerJobRunner:
                 dataset_event_filters += [DatasetEvent.timestamp >= floor, DatasetEvent.id.not_in(consumed)]
 
             dataset_ids = sorted(dataset_ids_of[dag.dag_id])
-            dataset_events = [
-                event
-                for start in range(0, len(dataset_ids), 500)
-                for event in session.scalars(
-                    select(DatasetEvent).where(
-                        DatasetEvent.dataset_id.in_(dataset_ids[start : start + 500]), *dataset_event_filters
-                    )
+            dataset_events = []
+            for start in range(0, len(dataset_ids), 500):
+                chosen = select(DatasetEvent).where(
+                    DatasetEvent.dataset_id.in_(dataset_ids[start : start + 500]), *dataset_event_filters
                 )
-            ]
+                if dataset_event_filters and session.bind.dialect.name == "mysql":
+                    # InnoDB's secondary indexes carry the primary key: the consumed-event check
+                    # then runs on (dataset_id, timestamp, id) alone, and only kept rows are read.
+                    chosen = select(DatasetEvent).where(DatasetEvent.id.in_(chosen.with_only_columns(DatasetEvent.id)))
+                dataset_events += session.scalars(chosen)
 
             if ahead := [event for event in dataset_events if event.timestamp > horizon]:
                 # Consumed once the clock reaches them: a run is never dated before its events.
