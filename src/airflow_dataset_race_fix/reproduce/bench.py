@@ -32,6 +32,7 @@ transaction that is rolled back, so each sample of either variant sees the same 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import statistics
 import sys
@@ -66,18 +67,29 @@ class Variants:
             self._fix.apply(strict=True)
 
 
-def alternate(variants: Variants, samples: int, measure: Callable[[str], float], warmup: int = 3) -> dict[str, list[float]]:
+def alternate(variants: Variants, samples: int, measure: Callable[[str], float], warmup: int = 3,
+              prime: bool = True) -> dict[str, list[float]]:
     """``samples`` timings per variant, in ABBA order so neither variant always goes first.
 
-    After each switch one untimed call runs first, so that no sample pays for the switch.
+    After each switch one untimed call runs first (``prime``), so that no sample pays for the
+    switch; cases whose samples take seconds skip it.
+    Python's cyclic garbage collector is run before and held off during each timed call:
+    a collection falls on whichever sample crosses its allocation threshold, and at these
+    durations one collection is a 10 % swing.
     """
     times: dict[str, list[float]] = {v: [] for v in VARIANTS}
     for i in range(warmup + samples):
         order = VARIANTS if i % 2 == 0 else VARIANTS[::-1]
         for variant in order:
             variants.use(variant)
-            measure(variant)
-            elapsed = measure(variant)
+            if prime:
+                measure(variant)
+            gc.collect()
+            gc.disable()
+            try:
+                elapsed = measure(variant)
+            finally:
+                gc.enable()
             if i >= warmup:
                 times[variant].append(elapsed)
     variants.use("stock")
@@ -382,14 +394,15 @@ def bench_loop_cases(variants: Variants, windows: tuple[int, ...], ready: int, f
         runner = SchedulerJobRunner(job=job, num_runs=1)
     rows = []
 
-    def case(name: str, dag_names: list[str], dataset: Dataset, per_loop: int = 10) -> dict[str, Any]:
+    def case(name: str, dag_names: list[str], dataset: Dataset, per_loop: int = 10, prime: bool = True) -> dict[str, Any]:
         quiet_other_dags(dag_names)
         variants.use("stock")
         with settings.Session() as session:  # the new event, committed once; every sample rolls back
             dataset_manager.register_dataset_change(dataset=dataset, session=session)
             session.commit()
 
-        row = _row(name, alternate(variants, samples, timed_loop(runner, dag_names, per_loop), warmup=1))
+        row = _row(name, alternate(variants, samples, timed_loop(runner, dag_names, per_loop), warmup=1,
+                                       prime=prime))
         row["per_dag_ms"] = {v: row[f"{v}_ms"] / len(dag_names) for v in VARIANTS}
         _log(f"  {row['case']}: {_ms(row)}")
         return row
@@ -423,7 +436,7 @@ def bench_loop_cases(variants: Variants, windows: tuple[int, ...], ready: int, f
             ])
         session.commit()
     analyze()
-    rows.append(case(f"scheduler loop, first run over {first_run} events", [dag_id], dataset))
+    rows.append(case(f"scheduler loop, first run over {first_run} events", [dag_id], dataset, prime=False))
     return rows
 
 
@@ -545,8 +558,11 @@ def _explain(session, stmt) -> str:
 
 # -- report ---------------------------------------------------------------------------
 def _row(case: str, times: dict[str, list[float]]) -> dict[str, Any]:
+    """Medians per variant; the ratio is the median of the per-round ratios (a stock and a
+    fixed sample taken back to back), which cancels load that drifts between rounds."""
     stock, fixed = statistics.median(times["stock"]), statistics.median(times["fixed"])
-    return {"case": case, "stock_ms": stock * 1000, "fixed_ms": fixed * 1000, "ratio": fixed / stock,
+    ratio = statistics.median(f / s for s, f in zip(times["stock"], times["fixed"]))
+    return {"case": case, "stock_ms": stock * 1000, "fixed_ms": fixed * 1000, "ratio": ratio,
             "samples": len(times["stock"])}
 
 
