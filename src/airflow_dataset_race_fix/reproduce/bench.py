@@ -401,8 +401,8 @@ def bench_loop_cases(variants: Variants, windows: tuple[int, ...], ready: int, f
             dataset_manager.register_dataset_change(dataset=dataset, session=session)
             session.commit()
 
-        row = _row(name, alternate(variants, samples, timed_loop(runner, dag_names, per_loop), warmup=1,
-                                       prime=prime))
+        times = alternate(variants, samples, timed_loop(runner, dag_names, per_loop), warmup=1, prime=prime)
+        row = _row(name, times)
         row["per_dag_ms"] = {v: row[f"{v}_ms"] / len(dag_names) for v in VARIANTS}
         _log(f"  {row['case']}: {_ms(row)}")
         return row
@@ -612,7 +612,7 @@ def targets(backend: str, rows: list[dict[str, Any]]) -> list[str]:
 
 def render(backend: str, rows: list[dict[str, Any]]) -> str:
     width = max(len(r["case"]) for r in rows)
-    lines = [f"bench on {backend} (medians)", "",
+    lines = [f"bench on {backend} (medians; fixed/stock is the median of back-to-back pairs)", "",
              f"{'case':<{width}}  {'stock ms':>9}  {'fixed ms':>9}  {'fixed/stock':>11}  samples",
              f"{'-' * width}  {'-' * 9}  {'-' * 9}  {'-' * 11}  -------"]
     for r in rows:
