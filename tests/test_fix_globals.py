@@ -13,6 +13,7 @@ import ast
 import builtins
 import dis
 import importlib
+import inspect
 from types import CodeType
 
 import pytest
@@ -37,7 +38,9 @@ def global_names(code: CodeType) -> set[str]:
 def _fixed_function(member):
     fix_module = importlib.import_module(member.fix_module)
     attribute = vars(getattr(fix_module, member.owner))[member.name]
-    return fix_module, getattr(attribute, "__func__", attribute)
+    # Through decorators (register_dataset_change's internal_api_call and provide_session):
+    # their wrappers' globals are their own modules', not the member's.
+    return fix_module, inspect.unwrap(getattr(attribute, "__func__", attribute))
 
 
 @pytest.mark.parametrize("member", MEMBERS, ids=[m.qualname for m in MEMBERS])

@@ -71,6 +71,12 @@ MEMBERS = (
     Member(
         "airflow.datasets.manager",
         "DatasetManager",
+        "register_dataset_change",
+        "002d718a4a06b2ad7957c1cba24b72330cbad78d07f128feb5e542586f83b770",
+    ),
+    Member(
+        "airflow.datasets.manager",
+        "DatasetManager",
         "_slow_path_queue_dagruns",
         "662cf9d25910de89a8da74ed2285e170eec7586234e0451c25bb8637f37a106a",
     ),
@@ -81,9 +87,14 @@ MEMBERS = (
         "8d5f0ab805811c8a4f8ab4fc4b089a7ef9b60e127d41cde823dc486a525a784e",
     ),
     Member("airflow.datasets.manager", "DatasetManager", "_defer_queue_dagruns", None),
-    Member("airflow.datasets.manager", "DatasetManager", "_write_deferred_queue_rows", None),
+    Member("airflow.datasets.manager", "DatasetManager", "_stamp_at_commit", None),
+    Member("airflow.datasets.manager", "DatasetManager", "_listen_for_commit", None),
+    Member("airflow.datasets.manager", "DatasetManager", "_write_at_commit", None),
     Member("airflow.datasets.manager", "DatasetManager", "_forget_rolled_back_queue_rows", None),
     Member("airflow.datasets.manager", "DatasetManager", "_forget_ended_queue_rows", None),
+    Member("airflow.datasets.manager", "DatasetManager", "_database_clock", None),
+    Member("airflow.datasets.manager", "DatasetManager", "_database_now", None),
+    Member("airflow.datasets.manager", "DatasetManager", "_stamp_events", None),
     Member("airflow.datasets.manager", "DatasetManager", "_upsert_queue_dagruns", None),
     Member(
         "airflow.jobs.scheduler_job_runner",

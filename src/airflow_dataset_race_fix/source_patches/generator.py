@@ -59,7 +59,7 @@ PATCHES = (
         1,
         "forward-only-dataset-queue-upsert",
         "airflow.datasets.manager",
-        "Dataset manager: queue rows whose created_at only moves forward",
+        "Dataset manager: forward-only queue rows and event stamps, written at commit",
         """
         DatasetManager._queue_dagruns writes one DatasetDagRunQueue row per consuming DAG
         in the producer's transaction. Stock Airflow keeps an existing row as it is (ON
@@ -78,8 +78,18 @@ PATCHES = (
         queue row only as it read it. One global lock order, held only for the COMMIT:
         tasks with several outlets, in any order, cannot deadlock each other. A rolled
         back transaction or SAVEPOINT forgets the rows it registered (session event
-        listeners _write_deferred_queue_rows, _forget_rolled_back_queue_rows,
+        listeners _write_at_commit, _forget_rolled_back_queue_rows,
         _forget_ended_queue_rows). Other dialects keep the SAVEPOINT merge.
+
+        Event timestamps were the flush time on the producer host's clock, so an event
+        that committed late could hide anywhere behind events the scheduler already
+        took. register_dataset_change now remembers its event (new helper
+        _stamp_at_commit), and the last statements before the COMMIT, after the queue
+        upsert, date the transaction's events on the database's clock (PostgreSQL
+        clock_timestamp(), MySQL/MariaDB NOW(6), SQLite the host's), forward-only per
+        dataset (new helpers _database_clock, _database_now, _stamp_events). Queue rows
+        are dated on the same clock. With 0002 this lets the scheduler read only new
+        events instead of a 900 s window.
         """,
     ),
     PatchSpec(
@@ -95,9 +105,14 @@ PATCHES = (
         committed late was never consumed, a late queue row made a run consume events
         again, and rows queued while the run was created were deleted unconsumed.
 
-        Select the events of the DAG's datasets that no run of the DAG consumed yet
-        (above the latest run minus [dataset_race_fix] event_lookback_seconds, default
-        900, to keep the index useful), create a run only when the DAG's dataset
+        Select the events of the DAG's datasets that no run of the DAG consumed yet,
+        above a floor per dataset: the newest event of it the latest run consumed (or its
+        queue row, if older) minus [dataset_race_fix] commit_latency_seconds (default 30),
+        which 0001's commit stamps make safe; the latest run minus [dataset_race_fix]
+        event_lookback_seconds (default 900) for a dataset the latest run did not consume
+        and, as a safety net, once per [dataset_race_fix] full_read_interval_seconds
+        (default 300) per DAG. Judge "ahead" against the database's clock. Create a run
+        only when the DAG's dataset
         condition holds on them, keep runs in logical-date order, and delete the queue
         rows exactly as read, for all DAGs of the loop at its end (new helper
         _delete_dataset_queue_rows_as_read): taken FOR UPDATE SKIP LOCKED (PostgreSQL,

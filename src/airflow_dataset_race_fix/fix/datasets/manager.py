@@ -21,7 +21,7 @@
 # each kept as a small diff of the original. Only these members are copied; the rest of
 # the class is Airflow's own.
 """
-The producer side of the fix: forward-only dataset queue rows, written at commit.
+The producer side of the fix: forward-only dataset queue rows and event stamps, written at commit.
 
 ``DatasetManager._queue_dagruns`` writes one ``DatasetDagRunQueue`` (DDRQ) row per
 consuming DAG in the producer's transaction. Stock Airflow keeps an existing row as it
@@ -47,6 +47,25 @@ never waits for them. A rolled back transaction or SAVEPOINT drops what it regis
 a queue row is written if and only if its event commits. Queue rows of a transaction are
 visible (to other sessions and to itself) from its COMMIT on, like its events.
 
+Commit stamps. Stock Airflow dates an event (``DatasetEvent.timestamp``) when it is
+flushed, on the producer host's clock, and the event becomes visible when the producer
+commits, possibly much later: a late commit can hide anywhere behind events the
+scheduler already took, so the scheduler had to read a long look-back window on every
+run. Here the last statement before the COMMIT, after the queue upsert, re-dates the
+transaction's events on one clock, the database's (PostgreSQL ``clock_timestamp()``,
+MySQL/MariaDB ``NOW(6)``; SQLite: this host's clock, which is the database's), and the
+queue rows get the same clock. Why that bounds how late an event can be: the upsert has
+locked the (dataset, DAG) queue row before the stamp is taken, and holds it to the end
+of the COMMIT, so the producers of one dataset for one DAG stamp and commit one after
+the other; an event that commits after a run read the events is stamped no earlier than
+that read minus its own stamp-to-COMMIT time (the scheduler's floor, see
+``scheduler_job_runner.py``). Stamps are forward-only per dataset: at least one
+microsecond past the dataset's newest other visible event, so a database clock stepped
+back does not date a new event under what was already consumed; a newest event dated
+more than ``[dataset_race_fix] max_event_ahead_seconds`` ahead (a stock producer whose
+host clock runs ahead, during an upgrade) is not followed, so it cannot drag every later
+stamp, and run, into the future.
+
 This file is the single source of truth: the import-time shim installs these members on
 Airflow's class and ``patches/`` are generated from this text. Write them as Airflow
 code: every global they use must name the same object in ``airflow.datasets.manager``
@@ -55,20 +74,123 @@ code: every global they use must name the same object in ``airflow.datasets.mana
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from sqlalchemy import exc
+from sqlalchemy import exc, select
+from sqlalchemy.orm import joinedload
 
-from airflow.models.dataset import DatasetDagRunQueue
+from airflow.api_internal.internal_api_call import internal_api_call
+from airflow.models.dataset import (
+    DagScheduleDatasetAliasReference,
+    DagScheduleDatasetReference,
+    DatasetAliasModel,
+    DatasetDagRunQueue,
+    DatasetEvent,
+    DatasetModel,
+)
+from airflow.stats import Stats
+from airflow.utils.session import NEW_SESSION, provide_session
 
 if TYPE_CHECKING:
+    from datetime import datetime
+
     from sqlalchemy.orm.session import Session, SessionTransaction
 
+    from airflow.datasets import Dataset
     from airflow.models.dag import DagModel
+    from airflow.models.taskinstance import TaskInstance
 
 
 class DatasetManager:
     """Mirror of ``airflow.datasets.manager.DatasetManager``: only the members the fix changes."""
+
+    @classmethod
+    @internal_api_call
+    @provide_session
+    def register_dataset_change(
+        cls,
+        *,
+        task_instance: TaskInstance | None = None,
+        dataset: Dataset,
+        extra=None,
+        session: Session = NEW_SESSION,
+        source_alias_names: Iterable[str] | None = None,
+        **kwargs,
+    ) -> DatasetEvent | None:
+        """
+        Register dataset related changes.
+
+        For local datasets, look them up, record the dataset event, queue dagruns, and broadcast
+        the dataset event
+        """
+        # todo: add test so that all usages of internal_api_call are added to rpc endpoint
+        dataset_model = session.scalar(
+            select(DatasetModel)
+            .where(DatasetModel.uri == dataset.uri)
+            .options(joinedload(DatasetModel.consuming_dags).joinedload(DagScheduleDatasetReference.dag))
+        )
+        if not dataset_model:
+            cls.logger().warning("DatasetModel %s not found", dataset)
+            return None
+
+        event_kwargs = {
+            "dataset_id": dataset_model.id,
+            "extra": extra,
+        }
+        if task_instance:
+            event_kwargs.update(
+                {
+                    "source_task_id": task_instance.task_id,
+                    "source_dag_id": task_instance.dag_id,
+                    "source_run_id": task_instance.run_id,
+                    "source_map_index": task_instance.map_index,
+                }
+            )
+
+        dataset_event = DatasetEvent(**event_kwargs)
+        session.add(dataset_event)
+        cls._stamp_at_commit(dataset_event, session)
+
+        dags_to_queue_from_dataset = {
+            ref.dag for ref in dataset_model.consuming_dags if ref.dag.is_active and not ref.dag.is_paused
+        }
+        dags_to_queue_from_dataset_alias = set()
+        if source_alias_names:
+            dataset_alias_models = session.scalars(
+                select(DatasetAliasModel)
+                .where(DatasetAliasModel.name.in_(source_alias_names))
+                .options(
+                    joinedload(DatasetAliasModel.consuming_dags).joinedload(
+                        DagScheduleDatasetAliasReference.dag
+                    )
+                )
+            ).unique()
+
+            for dsa in dataset_alias_models:
+                dsa.dataset_events.append(dataset_event)
+                session.add(dsa)
+
+                dags_to_queue_from_dataset_alias |= {
+                    alias_ref.dag
+                    for alias_ref in dsa.consuming_dags
+                    if alias_ref.dag.is_active and not alias_ref.dag.is_paused
+                }
+
+        dags_to_reparse = dags_to_queue_from_dataset_alias - dags_to_queue_from_dataset
+        if dags_to_reparse:
+            file_locs = {dag.fileloc for dag in dags_to_reparse}
+            cls._send_dag_priority_parsing_request(file_locs, session)
+        session.flush()
+
+        cls.notify_dataset_changed(dataset=dataset)
+
+        Stats.incr("dataset.updates")
+
+        dags_to_queue = dags_to_queue_from_dataset | dags_to_queue_from_dataset_alias
+        cls._queue_dagruns(dataset_id=dataset_model.id, dags_to_queue=dags_to_queue, session=session)
+        session.flush()
+        return dataset_event
 
     @classmethod
     def _slow_path_queue_dagruns(
@@ -100,33 +222,56 @@ class DatasetManager:
     @classmethod
     def _defer_queue_dagruns(cls, dataset_id: int, dags_to_queue: set[DagModel], session: Session) -> None:
         """
-        Remember the queue rows of this event; ``_write_deferred_queue_rows`` writes them at COMMIT.
+        Remember the queue rows of this event; ``_write_at_commit`` writes them at COMMIT.
 
         Each row remembers the (sub)transaction that registered it first, so that rolling
         back a SAVEPOINT forgets exactly the rows registered inside it.
         """
-        from sqlalchemy import event
-
         deferred: dict[tuple[int, str], SessionTransaction] = session.info.setdefault(
             "airflow_dataset_race_fix.deferred_queue_rows", {}
         )
         transaction = session.get_nested_transaction() or session.get_transaction()
         for dag in dags_to_queue:
             deferred.setdefault((dataset_id, dag.dag_id), transaction)
-        if not event.contains(session, "before_commit", cls._write_deferred_queue_rows):
-            event.listen(session, "before_commit", cls._write_deferred_queue_rows)
+        cls._listen_for_commit(session)
+
+    @classmethod
+    def _stamp_at_commit(cls, dataset_event: DatasetEvent, session: Session) -> None:
+        """Remember a new event; ``_write_at_commit`` dates it on the database's clock at COMMIT."""
+        session.info.setdefault("airflow_dataset_race_fix.events_to_stamp", []).append(dataset_event)
+        cls._listen_for_commit(session)
+
+    @classmethod
+    def _listen_for_commit(cls, session: Session) -> None:
+        from sqlalchemy import event
+
+        if not event.contains(session, "before_commit", cls._write_at_commit):
+            event.listen(session, "before_commit", cls._write_at_commit)
             event.listen(session, "after_soft_rollback", cls._forget_rolled_back_queue_rows)
             event.listen(session, "after_transaction_end", cls._forget_ended_queue_rows)
 
     @classmethod
-    def _write_deferred_queue_rows(cls, session: Session) -> None:
-        """``before_commit``: write the remembered rows, unless only a SAVEPOINT is being released."""
+    def _write_at_commit(cls, session: Session) -> None:
+        """
+        ``before_commit``: the queue rows, then the event stamps, as the transaction's last statements.
+
+        Skipped when only a SAVEPOINT is released. What is remembered is forgotten only once
+        written: if a statement here fails (a lock wait timeout on MySQL, say) and the caller
+        commits again, the rows and stamps are written then, never skipped.
+        """
         if session.in_nested_transaction():
             return
-        deferred = session.info.pop("airflow_dataset_race_fix.deferred_queue_rows", None)
+        deferred = session.info.get("airflow_dataset_race_fix.deferred_queue_rows")
+        events = session.info.get("airflow_dataset_race_fix.events_to_stamp")
+        if not deferred and not events:
+            return
+        session.flush()  # the transaction's other writes first: these are its last
         if deferred:
-            session.flush()  # the transaction's other writes first: the queue rows are its last
             cls._upsert_queue_dagruns(sorted(deferred), session)
+            session.info.pop("airflow_dataset_race_fix.deferred_queue_rows", None)
+        if events:
+            cls._stamp_events(events, session)
+            session.info.pop("airflow_dataset_race_fix.events_to_stamp", None)
 
     @classmethod
     def _forget_rolled_back_queue_rows(cls, session: Session, previous_transaction: SessionTransaction) -> None:
@@ -143,16 +288,98 @@ class DatasetManager:
         """``after_transaction_end``: nothing outlives the outermost transaction (e.g. a close() without commit)."""
         if transaction.parent is None:
             session.info.pop("airflow_dataset_race_fix.deferred_queue_rows", None)
+            session.info.pop("airflow_dataset_race_fix.events_to_stamp", None)
+
+    @classmethod
+    def _database_clock(cls, dialect_name: str) -> str | None:
+        """
+        The SQL of the one clock that dates events, queue rows and runs; None: this host's clock.
+
+        ``clock_timestamp()`` and ``NOW(6)`` read the server's clock when the statement runs
+        (MySQL's session time zone is UTC: Airflow sets it). SQLite has no server: the host
+        that writes the file is its clock. Tests move it by replacing this member.
+        """
+        return {"postgresql": "clock_timestamp()", "mysql": "NOW(6)"}.get(dialect_name)
+
+    @classmethod
+    def _database_now(cls, session: Session) -> datetime:
+        """The database's clock, now (see ``_database_clock``)."""
+        from sqlalchemy import literal_column
+
+        from airflow.utils import timezone
+        from airflow.utils.sqlalchemy import UtcDateTime
+
+        clock = cls._database_clock(session.bind.dialect.name)
+        if clock is None:
+            return timezone.utcnow()
+        return session.scalar(select(literal_column(clock, UtcDateTime)))
+
+    @classmethod
+    def _stamp_events(cls, events: list[DatasetEvent], session: Session) -> None:
+        """
+        Date this transaction's events on the database's clock, forward-only per dataset.
+
+        One SELECT reads the clock and, per dataset, its newest other event (an index probe
+        on ``(dataset_id, timestamp)``, read backwards); then one UPDATE per dataset. An
+        event whose SAVEPOINT was rolled back is no longer in the session and is skipped.
+        """
+        from collections import defaultdict
+        from datetime import timedelta
+
+        from sqlalchemy import inspect, literal_column, update
+        from sqlalchemy.orm.attributes import set_committed_value
+
+        from airflow.configuration import conf
+        from airflow.utils import timezone
+        from airflow.utils.sqlalchemy import UtcDateTime
+
+        by_dataset: dict[int, list[DatasetEvent]] = defaultdict(list)
+        for dataset_event in events:
+            if inspect(dataset_event).persistent:
+                by_dataset[dataset_event.dataset_id].append(dataset_event)
+        ahead = timedelta(seconds=max(0, conf.getint("dataset_race_fix", "max_event_ahead_seconds", fallback=60)))
+        clock = cls._database_clock(session.bind.dialect.name)
+        dataset_ids = sorted(by_dataset)
+        for start in range(0, len(dataset_ids), 100):
+            chunk = dataset_ids[start : start + 100]
+            newest_other = [
+                select(DatasetEvent.timestamp)
+                .where(
+                    DatasetEvent.dataset_id == dataset_id,
+                    DatasetEvent.id.not_in([e.id for e in by_dataset[dataset_id]]),
+                )
+                .order_by(DatasetEvent.timestamp.desc())
+                .limit(1)
+                .scalar_subquery()
+                for dataset_id in chunk
+            ]
+            if clock is None:
+                now, *newest = [timezone.utcnow(), *session.execute(select(*newest_other)).one()]
+            else:
+                now, *newest = session.execute(select(literal_column(clock, UtcDateTime), *newest_other)).one()
+            for dataset_id, newest_timestamp in zip(chunk, newest):
+                stamp = now
+                # Forward-only, but never following an event dated far ahead of the clock.
+                if newest_timestamp is not None and now < newest_timestamp + timedelta(microseconds=1) <= now + ahead:
+                    stamp = newest_timestamp + timedelta(microseconds=1)
+                session.execute(
+                    update(DatasetEvent)
+                    .where(DatasetEvent.id.in_([e.id for e in by_dataset[dataset_id]]))
+                    .values(timestamp=stamp)
+                    .execution_options(synchronize_session=False)
+                )
+                for dataset_event in by_dataset[dataset_id]:
+                    set_committed_value(dataset_event, "timestamp", stamp)
 
     @classmethod
     def _upsert_queue_dagruns(cls, rows: list[tuple[int, str]], session: Session) -> None:
         """
         Upsert queue rows ``(dataset_id, target_dag_id)``, given in key order; ``created_at`` only moves forward.
 
-        An existing row gets ``max(now, stored + 1 microsecond)``: never older than the
-        stored value (the guard), and always changed, so that a scheduler that read the row
-        before this producer committed leaves it in place. The rows are locked in the order
-        given. Statement size per backend: PostgreSQL binds two arrays (constant text, so
+        An existing row gets ``max(now, stored + 1 microsecond)``, now on the database's
+        clock (``_database_clock``): never older than the stored value (the guard), and
+        always changed, so that a scheduler that read the row before this producer
+        committed leaves it in place. The rows are locked in the order given. Statement size per backend: PostgreSQL binds two arrays (constant text, so
         SQLAlchemy compiles it once); MySQL gets 500 rows a statement (far below
         max_allowed_packet); SQLite 300 rows, 3 variables each (below the 999 variables of
         builds before 3.32).
@@ -162,18 +389,18 @@ class DatasetManager:
         from airflow.utils import timezone
 
         dialect = session.bind.dialect
-        now = timezone.utcnow()
+        clock = cls._database_clock(dialect.name)
         if dialect.name == "postgresql":
             session.execute(
                 text(
                     "INSERT INTO dataset_dag_run_queue (dataset_id, target_dag_id, created_at) "
-                    "SELECT dataset_id, target_dag_id, :created_at "
+                    f"SELECT dataset_id, target_dag_id, {clock} "
                     "FROM unnest(CAST(:dataset_ids AS INTEGER[]), CAST(:dag_ids AS VARCHAR[])) "
                     "AS q(dataset_id, target_dag_id) ORDER BY dataset_id, target_dag_id "
                     "ON CONFLICT (dataset_id, target_dag_id) DO UPDATE SET created_at = GREATEST("
                     "excluded.created_at, dataset_dag_run_queue.created_at + interval '1 microsecond')"
                 ),
-                {"created_at": now, "dataset_ids": [r[0] for r in rows], "dag_ids": [r[1] for r in rows]},
+                {"dataset_ids": [r[0] for r in rows], "dag_ids": [r[1] for r in rows]},
             )
             return
 
@@ -187,13 +414,12 @@ class DatasetManager:
                 session.execute(
                     text(
                         "INSERT INTO dataset_dag_run_queue (dataset_id, target_dag_id, created_at) VALUES "
-                        + ", ".join(f"(:dataset_id_{i}, :dag_id_{i}, :created_at)" for i in range(len(chunk)))
+                        + ", ".join(f"(:dataset_id_{i}, :dag_id_{i}, {clock})" for i in range(len(chunk)))
                         + (" AS new" if alias else "")
                         + f" ON DUPLICATE KEY UPDATE created_at = GREATEST({new_created_at}, "
                         "TIMESTAMPADD(MICROSECOND, 1, dataset_dag_run_queue.created_at))"
                     ),
                     {
-                        "created_at": now.replace(tzinfo=None),  # the session's time zone is UTC (Airflow sets it)
                         **{f"dataset_id_{i}": row[0] for i, row in enumerate(chunk)},
                         **{f"dag_id_{i}": row[1] for i, row in enumerate(chunk)},
                     },
@@ -202,6 +428,7 @@ class DatasetManager:
 
         from sqlalchemy.dialects.sqlite import insert
 
+        now = timezone.utcnow()  # SQLite: this host's clock is the database's
         # SQLite stores 'YYYY-MM-DD HH:MM:SS.ffffff' text; add one microsecond in integer
         # arithmetic (julianday() is a float and too coarse) and keep the format so that
         # text comparison stays chronological. A stored text without microseconds (or with

@@ -33,10 +33,26 @@ The fixed member selects events by what the DAG has *consumed*, not by time:
 
 - events of the DAG's datasets (and of the datasets its queue rows name, for alias
   schedules not yet re-parsed) that no run of this DAG consumed yet, and whose timestamp
-  is above a floor: the latest dataset-triggered run's logical date (or the oldest queue
-  row read, if older) minus ``[dataset_race_fix] event_lookback_seconds`` (default 900).
-  The floor only keeps the ``(dataset_id, timestamp)`` index useful; it tolerates that
-  much commit latency and clock skew between producer hosts;
+  is above a floor per dataset (below);
+- the floor. Producers date their events at COMMIT on the database's clock, after
+  locking the (dataset, DAG) queue row (see ``datasets/manager.py``). Let M be the newest
+  event of dataset D that the DAG's latest dataset-triggered run consumed. An event of D
+  that run did not see committed after the run read the events, so its stamp is at
+  least that read minus its stamp-to-COMMIT time, and M is older than that read: reading
+  D from ``M - [dataset_race_fix] commit_latency_seconds`` (default 30) misses none whose
+  commit took less. (The queue row lock makes that bound loose: a producer of D for this
+  DAG stamps only after the one before it committed.) A queue row of D read now pulls
+  D's floor down to its own ``created_at`` minus that latency (a row written on another
+  clock, by a stock producer during an upgrade, brings its events with it). So a loop
+  reads only new events and the last few seconds of consumed ones, on the
+  ``(dataset_id, timestamp)`` index, however busy D is. The old rule, the latest run's
+  logical date (or the oldest queue row read) minus ``[dataset_race_fix]
+  event_lookback_seconds`` (default 900), stays for a dataset the latest run did not
+  consume (the DAG's first run, a new dataset, a quiet one) and, as the safety net for
+  commits slower than the latency, for every dataset of a DAG once per
+  ``[dataset_race_fix] full_read_interval_seconds`` (default 300) in each scheduler
+  process. That per-process memory changes only how soon such an event is consumed: a
+  restarted scheduler, or another one, reads the full window the first time;
 - a run only when the DAG's dataset condition holds on the datasets that have such
   events (no empty run, and an AND condition is not met by a queue row whose events an
   earlier run already took);
@@ -44,15 +60,18 @@ The fixed member selects events by what the DAG has *consumed*, not by time:
   microsecond after the latest dataset-triggered run, so runs stay in order. A run is
   never dated before the events it consumes (the floor above relies on it);
 - clock skew: an event dated more than ``[dataset_race_fix] max_event_ahead_seconds``
-  (default 60) after the scheduler's clock waits until the clock reaches it (one warning
+  (default 60) after the database's clock (only a stock producer, during an upgrade,
+  dates events on its own host's clock) waits until that clock reaches it (one warning
   per DAG, metric ``dataset_race_fix.future_events_deferred``) and queue rows count at
   most that far ahead, so one host whose clock runs ahead cannot date this run and, since
-  runs stay in order, every later run in the future;
+  runs stay in order, every later run in the future. The scheduler host's own clock
+  dates nothing;
 - the data interval starts no earlier than the previous dataset-triggered run's ended,
   so intervals never go backwards or overlap (a late event may lie before its run's
   interval);
 - events dated before the latest run (late commits, or the events of a deleted run,
-  whose consumption record went with it) are consumed by the next run, with a warning;
+  whose consumption record went with it, when they lie above the floor) are consumed by
+  the next run, with a log line;
 - the queue rows read are deleted exactly as read (key and created_at). Producers move
   created_at on every write, so a row that a producer touched meanwhile survives. When
   no run is created, the rows whose datasets have nothing left to consume are deleted,
@@ -84,11 +103,12 @@ Every global below must name the same object in ``airflow.jobs.scheduler_job_run
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Collection
 
-from sqlalchemy import delete, func, select
+from sqlalchemy import and_, delete, func, or_, select
 
 from airflow.configuration import conf
 from airflow.models.dag import DagModel
@@ -140,7 +160,7 @@ class SchedulerJobRunner:
         # any type (for the unique date), for all DAGs in one statement.
         dataset_ids_of: dict[str, set[int]] = defaultdict(set)
         dataset_uris: dict[int, str] = {}
-        latest_runs: dict[str, tuple[datetime | None, datetime | None, datetime | None]] = {}
+        latest_runs: dict[str, tuple[Any, ...]] = {}  # run date, interval end, any run's date, run id
         for chunk in chunks:
             for dataset_id, target_dag_id, created_at, stored in session.execute(
                 select(
@@ -171,6 +191,7 @@ class SchedulerJobRunner:
                     latest.with_only_columns(DagRun.execution_date).scalar_subquery(),
                     latest.with_only_columns(DagRun.data_interval_end).scalar_subquery(),
                     select(func.max(DagRun.execution_date)).where(DagRun.dag_id == DagModel.dag_id).scalar_subquery(),
+                    latest.with_only_columns(DagRun.id).scalar_subquery(),
                 ).where(DagModel.dag_id.in_(chunk))
             ):
                 latest_runs[dag_id] = tuple(dates)
@@ -183,11 +204,34 @@ class SchedulerJobRunner:
                     select(DatasetModel.id, DatasetModel.uri).where(DatasetModel.id.in_(unknown[start : start + 500]))
                 )
             )
+        # The newest event of each dataset that each DAG's latest run consumed: the floor of
+        # what the DAG's next run reads (see the module docstring, "floor").
+        from airflow.models.dataset import association_table
+
+        latest_run_ids = sorted(dates[3] for dates in latest_runs.values() if dates[3] is not None)
+        newest_consumed: dict[tuple[str, int], datetime] = {}
+        for start in range(0, len(latest_run_ids), 500):
+            for dag_id, dataset_id, newest in session.execute(
+                select(DagRun.dag_id, DatasetEvent.dataset_id, func.max(DatasetEvent.timestamp))
+                .join(association_table, association_table.c.dag_run_id == DagRun.id)
+                .join(DatasetEvent, DatasetEvent.id == association_table.c.event_id)
+                .where(DagRun.id.in_(latest_run_ids[start : start + 500]))
+                .group_by(DagRun.dag_id, DatasetEvent.dataset_id)
+            ):
+                newest_consumed[(dag_id, dataset_id)] = newest
         lookback = timedelta(
             seconds=max(0, conf.getint("dataset_race_fix", "event_lookback_seconds", fallback=900))
         )
-        # Nothing dated further ahead of this scheduler's clock dates a run (clock skew).
-        horizon = timezone.utcnow() + timedelta(
+        commit_latency = timedelta(
+            seconds=max(0, conf.getint("dataset_race_fix", "commit_latency_seconds", fallback=30))
+        )
+        full_read_interval = max(0, conf.getint("dataset_race_fix", "full_read_interval_seconds", fallback=300))
+        full_read_at: dict[str, float] = self.__dict__.setdefault("_dataset_race_fix_full_read_at", {})
+        # Nothing dated further ahead of the database's clock dates a run (a stock producer's
+        # host clock). The clock is the one events and queue rows are dated on.
+        from airflow.datasets.manager import DatasetManager
+
+        horizon = DatasetManager._database_now(session) + timedelta(
             seconds=max(0, conf.getint("dataset_race_fix", "max_event_ahead_seconds", fallback=60))
         )
         consumed_rows: list[tuple[int, str, Any]] = []  # deleted at the end, as read
@@ -208,29 +252,54 @@ class SchedulerJobRunner:
             dag_hash = self.dagbag.dags_hash.get(dag.dag_id)
 
             queued = queued_rows.get(dag.dag_id, {})
-            latest_run_date, latest_interval_end, latest_any_run_date = latest_runs.get(dag.dag_id, (None,) * 3)
-            dataset_event_filters = []
+            latest_run_date, latest_interval_end, latest_any_run_date, _ = latest_runs.get(dag.dag_id, (None,) * 4)
+            dataset_ids = sorted(dataset_ids_of[dag.dag_id])
+            floors: dict[int, datetime] = {}
+            consumed = None
             if latest_run_date:  # else no run of this DAG has consumed anything yet
-                from airflow.models.dataset import association_table
-
-                floor = min([latest_run_date, *queued.values()]) - lookback
+                # The floor per dataset: the newest event of it that the latest run consumed,
+                # or the oldest queue row of it if older, minus commit_latency_seconds; the
+                # whole look-back (the old rule) for a dataset the latest run did not consume,
+                # and for every dataset once per full_read_interval_seconds (safety net).
+                full_floor = min([latest_run_date, *queued.values()]) - lookback
+                full_read = time.monotonic() - full_read_at.get(dag.dag_id, float("-inf")) >= full_read_interval
+                if full_read:
+                    full_read_at[dag.dag_id] = time.monotonic()
+                for dataset_id in dataset_ids:
+                    newest = newest_consumed.get((dag.dag_id, dataset_id))
+                    if full_read or newest is None:
+                        floors[dataset_id] = full_floor
+                    else:
+                        floors[dataset_id] = min([newest, *([queued[dataset_id]] if dataset_id in queued else [])])
+                        floors[dataset_id] = max(floors[dataset_id] - commit_latency, full_floor)
                 # What this DAG already consumed. A run is never dated before the events it
-                # consumed, so only its runs from the floor on matter: a small set, which the
-                # databases hash once instead of probing per event.
+                # consumed, so only its runs from the lowest floor on matter: a small set, which
+                # the databases hash once instead of probing per event.
                 consumed = (
                     select(association_table.c.event_id)
                     .join(DagRun, DagRun.id == association_table.c.dag_run_id)
-                    .where(DagRun.dag_id == dag.dag_id, DagRun.execution_date >= floor)
+                    .where(DagRun.dag_id == dag.dag_id, DagRun.execution_date >= min(floors.values(), default=full_floor))
                 )
-                dataset_event_filters += [DatasetEvent.timestamp >= floor, DatasetEvent.id.not_in(consumed)]
 
-            dataset_ids = sorted(dataset_ids_of[dag.dag_id])
             dataset_events = []
             for start in range(0, len(dataset_ids), 500):
-                chosen = select(DatasetEvent).where(
-                    DatasetEvent.dataset_id.in_(dataset_ids[start : start + 500]), *dataset_event_filters
-                )
-                if dataset_event_filters and session.bind.dialect.name == "mysql":
+                chunk = dataset_ids[start : start + 500]
+                if consumed is None:
+                    chosen = select(DatasetEvent).where(DatasetEvent.dataset_id.in_(chunk))
+                else:
+                    by_floor: dict[datetime, list[int]] = defaultdict(list)
+                    for dataset_id in chunk:
+                        by_floor[floors[dataset_id]].append(dataset_id)
+                    chosen = select(DatasetEvent).where(
+                        or_(
+                            *(
+                                and_(DatasetEvent.dataset_id.in_(ids), DatasetEvent.timestamp >= floor)
+                                for floor, ids in sorted(by_floor.items())
+                            )
+                        ),
+                        DatasetEvent.id.not_in(consumed),
+                    )
+                if consumed is not None and session.bind.dialect.name == "mysql":
                     # InnoDB's secondary indexes carry the primary key: the consumed-event check
                     # then runs on (dataset_id, timestamp, id) alone, and only kept rows are read.
                     chosen = select(DatasetEvent).where(DatasetEvent.id.in_(chosen.with_only_columns(DatasetEvent.id)))
