@@ -9,7 +9,7 @@ from sqlalchemy import select
 from airflow.datasets import DatasetAll
 from airflow.models.dag import DagModel
 from airflow.models.dagrun import DagRun
-from airflow.models.dataset import DatasetDagRunQueue, DatasetModel
+from airflow.models.dataset import DatasetDagRunQueue, DatasetEvent, DatasetModel
 from airflow.utils.session import create_session
 from airflow.utils.state import DagRunState
 from airflow.utils.types import DagRunType
@@ -36,9 +36,15 @@ def test_a_manual_run_at_the_same_date_is_stepped_over(variant_fixed):
         a = w.dataset("a")
         dag_id = w.consumer("d", [a])
         p, s = w.producer("P"), w.scheduler()
-        at = w.clock.at(1)
+        w.clock.at(1)
         w.emit(p, a), p.finish()
         with create_session() as session:
+            # the event's commit stamp, on the database's clock: the date its run would get
+            at = session.scalar(
+                select(DatasetEvent.timestamp)
+                .join(DatasetModel, DatasetModel.id == DatasetEvent.dataset_id)
+                .where(DatasetModel.uri == a.uri)
+            )
             dag = session.scalar(select(DagModel).where(DagModel.dag_id == dag_id))
             from airflow.models.serialized_dag import SerializedDagModel
 

@@ -1,4 +1,9 @@
-"""The producer's queue upsert on this backend: created_at only ever moves forward, in one statement."""
+"""
+The producer's queue upsert on this backend: created_at only ever moves forward, in one statement.
+
+``created_at`` is the database's clock: moved with ``time-machine`` on SQLite (the host's
+clock), and through the fix's clock expression on the servers.
+"""
 
 from __future__ import annotations
 
@@ -31,8 +36,18 @@ def _custom_manager():
     return BroadcastingDatasetManager
 
 
+def _database_clock_at(monkeypatch, at: datetime) -> None:
+    """Servers: the fix's database clock reads ``at`` (a literal in the real SQL). SQLite's is this host's."""
+    from airflow.datasets.manager import DatasetManager
+
+    literal = at.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")
+    clock = {"postgres": f"TIMESTAMPTZ '{literal}+00'", "mysql": f"TIMESTAMP('{literal}')"}.get(BACKEND)
+    if clock is not None:
+        monkeypatch.setattr(DatasetManager, "_database_clock", classmethod(lambda cls, dialect_name: clock))
+
+
 @pytest.fixture(params=["DatasetManager", "custom subclass"])
-def queue(request, variant_fixed):
+def queue(request, variant_fixed, monkeypatch):
     """Three consuming DAGs of one dataset; yields (dataset_id, dag_ids, upsert, stored)."""
     world = World("guard")
     a = world.dataset("a")
@@ -52,6 +67,7 @@ def queue(request, variant_fixed):
             if "dataset_dag_run_queue" in statement:
                 statements.append(statement)
 
+        _database_clock_at(monkeypatch, at)
         event.listen(settings.engine, "before_cursor_execute", count)
         try:
             # The rows are written at the producer's commit: the clock must still be at ``at`` then.

@@ -27,7 +27,7 @@ from airflow.models.dagrun import DagRun
 from airflow.models.dataset import DatasetDagRunQueue, DatasetEvent, DatasetModel
 from airflow.utils.session import create_session
 
-from airflow_dataset_race_fix.harness.world import DONE, PAUSED, World
+from airflow_dataset_race_fix.harness.world import BLOCKED, DONE, PAUSED, World
 
 from conftest import BACKEND
 
@@ -237,3 +237,47 @@ def test_sqlite_rows_in_any_text_format_are_deleted_as_read(world):
     assert stored == base + ".000001"
     w.drain(s, start=10)
     assert w.report().violations() == {}
+
+
+@pytest.mark.skipif(BACKEND != "mysql", reason="only InnoDB's lock wait timeout leaves the transaction open")
+def test_a_failed_queue_upsert_keeps_the_rows_for_the_next_commit(world):
+    """
+    The queue rows are forgotten only once written: a COMMIT whose upsert timed out on a
+    row lock (1205, which rolls back the statement, not the transaction) and is retried
+    writes them then, instead of committing the event without them.
+    """
+    from sqlalchemy.exc import OperationalError
+
+    w = world
+    a = w.dataset("a")
+    d = w.consumer("d", [a])
+    holder, p = w.producer("holder"), w.producer("P")
+    w.emit(holder, a), holder.finish()  # the (a, d) row exists
+    with create_session() as session:
+        before = session.scalar(select(DatasetDagRunQueue.created_at).where(DatasetDagRunQueue.target_dag_id == d))
+    holder.do(lambda session: session.execute(text(
+        "SELECT created_at FROM dataset_dag_run_queue WHERE target_dag_id = :d FOR UPDATE"), {"d": d}).all())
+    holder.finish()  # holds the row lock, transaction open
+
+    def register_and_commit_once(session):
+        from airflow.datasets.manager import dataset_manager
+
+        session.execute(text("SET SESSION innodb_lock_wait_timeout = 1"))
+        dataset_manager.register_dataset_change(dataset=a, session=session)
+        try:
+            session.commit()
+        except OperationalError as err:
+            return err.orig.args[0]
+        return None
+
+    assert p.do(register_and_commit_once) in (DONE, BLOCKED)  # waits a second on the held row
+    assert p.finish() == 1205  # the upsert gave up on the held row
+    w.commit(holder), holder.finish()
+    w.commit(p), p.finish()  # the caller commits again
+    with create_session() as session:
+        events = session.scalar(
+            select(func.count()).select_from(DatasetEvent).where(DatasetEvent.dataset_id == _dataset_id(a.uri))
+        )
+        after = session.scalar(select(DatasetDagRunQueue.created_at).where(DatasetDagRunQueue.target_dag_id == d))
+    assert events == 2
+    assert after > before  # P's upsert was written at its second COMMIT

@@ -3,10 +3,11 @@ Time, deletion and upgrade edges (issue "Time, deletion and upgrade semantics"):
 test drives the decided behaviour deterministically on a real database.
 
 - a producer whose clock runs a day ahead does not date this run, or any later one, in
-  the future: its event waits until the scheduler's clock gets there;
+  the future: its event waits until the database's clock gets there (SQLite, where the
+  host's clock is the database's; the servers' cases are in ``test_commit_stamps.py``);
 - data intervals never go backwards or overlap the previous run's;
-- deleting a run gives its events back (within the look-back): the next run consumes
-  them, with a log line saying so;
+- deleting the latest run gives its events back, as in stock; deleting an older one
+  gives back only those within ``commit_latency_seconds``;
 - during a rolling upgrade a producer still on stock code can strand an event; audit
   finds it and ``--requeue`` recovers it.
 """
@@ -22,7 +23,7 @@ from sqlalchemy import delete, select
 
 from airflow.datasets import DatasetAny
 from airflow.models.dagrun import DagRun
-from airflow.models.dataset import DatasetDagRunQueue
+from airflow.models.dataset import DatasetDagRunQueue, DatasetEvent, DatasetModel
 from airflow.utils.session import create_session
 
 from airflow_dataset_race_fix import cli
@@ -66,7 +67,13 @@ def _capture(actor) -> _Captured:
     return handler
 
 
+@pytest.mark.skipif(
+    BACKEND != "sqlite",
+    reason="fixed producers date events on the server's clock; the servers' case, a stock producer "
+    "whose host clock runs ahead, is in test_commit_stamps.py",
+)
 def test_a_producer_clock_a_day_ahead_dates_no_run_in_the_future(world):
+    """SQLite: the host's clock is the database's, so a producer host ahead is the database's clock ahead."""
     w = world
     a = w.dataset("a")
     d = w.consumer("d", [a])
@@ -98,47 +105,22 @@ def test_data_intervals_never_go_backwards_or_overlap(world):
     p, lagging, s = w.producer("P"), w.producer("lagging"), w.scheduler()
     w.clock.at(1), w.emit(p, a), p.finish()
     w.clock.at(2), w.emit(p, b), p.finish()
-    w.clock.at(3), w.loop(s), s.finish()  # run 1: events at 1 and 2, interval (1, 2)
-    w.clock.at(1.5), w.emit(lagging, a), lagging.finish()  # S6: an event dated inside run 1's interval
+    w.clock.at(3), w.loop(s), s.finish()  # run 1: its interval spans its two events
+    # S6: an event dated inside (SQLite) or before (servers) run 1's interval: a lagging host
+    # clock, which on the servers only a stock producer (during an upgrade) still dates with.
+    if BACKEND == "sqlite":
+        w.clock.at(1.5), w.emit(lagging, a), lagging.finish()
+    else:
+        w.clock.stop()
+        run_producer(a.uri, fixed=False, clock_offset=-3600)
     w.clock.at(4), w.loop(s), s.finish()
-    (_, first, _), (_, second, events) = _runs(d)
-    at = lambda seconds: w.clock.base + timedelta(seconds=seconds)  # noqa: E731
-    assert first == (at(1), at(2))
-    assert events == [at(1.5)]
-    assert second == (at(2), at(2))  # starts where run 1 ended (stock and the former fix: (1.5, 1.5))
+    (_, first, first_events), (_, second, events) = _runs(d)
+    assert first == tuple(first_events)
+    assert len(events) == 1 and events[0] < first[1]
+    assert second == (first[1], first[1])  # starts where run 1 ended (stock and the former fix: at the event)
     assert w.report().by_dag()[d].overlapping_intervals == 0
     w.drain(s, start=10)
     assert w.report().violations() == {}
-
-
-def test_deleting_a_run_gives_its_events_back_to_the_next_run(world):
-    w = world
-    a = w.dataset("a")
-    d = w.consumer("d", [a])
-    p, s = w.producer("P"), w.scheduler()
-    log = _capture(s)
-    w.clock.at(1), w.emit(p, a), p.finish()
-    w.clock.at(2), w.loop(s), s.finish()  # R1 {E1}
-    w.clock.at(3), w.emit(p, a), p.finish()
-    w.clock.at(4), w.loop(s), s.finish()  # R2 {E2}
-    first_run_id = _first_run_id(d)
-    with create_session() as session:  # what the REST API's delete_dag_run does
-        session.execute(
-            delete(DagRun)
-            .where(DagRun.dag_id == d, DagRun.run_id == first_run_id)
-            .execution_options(synchronize_session="fetch")
-        )
-    w.clock.at(5), w.emit(p, a), p.finish()
-    w.clock.at(6), w.loop(s), s.finish()
-    at = lambda seconds: w.clock.base + timedelta(seconds=seconds)  # noqa: E731
-    assert [r[2] for r in _runs(d)] == [[at(3)], [at(1), at(5)]]  # E1 again, with E3
-    assert any("events of a deleted run" in m for m in log.messages)
-    assert w.report().violations() == {}
-
-
-def _first_run_id(dag_id: str) -> str:
-    with create_session() as session:
-        return session.scalar(select(DagRun.run_id).where(DagRun.dag_id == dag_id).order_by(DagRun.id).limit(1))
 
 
 @pytest.mark.skipif(BACKEND == "sqlite", reason="the scheduler holds SQLite's only write lock at its delete")
@@ -165,3 +147,46 @@ def test_a_stock_producer_during_a_rolling_upgrade_is_found_and_requeued(world, 
     w.drain(s, start=None)
     assert w.report().violations() == {}
     assert [len(r[2]) for r in _runs(d)] == [1, 1]
+
+
+@pytest.mark.parametrize("deleted", ["latest", "older"])
+def test_deleting_a_run_stock_and_fixed_alike(request, variant, deleted, monkeypatch):
+    """
+    Deleting the latest run gives its events back (stock too: its next window starts at the
+    run before). An older run's events stay consumed when they lie more than
+    commit_latency_seconds before the newest event the latest run consumed (stock: always).
+    """
+    monkeypatch.setenv("AIRFLOW__DATASET_RACE_FIX__COMMIT_LATENCY_SECONDS", "0")
+    monkeypatch.setenv("AIRFLOW__DATASET_RACE_FIX__FULL_READ_INTERVAL_SECONDS", "100000")
+    w = World(f"del_{deleted}_{variant}")
+    try:
+        a = w.dataset("a")
+        d = w.consumer("d", [a])
+        p, s = w.producer("P"), w.scheduler()
+        w.clock.at(1), w.emit(p, a), p.finish()
+        w.clock.at(2), w.loop(s), s.finish()  # R1 {E1} (the fixed scheduler's one full read)
+        w.clock.at(3), w.emit(p, a), p.finish()
+        w.clock.at(4), w.loop(s), s.finish()  # R2 {E2}
+        with create_session() as session:  # what the REST API's delete_dag_run does
+            runs = session.scalars(select(DagRun.id).where(DagRun.dag_id == d).order_by(DagRun.id)).all()
+            session.execute(
+                delete(DagRun)
+                .where(DagRun.id == (runs[-1] if deleted == "latest" else runs[0]))
+                .execution_options(synchronize_session="fetch")
+            )
+        w.clock.at(5), w.emit(p, a), p.finish()
+        w.clock.at(6), w.loop(s), s.finish()
+        with create_session() as session:
+            e1, e2, e3 = session.scalars(
+                select(DatasetEvent.id)
+                .join(DatasetModel, DatasetModel.id == DatasetEvent.dataset_id)
+                .where(DatasetModel.uri == a.uri)
+                .order_by(DatasetEvent.id)
+            ).all()
+            consumed = [
+                sorted(e.id for e in run.consumed_dataset_events)
+                for run in session.scalars(select(DagRun).where(DagRun.dag_id == d).order_by(DagRun.id))
+            ]
+        assert consumed == ([[e1], [e2, e3]] if deleted == "latest" else [[e2], [e3]])
+    finally:
+        w.close()

@@ -48,22 +48,31 @@ def kill_when_ready(role: str, *args: str, fixed: bool = True, timeout: float = 
         raise RuntimeError(f"{role} child was not killed by SIGKILL (exit {child.returncode})")
 
 
-def run_producer(uri: str, *, fixed: bool, timeout: float = 120.0) -> None:
-    """One producer transaction (register an event on ``uri``, commit) in a separate interpreter."""
+def run_producer(uri: str, *, fixed: bool, clock_offset: float = 0.0, timeout: float = 120.0) -> None:
+    """
+    One producer transaction (register an event on ``uri``, commit) in a separate interpreter.
+
+    ``clock_offset``: seconds the child's host clock runs ahead (negative: behind).
+    """
     env = dict(os.environ, ADRF_FAULT_FIXED="1" if fixed else "0")
     done = subprocess.run(
-        [sys.executable, "-m", "airflow_dataset_race_fix.harness.faults", "commit", uri],
+        [sys.executable, "-m", "airflow_dataset_race_fix.harness.faults", "commit", uri, str(clock_offset)],
         capture_output=True, text=True, env=env, timeout=timeout,
     )
     if done.returncode != 0:
         raise RuntimeError(f"producer child failed (exit {done.returncode}): {done.stderr[-2000:]}")
 
 
-def _commit(uri: str) -> None:
+def _commit(uri: str, clock_offset: str = "0") -> None:
+    from datetime import datetime, timedelta, timezone
+
+    import time_machine
+
     from airflow import settings
     from airflow.datasets import Dataset
     from airflow.datasets.manager import dataset_manager
 
+    time_machine.travel(datetime.now(timezone.utc) + timedelta(seconds=float(clock_offset)), tick=True).start()
     session = settings.Session.session_factory()
     dataset_manager.register_dataset_change(dataset=Dataset(uri), session=session)
     session.commit()

@@ -62,8 +62,8 @@ The fixed member selects events by what the DAG has *consumed*, not by time:
 - clock skew: an event dated more than ``[dataset_race_fix] max_event_ahead_seconds``
   (default 60) after the database's clock (only a stock producer, during an upgrade,
   dates events on its own host's clock) waits until that clock reaches it (one warning
-  per DAG, metric ``dataset_race_fix.future_events_deferred``) and queue rows count at
-  most that far ahead, so one host whose clock runs ahead cannot date this run and, since
+  per DAG, metric ``dataset_race_fix.future_events_deferred``) and queue rows dated
+  beyond it do not date the run, so one host whose clock runs ahead cannot date this run and, since
   runs stay in order, every later run in the future. The scheduler host's own clock
   dates nothing;
 - the data interval starts no earlier than the previous dataset-triggered run's ended,
@@ -339,10 +339,12 @@ class SchedulerJobRunner:
                 Stats.incr("dataset_race_fix.empty_runs_prevented")
                 continue
 
+            # Dated by its events and by its queue rows, but by none dated beyond the horizon
+            # (a stock producer's host clock): no run is dated ahead of the database's clock.
+            queue_dates = (timezone.coerce_datetime(dataset_triggered_dag_info[dag.dag_id][1]), *queued.values())
             exec_date = max(
                 [
-                    min(timezone.coerce_datetime(dataset_triggered_dag_info[dag.dag_id][1]), horizon),
-                    *(min(created_at, horizon) for created_at in queued.values()),
+                    *(created_at for created_at in queue_dates if created_at <= horizon),
                     *(event.timestamp for event in dataset_events),
                 ]
             )
