@@ -166,6 +166,8 @@ def test_rows_are_written_at_commit_in_key_order_in_one_statement(world):
     statement, parameters = statements[0]
     if BACKEND == "postgres":
         assert list(zip(parameters["dataset_ids"], parameters["dag_ids"])) == expected
+    elif BACKEND == "mysql":  # (dataset_id, target_dag_id) per row, positional; created_at is NOW(6)
+        assert [(parameters[i], parameters[i + 1]) for i in range(0, 8, 2)] == expected
     else:  # (dataset_id, target_dag_id, created_at) per row, positional
         assert [(parameters[i], parameters[i + 1]) for i in range(0, 12, 3)] == expected
     for dag in dags:
@@ -281,3 +283,113 @@ def test_a_failed_queue_upsert_keeps_the_rows_for_the_next_commit(world):
         after = session.scalar(select(DatasetDagRunQueue.created_at).where(DatasetDagRunQueue.target_dag_id == d))
     assert events == 2
     assert after > before  # P's upsert was written at its second COMMIT
+
+
+@servers_only
+def test_deleting_a_consumer_dag_before_the_commit_fails_no_producer(world):
+    """
+    ``delete_dag`` (REST, CLI) between a producer's registration and its COMMIT: the
+    deleted DAG loses its queue row, the other consumers keep theirs, the COMMIT succeeds
+    (it failed on the queue row's foreign key: PostgreSQL ForeignKeyViolation, MariaDB 1452).
+    """
+    from airflow.api.common.delete_dag import delete_dag
+
+    w = world
+    a = w.dataset("a")
+    gone, kept = w.consumer("gone", [a]), w.consumer("kept", [a])
+    p, operator = w.producer("P"), w.producer("operator")
+    assert w.emit(p, a, commit=False) == DONE  # registered: both DAGs are to be queued
+    p.finish()
+    assert operator.do(lambda session: delete_dag(gone, session=session)) == DONE
+    operator.finish()
+    w.commit(operator), operator.finish()
+    assert w.commit(p) == DONE
+    p.finish()  # raises if the COMMIT failed
+    assert _queued(kept) == [_dataset_id(a.uri)]
+    assert _queued(gone) == []
+    with create_session() as session:
+        assert session.scalar(
+            select(func.count()).select_from(DatasetEvent).where(DatasetEvent.dataset_id == _dataset_id(a.uri))
+        ) == 1
+
+
+@pytest.mark.skipif(BACKEND != "mysql", reason="the MySQL/MariaDB DELETE statement")
+@pytest.mark.parametrize("queued, deleted", [(4, 2), (10, 3), (50, 20), (1000, 300), (300, 300)])
+def test_the_mysql_delete_looks_up_each_key_by_primary_key(world, queued, deleted):
+    """
+    The plan, not the timing: whatever the queue size and the fraction deleted, the
+    scheduler's DELETE is one primary-key lookup per key it names (a full scan, which
+    MariaDB chose for the former statement from about a fifth of the table on, waits on
+    rows other transactions hold: a producer's COMMIT then failed with 1213).
+    """
+    from airflow.jobs.scheduler_job_runner import SchedulerJobRunner
+
+    w = world
+    dag_id = w.consumer("d", [w.dataset("a")])
+    with create_session() as session:  # a queue row needs a dataset (foreign key): one each
+        session.add_all(DatasetModel(uri=f"race://{w.prefix}/plan{i}") for i in range(queued))
+        session.flush()
+        ids = sorted(session.scalars(select(DatasetModel.id).where(DatasetModel.uri.like(f"race://{w.prefix}/plan%"))))
+        session.execute(
+            DatasetDagRunQueue.__table__.insert(),
+            [{"dataset_id": i, "target_dag_id": dag_id, "created_at": w.clock.base} for i in ids],
+        )
+    with create_session() as session:
+        session.execute(text("ANALYZE TABLE dataset_dag_run_queue"))
+        rows = session.execute(
+            select(DatasetDagRunQueue.dataset_id, DatasetDagRunQueue.target_dag_id, DatasetDagRunQueue.created_at)
+            .where(DatasetDagRunQueue.target_dag_id == dag_id)
+            .order_by(DatasetDagRunQueue.dataset_id)
+        ).all()
+    plans: list[tuple] = []
+
+    def explain(conn, cursor, statement, parameters, context, executemany):
+        if statement.lstrip().upper().startswith("DELETE Q FROM"):
+            cursor.execute("EXPLAIN " + statement, parameters)
+            plans.extend(row for row in cursor.fetchall() if row[2] == "q")
+
+    event.listen(settings.engine, "before_cursor_execute", explain)
+    try:
+        with create_session() as session:
+            chosen = rows[:: max(1, queued // deleted)][:deleted]
+            SchedulerJobRunner._delete_dataset_queue_rows_as_read([tuple(row) for row in chosen], session)
+            session.rollback()
+    finally:
+        event.remove(settings.engine, "before_cursor_execute", explain)
+    assert plans, "no DELETE was sent"
+    assert {(row[3], row[5]) for row in plans} <= {("eq_ref", "PRIMARY"), ("const", "PRIMARY")}, plans
+
+
+@servers_only
+def test_a_task_committing_at_the_schedulers_delete_waits_only_for_its_commit(world):
+    """
+    X on ``a & c`` keeps its row (a, X), waiting for c; Y on ``b | e`` is ready. The
+    scheduler stops just before its DELETE; a task with outlets [a, b] commits. It waits
+    for the scheduler's COMMIT (the scheduler took (b, Y)) and then succeeds; the DELETE
+    must not wait on (a, X), which the task holds (MariaDB scanned the table: 1213).
+    """
+    from airflow.datasets import DatasetAll
+
+    w = world
+    a, b, c, e = w.dataset("a"), w.dataset("b"), w.dataset("c"), w.dataset("e")
+    x, y = w.consumer("x", DatasetAll(a, c)), w.consumer("y", DatasetAny(b, e))
+    p, task, s = w.producer("P"), w.producer("task"), w.scheduler()
+    w.emit(p, a), p.finish()
+    w.emit(p, b), p.finish()
+    s.pause_before("delete from dataset_dag_run_queue", "delete q from")
+    assert w.loop(s) == PAUSED  # Y's run created; (b, Y) taken FOR UPDATE; X waits for c
+
+    def both_outlets(session):
+        from airflow.datasets.manager import dataset_manager
+
+        dataset_manager.register_dataset_change(dataset=a, session=session)
+        dataset_manager.register_dataset_change(dataset=b, session=session)
+        session.commit()
+
+    assert task.do(both_outlets) in (DONE, BLOCKED)
+    assert s.resume() == DONE
+    s.finish()
+    task.finish()  # raises if the task's COMMIT failed
+    assert _runs(y) == 1 and _runs(x) == 0
+    assert _queued(x) == [_dataset_id(a.uri)]
+    assert _queued(y) == [_dataset_id(b.uri)]  # the task's new (b, Y) row, for the next loop

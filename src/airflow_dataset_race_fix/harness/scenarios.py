@@ -95,7 +95,7 @@ def s2_delete_at_the_delete(w: World) -> None:
     w.clock.at(1), w.emit(p1, a), p1.finish()
     w.clock.at(2)
     # Fixed MySQL deletes with the multi-table syntax, after taking the rows FOR UPDATE.
-    s.pause_before("delete from dataset_dag_run_queue", "delete q from dataset_dag_run_queue")
+    s.pause_before("delete from dataset_dag_run_queue", "delete q from")
     _expect(w.loop(s), PAUSED)
     # Stock: nothing locks the row, P2 commits. Fixed on MySQL: the scheduler took the row
     # (FOR UPDATE SKIP LOCKED) just before, so P2's commit waits for the scheduler's.

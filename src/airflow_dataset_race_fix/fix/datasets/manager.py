@@ -379,7 +379,17 @@ class DatasetManager:
         An existing row gets ``max(now, stored + 1 microsecond)``, now on the database's
         clock (``_database_clock``): never older than the stored value (the guard), and
         always changed, so that a scheduler that read the row before this producer
-        committed leaves it in place. The rows are locked in the order given. Statement size per backend: PostgreSQL binds two arrays (constant text, so
+        committed leaves it in place. The rows are locked in the order given.
+
+        A DAG deleted since its event was registered (``delete_dag`` no longer waits for
+        the producer: its queue row is not written yet) loses its row and nobody else's:
+        only rows of DAGs that still exist are written, instead of failing the COMMIT on
+        the foreign key. The DAG rows are read without a lock (a ``FOR KEY SHARE`` would
+        make the producer wait for a scheduler loop holding them ``FOR UPDATE``); a delete
+        committing during this very statement can still fail it, as in stock. SQLite: a
+        writer excludes the others.
+
+        Statement size per backend: PostgreSQL binds two arrays (constant text, so
         SQLAlchemy compiles it once); MySQL gets 500 rows a statement (far below
         max_allowed_packet); SQLite 300 rows, 3 variables each (below the 999 variables of
         builds before 3.32).
@@ -394,9 +404,10 @@ class DatasetManager:
             session.execute(
                 text(
                     "INSERT INTO dataset_dag_run_queue (dataset_id, target_dag_id, created_at) "
-                    f"SELECT dataset_id, target_dag_id, {clock} "
+                    f"SELECT q.dataset_id, q.target_dag_id, {clock} "
                     "FROM unnest(CAST(:dataset_ids AS INTEGER[]), CAST(:dag_ids AS VARCHAR[])) "
-                    "AS q(dataset_id, target_dag_id) ORDER BY dataset_id, target_dag_id "
+                    "AS q(dataset_id, target_dag_id) JOIN dag ON dag.dag_id = q.target_dag_id "
+                    "ORDER BY q.dataset_id, q.target_dag_id "
                     "ON CONFLICT (dataset_id, target_dag_id) DO UPDATE SET created_at = GREATEST("
                     "excluded.created_at, dataset_dag_run_queue.created_at + interval '1 microsecond')"
                 ),
@@ -409,6 +420,13 @@ class DatasetManager:
             # (warning 1287). MariaDB has only VALUES().
             alias = not dialect.is_mariadb and dialect.server_version_info >= (8, 0, 19)
             new_created_at = "new.created_at" if alias else "VALUES(created_at)"
+            from airflow.models.dag import DagModel
+
+            dag_ids = sorted({dag_id for _, dag_id in rows})
+            live: set[str] = set()
+            for start in range(0, len(dag_ids), 500):
+                live.update(session.scalars(select(DagModel.dag_id).where(DagModel.dag_id.in_(dag_ids[start : start + 500]))))
+            rows = [row for row in rows if row[1] in live]
             for start in range(0, len(rows), 500):
                 chunk = rows[start : start + 500]
                 session.execute(
