@@ -224,15 +224,16 @@ _report(
 # --- guards -----------------------------------------------------------------------------
 
 
-def test_unsupported_airflow_version_patches_nothing_and_warns_once_per_target(tmp_path):
+def test_unsupported_airflow_version_patches_nothing_and_warns_once(tmp_path):
     write_sitecustomize(str(tmp_path / "user"), UNSUPPORTED_AIRFLOW)
     env = shim_env(str(tmp_path / "user"))
     proc = run_python(IMPORT_TARGETS + "\nimport importlib, airflow.datasets.manager as m; importlib.reload(m)\n", env)
     report = result(proc)
     assert report["states"] == {name: "refused" for name in TARGETS}
     warnings = [line for line in output(proc).splitlines() if "WARNING" in line and "airflow-dataset-race-fix" in line]
-    assert len(warnings) == 2, warnings  # one per target module, not repeated by the reload
+    assert len(warnings) == 1, warnings  # one for the process, not repeated by the reload
     for line in warnings:
+        assert "the fix is NOT in place: no target module is patched in this process" in line
         assert f"Airflow {UNSUPPORTED_VERSION} is not a supported release" in line  # what was found
         assert "2.10.0 to 2.11.2" in line  # what was expected
         assert "install a supported Airflow" in line  # what to do
@@ -254,10 +255,13 @@ def test_changed_target_function_is_refused_with_what_was_found(tmp_path):
     )
     proc = run_python(code, env)
     report = result(proc)
-    assert report["states"] == {"airflow.datasets.manager": "refused", "airflow.jobs.scheduler_job_runner": "patched"}
+    # All or nothing: the scheduler is not patched either (a fixed scheduler beside stock
+    # producers strands events).
+    assert report["states"] == {name: "refused" for name in TARGETS}
     assert report["kept"] == "sitecustomize"  # the other tool's function is left in place
     warnings = [line for line in output(proc).splitlines() if "WARNING" in line and "airflow-dataset-race-fix" in line]
     assert len(warnings) == 1
+    assert "no target module is patched in this process, because airflow.datasets.manager was refused" in warnings[0]
     assert f"DatasetManager._postgres_queue_dagruns is not the Airflow {AIRFLOW_VERSION} original" in warnings[0]
     assert "expected sha256 8d5f0ab80581" in warnings[0] and "found sha256" in warnings[0]
 
@@ -266,7 +270,8 @@ def test_changed_target_function_is_refused_with_what_was_found(tmp_path):
     targets = {t["module"]: t for t in status_json(status)["targets"]}
     assert targets["airflow.datasets.manager"]["status"] == "refused"
     assert f"not the Airflow {AIRFLOW_VERSION} original" in targets["airflow.datasets.manager"]["detail"]
-    assert targets["airflow.jobs.scheduler_job_runner"]["status"] == "fixed-by-shim"
+    assert targets["airflow.jobs.scheduler_job_runner"]["status"] == "refused"
+    assert "all or nothing and airflow.datasets.manager was refused" in targets["airflow.jobs.scheduler_job_runner"]["detail"]
 
 
 def test_a_replacement_without_readable_source_is_refused_not_crashed():
