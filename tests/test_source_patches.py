@@ -287,11 +287,13 @@ def test_interrupted_apply_leaves_everything_pristine(where, tmp_path, capsys, m
     sp = site_packages(VERSION, tmp_path)
     pristine = snapshot(sp)
     real_replace = os.replace
+    interrupts = [KeyboardInterrupt]
 
     def interrupted(src, dst):
-        # Ctrl-C as the second file is written (for targets: after manager.py was swapped in).
-        if str(dst) == str((sp / where / SCHEDULER).resolve()):
-            raise KeyboardInterrupt
+        # Ctrl-C as the second file is written (for targets: after manager.py was swapped in),
+        # once: putting the files back renames over the same path again.
+        if str(dst) == str((sp / where / SCHEDULER).resolve()) and interrupts:
+            raise interrupts.pop()
         real_replace(src, dst)
 
     monkeypatch.setattr(os, "replace", interrupted)
