@@ -20,6 +20,7 @@ from shim_children import (
     INFO_LINE,
     PYTHON,
     REPORT_CODE,
+    airflow_shadow,
     child_env,
     count,
     output,
@@ -274,6 +275,30 @@ def test_changed_target_function_is_refused_with_what_was_found(tmp_path):
     assert "all or nothing and airflow.datasets.manager was refused" in targets["airflow.jobs.scheduler_job_runner"]["detail"]
 
 
+def test_a_target_refused_after_another_was_patched_takes_the_patch_back(tmp_path):
+    # The manager is patched (the scheduler's file is pristine then); the scheduler's file
+    # changes before its import (another tool, a deploy): the process must not keep a fixed
+    # manager beside a stock scheduler.
+    site = airflow_shadow(str(tmp_path / "site"))
+    code = REPORT_CODE + f"""
+import airflow.datasets.manager as m
+from airflow_dataset_race_fix import runtime
+import shim_children
+before = runtime.module_state("airflow.datasets.manager").state
+shim_children.change_one_byte({site!r}, "airflow/jobs/scheduler_job_runner.py", "_create_dag_runs_dataset_triggered")
+import airflow.jobs.scheduler_job_runner
+from airflow_dataset_race_fix.fix.datasets.manager import DatasetManager as FixedManager
+_report(before=before, manager_fixed=vars(m.DatasetManager)["_postgres_queue_dagruns"] is vars(FixedManager)["_postgres_queue_dagruns"])
+"""
+    proc = run_python(code, shim_env(site, os.path.dirname(__file__)))
+    report = result(proc)
+    assert report["before"] == "patched"
+    assert report["states"] == {name: "refused" for name in TARGETS}
+    assert report["manager_fixed"] is False  # the original is back
+    warnings = [line for line in output(proc).splitlines() if "WARNING" in line and "airflow-dataset-race-fix" in line]
+    assert len(warnings) == 1 and "because airflow.jobs.scheduler_job_runner was refused" in warnings[0], warnings
+
+
 def test_a_replacement_without_readable_source_is_refused_not_crashed():
     code = REPORT_CODE + """
 import airflow.datasets.manager as m
@@ -495,3 +520,31 @@ def test_sqlite_without_upsert_is_refused_clearly(tmp_path, backend):
     assert warnings and all("SQLite library is 3.22.0, which has no upsert" in line for line in warnings)
     status = run_status(env)
     assert status.returncode == 1 and "no upsert" in output(status)
+
+
+# --- other interpreters that inherit PYTHONPATH ---------------------------------------------
+
+OLD_PYTHONS = [os.path.expanduser(f"~/.pyenv/versions/{v}/bin/python") for v in ("2.7.18", "3.6.15", "3.7.16")]
+
+
+@pytest.mark.parametrize("python", OLD_PYTHONS, ids=lambda path: path.split("/")[-3])
+def test_the_bootstrap_is_silent_on_a_python_this_package_does_not_run_on(python, tmp_path):
+    if not os.path.exists(python):
+        pytest.skip(f"{python} is not installed")
+    src = os.path.dirname(os.path.dirname(BOOTSTRAP_DIR))  # even with this package importable
+    alone = run_python("print('ok')", child_env([BOOTSTRAP_DIR, src]), python=python)
+    assert (alone.returncode, alone.stdout, alone.stderr) == (0, "ok\n", "")
+    write_sitecustomize(str(tmp_path / "user"), "import sys; sys.stdout.write('USER\\n')\n")
+    chained = run_python("print('ok')", child_env([BOOTSTRAP_DIR, str(tmp_path / "user")]), python=python)
+    assert (chained.returncode, chained.stdout, chained.stderr) == (0, "USER\nok\n", "")
+
+
+def test_the_bootstrap_minimum_python_is_the_package_s():
+    import configparser
+
+    from airflow_dataset_race_fix._bootstrap import sitecustomize
+
+    setup = configparser.ConfigParser()
+    setup.read(os.path.join(os.path.dirname(os.path.dirname(__file__)), "setup.cfg"))
+    minimum = setup["options"]["python_requires"].removeprefix(">=")
+    assert ".".join(map(str, sitecustomize.MIN_PYTHON)) == minimum
