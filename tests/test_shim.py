@@ -474,15 +474,54 @@ def test_pth_install_activates_and_remove_deactivates(fresh_venv):
     assert run_status(child_env(), python=python).returncode == 1
 
 
-def test_pth_left_behind_by_an_uninstall_is_silent(fresh_venv, tmp_path):
+@pytest.mark.parametrize("leftover", [False, True], ids=["package-gone", "empty-package-directory-left"])
+def test_pth_left_behind_by_an_uninstall_is_silent(fresh_venv, leftover):
     python, site_packages = fresh_venv
     from airflow_dataset_race_fix.activation import PTH_CONTENT
 
     os.remove(os.path.join(site_packages, "00-adrf-test-link.pth"))  # the package is gone
+    if leftover:  # a directory pip did not remove (files written after the install): a namespace package
+        os.makedirs(os.path.join(site_packages, "airflow_dataset_race_fix", "__pycache__"))
     with open(os.path.join(site_packages, "airflow_dataset_race_fix_shim.pth"), "w") as f:
         f.write(PTH_CONTENT)
-    proc = run_python("print('ok')", child_env(), python=python)
-    assert proc.returncode == 0 and proc.stdout == "ok\n" and proc.stderr == ""
+    proc = run_python("import sys; print('ok', 'airflow_dataset_race_fix.bootstrap' in sys.modules)", child_env(),
+                      "-X", "dev", "-W", "error", python=python)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "ok False\n", "")
+
+
+def test_install_pth_says_to_remove_it_before_pip_uninstall(fresh_venv):
+    python, site_packages = fresh_venv
+    proc = subprocess.run([python, "-m", "airflow_dataset_race_fix", "shim", "install-pth"],
+                          env=child_env(), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, output(proc)
+    assert "Before 'pip uninstall airflow-dataset-race-fix', run 'airflow-dataset-race-fix shim remove-pth'" in proc.stdout
+    with open(os.path.join(site_packages, "airflow_dataset_race_fix_shim.pth")) as f:
+        assert "before\n# 'pip uninstall airflow-dataset-race-fix'" in f.read()
+
+
+@pytest.mark.parametrize(
+    "argv,level",
+    [
+        (["/venv/bin/airflow", "dags", "list"], "DEBUG"),
+        (["/venv/bin/airflow", "db", "migrate"], "DEBUG"),
+        (["/venv/bin/airflow", "tasks", "state", "d", "t"], "DEBUG"),
+        (["/venv/bin/airflow", "scheduler"], "INFO"),
+        (["/venv/bin/airflow", "celery", "worker", "-q", "default"], "INFO"),
+        (["/venv/bin/airflow", "tasks", "run", "--raw", "d", "t", "run_id"], "INFO"),
+        (["/venv/lib/python3.11/site-packages/airflow/__main__.py", "triggerer"], "INFO"),
+        (["/venv/lib/python3.11/site-packages/airflow/__main__.py", "version"], "DEBUG"),
+        (["/venv/bin/celery", "worker"], "INFO"),  # not the airflow CLI: a program of its own
+        (["-c"], "INFO"),
+    ],
+)
+def test_fix_in_place_is_logged_at_info_only_by_long_running_processes(monkeypatch, argv, level):
+    import logging
+    import sys
+
+    from airflow_dataset_race_fix import runtime
+
+    monkeypatch.setattr(sys, "argv", argv)
+    assert logging.getLevelName(runtime._announce_level()) == level
 
 
 def test_shim_cli_rejects_a_missing_site_dir(tmp_path):

@@ -118,21 +118,22 @@ class AirflowWorld:
             "AIRFLOW__SCHEDULER__STANDALONE_DAG_PROCESSOR": "True",
         }
 
-    def env(self, shim: bool, disabled: bool = False, strict: bool = False, site: str | None = None) -> dict[str, str]:
+    def env(
+        self, shim: bool, disabled: bool = False, strict: bool = False, site: str | None = None, log_level: str = "INFO"
+    ) -> dict[str, str]:
         switches = {"AIRFLOW_DATASET_RACE_FIX_DISABLED": "1"} if disabled else {}
         if strict:
             switches["AIRFLOW_DATASET_RACE_FIX_STRICT"] = "1"
         if shim:
-            return shim_env(*([site] if site else []), switches=switches, **self.airflow_env)
-        return child_env([site] if site else [], switches=switches, **self.airflow_env)
+            return shim_env(*([site] if site else []), switches=switches, log_level=log_level, **self.airflow_env)
+        return child_env([site] if site else [], switches=switches, log_level=log_level, **self.airflow_env)
 
     def airflow(
         self, *args: str, shim: bool = True, disabled: bool = False, strict: bool = False, site: str | None = None,
-        succeed: bool = True,
+        succeed: bool = True, log_level: str = "INFO",
     ) -> subprocess.CompletedProcess:
-        proc = subprocess.run(
-            [AIRFLOW, *args], env=self.env(shim, disabled, strict, site), capture_output=True, text=True, timeout=300
-        )
+        env = self.env(shim, disabled, strict, site, log_level)
+        proc = subprocess.run([AIRFLOW, *args], env=env, capture_output=True, text=True, timeout=300)
         if succeed:
             assert proc.returncode == 0, f"airflow {' '.join(args)} failed:\n{output(proc)[-4000:]}"
         return proc
@@ -154,9 +155,11 @@ def world(tmp_path_factory):
         f.write(textwrap.dedent(DAGS))
     world = AirflowWorld(database.url, home)
     try:
-        world.airflow("db", "migrate", shim=False)
-        reserialize = world.airflow("dags", "reserialize")  # an ordinary CLI command, with the shim
-        assert "left unpatched" not in output(reserialize)
+        # Short CLI commands with the shim: patched, and quiet (the line is DEBUG there).
+        migrate = world.airflow("db", "migrate")
+        assert count(output(migrate), "airflow-dataset-race-fix") == 0, output(migrate)[-3000:]
+        reserialize = world.airflow("dags", "reserialize", log_level="DEBUG")
+        assert count(output(reserialize), INFO_LINE) == 1 and count(output(reserialize), "WARNING") == 0
         yield world
     finally:
         database.drop()

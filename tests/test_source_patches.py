@@ -400,7 +400,7 @@ def _on_disk(sp, pristine: dict[str, bytes], patched: dict[str, bytes]) -> tuple
 def test_sigkill_at_any_step_of_apply_or_revert_never_leaves_a_half_state_that_runs(tmp_path, capsys):
     import random
 
-    from shim_children import airflow_shadow, child_env, result, run_python
+    from shim_children import airflow_shadow, child_env, output, result, run_python, run_status
 
     sp = Path(airflow_shadow(str(tmp_path / "site")))
     pristine = {p: (sp / p).read_bytes() for p in TARGET_PATHS}
@@ -446,6 +446,9 @@ def test_sigkill_at_any_step_of_apply_or_revert_never_leaves_a_half_state_that_r
                 if inspection.interrupted is not None:
                     rc, out, _ = cli(capsys, "check", sp)
                     assert rc == 1 and "interrupted" in out, out
+                if left == ("patched", "absent"):
+                    status = run_status(child_env([str(sp)]))
+                    assert status.returncode == 1 and "did not finish (killed?)" in status.stdout, output(status)
             # The next command finishes the interrupted one, or undoes it (every other time).
             recovery, end = (operation, start[undo]) if i % 2 else (undo, start[operation])
             rc, out, err = cli(capsys, recovery, sp)

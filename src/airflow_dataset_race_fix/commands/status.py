@@ -2,13 +2,16 @@
 ``status``: is the fix active in this environment, and if not, why.
 
 Reports the Airflow version and whether it is supported, how the shim is activated
-(PYTHONPATH, ``.pth``, loaded in this very process or not), the sitecustomize it chains,
-the switches, and per target module: fixed by the shim, fixed by a source patch, waiting
-for import, refused (why), or not fixed. The status process is itself a Python process
-of this environment, so it imports the target modules (unless ``--no-import``) and looks
-at what actually happened to them here.
+(PYTHONPATH, a .pth file, loaded in this very process or not), the sitecustomize it
+chains, the switches, and per target module: fixed by the shim, fixed by a source patch,
+waiting for import, refused (why), or not fixed. The status process is itself a Python
+process of this environment, so it imports the target modules (unless --no-import) and
+looks at what actually happened to them here. An apply or revert of the source patches
+that was killed half way is reported too.
 
 Exit code: 0 when the fix is active for every target, 1 when it is not.
+
+(The paragraph above is also ``status --help``'s text: plain text, no markup.)
 
 ``--json`` prints one JSON document on stdout. Airflow logs to stdout: if something
 imports Airflow at interpreter start (a user sitecustomize, say), its log lines come
@@ -79,7 +82,10 @@ def collect(import_targets: bool = True) -> dict:
     supported = version in SUPPORTED_AIRFLOW_VERSIONS
     shim = _shim_report(BOOTSTRAP_DIR, activation, bootstrap)
     targets = [_target_report(name, import_errors.get(name), shim, runtime) for name in TARGET_MODULES]
-    fix_active = all(
+    interrupted = _interrupted_source_patches()
+    if interrupted:
+        shim["notes"].append(interrupted)
+    fix_active = not interrupted and all(
         t["status"] in (FIXED_BY_SHIM, FIXED_BY_SOURCE) or (t["status"] == WAITING and supported)
         for t in targets
     )
@@ -93,6 +99,19 @@ def collect(import_targets: bool = True) -> dict:
         "targets": targets,
         "fix_active": fix_active,
     }
+
+
+def _interrupted_source_patches() -> str | None:
+    """Why the source patches are mid-change (an apply or revert was killed), or None."""
+    from airflow_dataset_race_fix.source_patches import applier, wheels
+
+    site_packages = wheels.default_site_packages()
+    if site_packages is None or not (site_packages / applier.BACKUP_DIR / applier.JOURNAL).exists():
+        return None
+    return (
+        f"an apply or revert of the source patches in {site_packages} did not finish (killed?): until "
+        "'airflow-dataset-race-fix apply' or 'revert' finishes it, the scheduler's file may be missing"
+    )
 
 
 def _shim_report(bootstrap_dir: str, activation, bootstrap) -> dict:
