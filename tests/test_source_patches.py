@@ -8,6 +8,7 @@ bytes. No Airflow install is touched: each test patches a throw-away site-packag
 from __future__ import annotations
 
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -482,14 +483,16 @@ def test_a_second_apply_waits_for_the_first_then_says_already_applied(tmp_path):
         assert first.poll() is None and time.monotonic() < deadline, "the first apply never reached its swap"
         time.sleep(0.05)
     second = _apply_child(sp)
-    time.sleep(2)
-    assert second.poll() is None, "the second apply did not wait"
+    ready, _, _ = select.select([second.stderr], [], [], 60)  # its first line: it has to wait
+    waiting = second.stderr.readline() if ready else ""
+    assert "waiting for another apply or revert" in waiting, waiting
+    assert second.poll() is None
     os.kill(first.pid, signal.SIGCONT)
     out1, err1 = first.communicate(timeout=60)
     out2, err2 = second.communicate(timeout=60)
     assert first.returncode == 0 and out1.startswith("applied"), out1 + err1
     assert second.returncode == 0 and out2.startswith("already applied"), out2 + err2
-    assert "waiting for another apply or revert" in err2 and "Traceback" not in err2
+    assert "Traceback" not in err2
     assert_patched(sp, VERSION)
 
     for _ in range(3):  # free-running pairs, as two deploy jobs would start them
