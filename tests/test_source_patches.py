@@ -437,7 +437,8 @@ def test_sigkill_at_any_step_of_apply_or_revert_never_leaves_a_half_state_that_r
                     kills[i + 1 :] = [k for k in kills[i + 1 :] if k[0] is None]  # every step was tried
                 continue
             # Never a fixed file beside a stock one: while they disagree, the scheduler is absent.
-            assert left in (("pristine", "pristine"), ("patched", "patched"), ("pristine", "absent"), ("patched", "absent")), (operation, kill, left)
+            whole = (("pristine", "pristine"), ("patched", "patched"), ("pristine", "absent"), ("patched", "absent"))
+            assert left in whole, (operation, kill, left)
             inspection = applier.check(sp, PATCHES_DIR)
             if "absent" in left:
                 assert inspection.summary.startswith("interrupted"), inspection.summary

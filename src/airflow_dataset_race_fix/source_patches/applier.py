@@ -345,7 +345,11 @@ def _write_backups(inspection: Inspection) -> None:
         patched = record_digest(t.patched)
         entry = previous.get(t.path, {})
         earlier = [d for d in (entry.get("patched"), *entry.get("earlier", ())) if d and d != patched]
-        manifest["files"][t.path] = {"pristine": t.expected, "patched": patched, "earlier": list(dict.fromkeys(earlier))}
+        manifest["files"][t.path] = {
+            "pristine": t.expected,
+            "patched": patched,
+            "earlier": list(dict.fromkeys(earlier)),
+        }
         step_point()
     atomic_write(root / MANIFEST, json.dumps(manifest, indent=2).encode() + b"\n")
 
@@ -383,6 +387,13 @@ def _target_dirs(inspection: Inspection) -> list[Path]:
     return [(inspection.airflow.site_packages / t.path).parent for t in inspection.targets]
 
 
+def _finishing(inspection: Inspection) -> str:
+    """The message prefix of a command that finishes (or undoes) an interrupted one."""
+    if inspection.interrupted is None:
+        return ""
+    return f"finished the interrupted {inspection.interrupted.get('operation', 'change')}: "
+
+
 def check(site_packages: Path, patches_dir: Path, on_wait=None) -> Inspection:
     """:func:`inspect`, after any apply or revert in progress has finished."""
     with locked(site_packages, shared=True, on_wait=on_wait):
@@ -413,7 +424,7 @@ def _apply(site_packages: Path, patches_dir: Path, dry_run: bool) -> Outcome:
         )
     to_write = [t for t in inspection.targets if t.state != PATCHED]
     if interrupted:
-        verb = f"finished the interrupted {inspection.interrupted.get('operation', 'change')}: applied"
+        verb = f"{_finishing(inspection)}applied"
     else:
         verb = "applied" if states == {PRISTINE} else "updated (from another version of the fix)"
     _require_writable([*_target_dirs(inspection), inspection.backup_root])
@@ -448,9 +459,10 @@ def _revert(site_packages: Path, patches_dir: Path, dry_run: bool) -> Outcome:
     _write_backups(inspection)
     warnings = _swap(inspection, "revert", [(t, t.pristine) for t in to_restore])
     _remove_backups(inspection)
-    finished = f"finished the interrupted {inspection.interrupted.get('operation', 'change')}: " if inspection.interrupted is not None else ""
     return Outcome(
-        f"{finished}reverted: apache-airflow {inspection.version} in {site_packages} is pristine", changed, warnings
+        f"{_finishing(inspection)}reverted: apache-airflow {inspection.version} in {site_packages} is pristine",
+        changed,
+        warnings,
     )
 
 
