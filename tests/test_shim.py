@@ -414,6 +414,13 @@ def test_status_no_import_reports_waiting_targets():
     assert without.returncode == 1 and without.stdout.count("not-fixed") == 2
 
 
+def test_status_help_is_plain_text():
+    proc = subprocess.run([PYTHON, "-m", "airflow_dataset_race_fix", "status", "--help"],
+                          env=child_env(), capture_output=True, text=True)
+    assert proc.returncode == 0 and "a .pth file" in proc.stdout and "--no-import)" in proc.stdout
+    assert "``" not in proc.stdout and ":func:" not in proc.stdout
+
+
 def test_status_notices_a_sitecustomize_that_hides_the_shim(tmp_path):
     hiding = write_sitecustomize(str(tmp_path / "first"), "pass\n")
     status = run_status(child_env([str(tmp_path / "first"), BOOTSTRAP_DIR]), "--no-import")

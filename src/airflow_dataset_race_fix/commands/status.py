@@ -11,8 +11,6 @@ that was killed half way is reported too.
 
 Exit code: 0 when the fix is active for every target, 1 when it is not.
 
-(The paragraph above is also ``status --help``'s text: plain text, no markup.)
-
 ``--json`` prints one JSON document on stdout. Airflow logs to stdout: if something
 imports Airflow at interpreter start (a user sitecustomize, say), its log lines come
 before the document, which then starts at the first line that is ``{``.
@@ -41,7 +39,7 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "status",
         help="is the fix active in this environment (exit 0) or not (exit 1), and why",
-        description=__doc__.split("\n\n")[1],
+        description=__doc__.split("\n\n")[1],  # shown as is: that paragraph stays plain text
         epilog="Exit code: 0 when the fix is active for every target module, 1 when it is not.",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON document")
