@@ -112,3 +112,32 @@ def write_sitecustomize(directory: str, body: str) -> str:
     with open(path, "w") as f:
         f.write(textwrap.dedent(body))
     return path
+
+
+def airflow_shadow(root: str) -> str:
+    """A directory to put first on PYTHONPATH (or to pass as ``--site-packages``) whose
+    ``airflow`` package and dist-info are trees of symlinks to this virtualenv's. A test
+    changes a file there by replacing its link; the installed Airflow is never touched."""
+    import airflow_dataset_race_fix.source_patches.wheels as wheels
+
+    installed = wheels.default_site_packages()
+    dist_info = wheels.installed_airflow(installed).dist_info
+    for source in (installed / "airflow", dist_info):
+        for directory, subdirectories, files in os.walk(source):
+            subdirectories[:] = [d for d in subdirectories if d != "__pycache__"]
+            mirror = os.path.join(root, os.path.relpath(directory, installed))
+            os.makedirs(mirror, exist_ok=True)
+            for name in files:
+                os.symlink(os.path.join(directory, name), os.path.join(mirror, name))
+    return root
+
+
+def change_one_byte(site: str, relative_path: str, member: str) -> None:
+    """Replace the link ``site/relative_path`` by a copy with one byte changed in ``member``."""
+    path = os.path.join(site, relative_path)
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    at = text.index("dag_id", text.index(f"def {member}(")) + len("dag_i")
+    os.unlink(path)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text[:at] + "D" + text[at + 1 :])

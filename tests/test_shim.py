@@ -20,6 +20,7 @@ from shim_children import (
     INFO_LINE,
     PYTHON,
     REPORT_CODE,
+    airflow_shadow,
     child_env,
     count,
     output,
@@ -224,15 +225,16 @@ _report(
 # --- guards -----------------------------------------------------------------------------
 
 
-def test_unsupported_airflow_version_patches_nothing_and_warns_once_per_target(tmp_path):
+def test_unsupported_airflow_version_patches_nothing_and_warns_once(tmp_path):
     write_sitecustomize(str(tmp_path / "user"), UNSUPPORTED_AIRFLOW)
     env = shim_env(str(tmp_path / "user"))
     proc = run_python(IMPORT_TARGETS + "\nimport importlib, airflow.datasets.manager as m; importlib.reload(m)\n", env)
     report = result(proc)
     assert report["states"] == {name: "refused" for name in TARGETS}
     warnings = [line for line in output(proc).splitlines() if "WARNING" in line and "airflow-dataset-race-fix" in line]
-    assert len(warnings) == 2, warnings  # one per target module, not repeated by the reload
+    assert len(warnings) == 1, warnings  # one for the process, not repeated by the reload
     for line in warnings:
+        assert "the fix is NOT in place: no target module is patched in this process" in line
         assert f"Airflow {UNSUPPORTED_VERSION} is not a supported release" in line  # what was found
         assert "2.10.0 to 2.11.2" in line  # what was expected
         assert "install a supported Airflow" in line  # what to do
@@ -254,10 +256,13 @@ def test_changed_target_function_is_refused_with_what_was_found(tmp_path):
     )
     proc = run_python(code, env)
     report = result(proc)
-    assert report["states"] == {"airflow.datasets.manager": "refused", "airflow.jobs.scheduler_job_runner": "patched"}
+    # All or nothing: the scheduler is not patched either (a fixed scheduler beside stock
+    # producers strands events).
+    assert report["states"] == {name: "refused" for name in TARGETS}
     assert report["kept"] == "sitecustomize"  # the other tool's function is left in place
     warnings = [line for line in output(proc).splitlines() if "WARNING" in line and "airflow-dataset-race-fix" in line]
     assert len(warnings) == 1
+    assert "no target module is patched in this process, because airflow.datasets.manager was refused" in warnings[0]
     assert f"DatasetManager._postgres_queue_dagruns is not the Airflow {AIRFLOW_VERSION} original" in warnings[0]
     assert "expected sha256 8d5f0ab80581" in warnings[0] and "found sha256" in warnings[0]
 
@@ -266,7 +271,32 @@ def test_changed_target_function_is_refused_with_what_was_found(tmp_path):
     targets = {t["module"]: t for t in status_json(status)["targets"]}
     assert targets["airflow.datasets.manager"]["status"] == "refused"
     assert f"not the Airflow {AIRFLOW_VERSION} original" in targets["airflow.datasets.manager"]["detail"]
-    assert targets["airflow.jobs.scheduler_job_runner"]["status"] == "fixed-by-shim"
+    assert targets["airflow.jobs.scheduler_job_runner"]["status"] == "refused"
+    assert "all or nothing and airflow.datasets.manager was refused" in targets["airflow.jobs.scheduler_job_runner"]["detail"]
+
+
+def test_a_target_refused_after_another_was_patched_takes_the_patch_back(tmp_path):
+    # The manager is patched (the scheduler's file is pristine then); the scheduler's file
+    # changes before its import (another tool, a deploy): the process must not keep a fixed
+    # manager beside a stock scheduler.
+    site = airflow_shadow(str(tmp_path / "site"))
+    code = REPORT_CODE + f"""
+import airflow.datasets.manager as m
+from airflow_dataset_race_fix import runtime
+import shim_children
+before = runtime.module_state("airflow.datasets.manager").state
+shim_children.change_one_byte({site!r}, "airflow/jobs/scheduler_job_runner.py", "_create_dag_runs_dataset_triggered")
+import airflow.jobs.scheduler_job_runner
+from airflow_dataset_race_fix.fix.datasets.manager import DatasetManager as FixedManager
+_report(before=before, manager_fixed=vars(m.DatasetManager)["_postgres_queue_dagruns"] is vars(FixedManager)["_postgres_queue_dagruns"])
+"""
+    proc = run_python(code, shim_env(site, os.path.dirname(__file__)))
+    report = result(proc)
+    assert report["before"] == "patched"
+    assert report["states"] == {name: "refused" for name in TARGETS}
+    assert report["manager_fixed"] is False  # the original is back
+    warnings = [line for line in output(proc).splitlines() if "WARNING" in line and "airflow-dataset-race-fix" in line]
+    assert len(warnings) == 1 and "because airflow.jobs.scheduler_job_runner was refused" in warnings[0], warnings
 
 
 def test_a_replacement_without_readable_source_is_refused_not_crashed():
@@ -384,6 +414,13 @@ def test_status_no_import_reports_waiting_targets():
     assert without.returncode == 1 and without.stdout.count("not-fixed") == 2
 
 
+def test_status_help_is_plain_text():
+    proc = subprocess.run([PYTHON, "-m", "airflow_dataset_race_fix", "status", "--help"],
+                          env=child_env(), capture_output=True, text=True)
+    assert proc.returncode == 0 and "a .pth file" in proc.stdout and "--no-import)" in proc.stdout
+    assert "``" not in proc.stdout and ":func:" not in proc.stdout
+
+
 def test_status_notices_a_sitecustomize_that_hides_the_shim(tmp_path):
     hiding = write_sitecustomize(str(tmp_path / "first"), "pass\n")
     status = run_status(child_env([str(tmp_path / "first"), BOOTSTRAP_DIR]), "--no-import")
@@ -444,15 +481,54 @@ def test_pth_install_activates_and_remove_deactivates(fresh_venv):
     assert run_status(child_env(), python=python).returncode == 1
 
 
-def test_pth_left_behind_by_an_uninstall_is_silent(fresh_venv, tmp_path):
+@pytest.mark.parametrize("leftover", [False, True], ids=["package-gone", "empty-package-directory-left"])
+def test_pth_left_behind_by_an_uninstall_is_silent(fresh_venv, leftover):
     python, site_packages = fresh_venv
     from airflow_dataset_race_fix.activation import PTH_CONTENT
 
     os.remove(os.path.join(site_packages, "00-adrf-test-link.pth"))  # the package is gone
+    if leftover:  # a directory pip did not remove (files written after the install): a namespace package
+        os.makedirs(os.path.join(site_packages, "airflow_dataset_race_fix", "__pycache__"))
     with open(os.path.join(site_packages, "airflow_dataset_race_fix_shim.pth"), "w") as f:
         f.write(PTH_CONTENT)
-    proc = run_python("print('ok')", child_env(), python=python)
-    assert proc.returncode == 0 and proc.stdout == "ok\n" and proc.stderr == ""
+    proc = run_python("import sys; print('ok', 'airflow_dataset_race_fix.bootstrap' in sys.modules)", child_env(),
+                      "-X", "dev", "-W", "error", python=python)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "ok False\n", "")
+
+
+def test_install_pth_says_to_remove_it_before_pip_uninstall(fresh_venv):
+    python, site_packages = fresh_venv
+    proc = subprocess.run([python, "-m", "airflow_dataset_race_fix", "shim", "install-pth"],
+                          env=child_env(), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, output(proc)
+    assert "Before 'pip uninstall airflow-dataset-race-fix', run 'airflow-dataset-race-fix shim remove-pth'" in proc.stdout
+    with open(os.path.join(site_packages, "airflow_dataset_race_fix_shim.pth")) as f:
+        assert "before\n# 'pip uninstall airflow-dataset-race-fix'" in f.read()
+
+
+@pytest.mark.parametrize(
+    "argv,level",
+    [
+        (["/venv/bin/airflow", "dags", "list"], "DEBUG"),
+        (["/venv/bin/airflow", "db", "migrate"], "DEBUG"),
+        (["/venv/bin/airflow", "tasks", "state", "d", "t"], "DEBUG"),
+        (["/venv/bin/airflow", "scheduler"], "INFO"),
+        (["/venv/bin/airflow", "celery", "worker", "-q", "default"], "INFO"),
+        (["/venv/bin/airflow", "tasks", "run", "--raw", "d", "t", "run_id"], "INFO"),
+        (["/venv/lib/python3.11/site-packages/airflow/__main__.py", "triggerer"], "INFO"),
+        (["/venv/lib/python3.11/site-packages/airflow/__main__.py", "version"], "DEBUG"),
+        (["/venv/bin/celery", "worker"], "INFO"),  # not the airflow CLI: a program of its own
+        (["-c"], "INFO"),
+    ],
+)
+def test_fix_in_place_is_logged_at_info_only_by_long_running_processes(monkeypatch, argv, level):
+    import logging
+    import sys
+
+    from airflow_dataset_race_fix import runtime
+
+    monkeypatch.setattr(sys, "argv", argv)
+    assert logging.getLevelName(runtime._announce_level()) == level
 
 
 def test_shim_cli_rejects_a_missing_site_dir(tmp_path):
@@ -490,3 +566,31 @@ def test_sqlite_without_upsert_is_refused_clearly(tmp_path, backend):
     assert warnings and all("SQLite library is 3.22.0, which has no upsert" in line for line in warnings)
     status = run_status(env)
     assert status.returncode == 1 and "no upsert" in output(status)
+
+
+# --- other interpreters that inherit PYTHONPATH ---------------------------------------------
+
+OLD_PYTHONS = [os.path.expanduser(f"~/.pyenv/versions/{v}/bin/python") for v in ("2.7.18", "3.6.15", "3.7.16")]
+
+
+@pytest.mark.parametrize("python", OLD_PYTHONS, ids=lambda path: path.split("/")[-3])
+def test_the_bootstrap_is_silent_on_a_python_this_package_does_not_run_on(python, tmp_path):
+    if not os.path.exists(python):
+        pytest.skip(f"{python} is not installed")
+    src = os.path.dirname(os.path.dirname(BOOTSTRAP_DIR))  # even with this package importable
+    alone = run_python("print('ok')", child_env([BOOTSTRAP_DIR, src]), python=python)
+    assert (alone.returncode, alone.stdout, alone.stderr) == (0, "ok\n", "")
+    write_sitecustomize(str(tmp_path / "user"), "import sys; sys.stdout.write('USER\\n')\n")
+    chained = run_python("print('ok')", child_env([BOOTSTRAP_DIR, str(tmp_path / "user")]), python=python)
+    assert (chained.returncode, chained.stdout, chained.stderr) == (0, "USER\nok\n", "")
+
+
+def test_the_bootstrap_minimum_python_is_the_package_s():
+    import configparser
+
+    from airflow_dataset_race_fix._bootstrap import sitecustomize
+
+    setup = configparser.ConfigParser()
+    setup.read(os.path.join(os.path.dirname(os.path.dirname(__file__)), "setup.cfg"))
+    minimum = setup["options"]["python_requires"].removeprefix(">=")
+    assert ".".join(map(str, sitecustomize.MIN_PYTHON)) == minimum

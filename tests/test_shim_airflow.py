@@ -11,6 +11,9 @@ the difference by behaviour in the tables and by the shim's INFO line:
 - scheduler (``airflow scheduler --num-runs 1``): a queue row with no event behind it
   makes stock Airflow create a run that consumes nothing (S5); the fixed scheduler creates
   none and drops the row.
+
+And with one changed byte in a targeted member (in a symlinked copy of Airflow put first
+on PYTHONPATH): no target is patched in the process, and in strict mode the commands stop.
 """
 
 from __future__ import annotations
@@ -21,7 +24,19 @@ import subprocess
 import textwrap
 
 import pytest
-from shim_children import INFO_LINE, PYTHON, child_env, count, output, result, run_python, shim_env
+from shim_children import (
+    INFO_LINE,
+    PYTHON,
+    airflow_shadow,
+    change_one_byte,
+    child_env,
+    count,
+    output,
+    result,
+    run_python,
+    run_status,
+    shim_env,
+)
 
 from airflow_dataset_race_fix.harness.database import DatabaseUnavailable, ScratchDatabase
 
@@ -49,6 +64,9 @@ with DAG("adrf_shim_task_consumer", start_date=START, schedule=[TASK_DATASET], c
 
 with DAG("adrf_shim_scheduler_consumer", start_date=START, schedule=[SCHEDULER_DATASET], catchup=False):
     EmptyOperator(task_id="noop")
+
+with DAG("adrf_shim_marker", start_date=START, schedule=None, catchup=False):
+    PythonOperator(task_id="mark", python_callable=lambda: print("ADRF TASK RAN"))
 '''
 
 # Child code run without the shim against the scratch database: read or seed the tables.
@@ -100,16 +118,24 @@ class AirflowWorld:
             "AIRFLOW__SCHEDULER__STANDALONE_DAG_PROCESSOR": "True",
         }
 
-    def env(self, shim: bool, disabled: bool = False) -> dict[str, str]:
+    def env(
+        self, shim: bool, disabled: bool = False, strict: bool = False, site: str | None = None, log_level: str = "INFO"
+    ) -> dict[str, str]:
         switches = {"AIRFLOW_DATASET_RACE_FIX_DISABLED": "1"} if disabled else {}
-        make = shim_env if shim else child_env
-        return make(switches=switches, **self.airflow_env)
+        if strict:
+            switches["AIRFLOW_DATASET_RACE_FIX_STRICT"] = "1"
+        if shim:
+            return shim_env(*([site] if site else []), switches=switches, log_level=log_level, **self.airflow_env)
+        return child_env([site] if site else [], switches=switches, log_level=log_level, **self.airflow_env)
 
-    def airflow(self, *args: str, shim: bool = True, disabled: bool = False) -> subprocess.CompletedProcess:
-        proc = subprocess.run(
-            [AIRFLOW, *args], env=self.env(shim, disabled), capture_output=True, text=True, timeout=300
-        )
-        assert proc.returncode == 0, f"airflow {' '.join(args)} failed:\n{output(proc)[-4000:]}"
+    def airflow(
+        self, *args: str, shim: bool = True, disabled: bool = False, strict: bool = False, site: str | None = None,
+        succeed: bool = True, log_level: str = "INFO",
+    ) -> subprocess.CompletedProcess:
+        env = self.env(shim, disabled, strict, site, log_level)
+        proc = subprocess.run([AIRFLOW, *args], env=env, capture_output=True, text=True, timeout=300)
+        if succeed:
+            assert proc.returncode == 0, f"airflow {' '.join(args)} failed:\n{output(proc)[-4000:]}"
         return proc
 
     def probe(self, call: str) -> dict:
@@ -129,9 +155,11 @@ def world(tmp_path_factory):
         f.write(textwrap.dedent(DAGS))
     world = AirflowWorld(database.url, home)
     try:
-        world.airflow("db", "migrate", shim=False)
-        reserialize = world.airflow("dags", "reserialize")  # an ordinary CLI command, with the shim
-        assert "left unpatched" not in output(reserialize)
+        # Short CLI commands with the shim: patched, and quiet (the line is DEBUG there).
+        migrate = world.airflow("db", "migrate")
+        assert count(output(migrate), "airflow-dataset-race-fix") == 0, output(migrate)[-3000:]
+        reserialize = world.airflow("dags", "reserialize", log_level="DEBUG")
+        assert count(output(reserialize), INFO_LINE) == 1 and count(output(reserialize), "WARNING") == 0
         yield world
     finally:
         database.drop()
@@ -173,3 +201,55 @@ def test_a_scheduler_with_the_shim_runs_the_fixed_scheduler(world, variant):
     else:
         assert count(output(run), INFO_LINE) == 0
         assert after["runs"] == before["runs"] + 1 and 0 in after["consumed"], "stock: a run that consumes nothing"
+
+
+@pytest.fixture(scope="module")
+def changed_manager(tmp_path_factory):
+    """Airflow with one byte changed in DatasetManager._slow_path_queue_dagruns."""
+    site = airflow_shadow(str(tmp_path_factory.mktemp("changed-airflow")))
+    change_one_byte(site, "airflow/datasets/manager.py", "_slow_path_queue_dagruns")
+    return site
+
+
+def _our_warnings(text: str) -> list[str]:
+    return [line for line in text.splitlines() if "WARNING" in line and "airflow-dataset-race-fix" in line]
+
+
+def test_one_changed_byte_in_the_manager_leaves_the_scheduler_stock_too(world, changed_manager):
+    key = "'adrf://shim-e2e/scheduler', 'adrf_shim_scheduler_consumer'"
+    before = world.probe(f"queue_row({key}, {NOW}); state({key})")
+
+    run = world.airflow("scheduler", "--num-runs", "1", site=changed_manager)
+
+    after = world.probe(f"state({key})")
+    assert count(output(run), INFO_LINE) == 0, output(run)[-3000:]
+    warnings = _our_warnings(output(run))
+    assert len(warnings) == 1, warnings
+    assert "no target module is patched in this process, because airflow.datasets.manager was refused" in warnings[0]
+    assert "DatasetManager._slow_path_queue_dagruns is not the Airflow" in warnings[0]
+    # The stock scheduler's S5: a run that consumes nothing.
+    assert after["runs"] == before["runs"] + 1 and 0 in after["consumed"]
+
+    status = run_status(world.env(shim=True, site=changed_manager))
+    assert status.returncode == 1, output(status)
+    assert status.stdout.count(": refused") == 2 and "Fix active: NO" in status.stdout
+    assert "all or nothing and airflow.datasets.manager was refused" in status.stdout
+
+
+@pytest.mark.parametrize(
+    "command",
+    [("tasks", "test", "adrf_shim_marker", "mark", "2026-03-01"), ("scheduler", "--num-runs", "1")],
+    ids=["tasks-test", "scheduler"],
+)
+def test_strict_mode_stops_the_airflow_command_when_a_target_is_refused(world, changed_manager, command):
+    key = "'adrf://shim-e2e/scheduler', 'adrf_shim_scheduler_consumer'"
+    before = world.probe(f"queue_row({key}, {NOW}); state({key})")
+
+    run = world.airflow(*command, site=changed_manager, strict=True, succeed=False)
+
+    text = output(run)
+    assert run.returncode != 0, text[-3000:]
+    assert "RefusedError: airflow-dataset-race-fix (strict)" in text
+    assert "DatasetManager._slow_path_queue_dagruns is not the Airflow" in text
+    assert "ADRF TASK RAN" not in text and count(text, INFO_LINE) == 0
+    assert world.probe(f"state({key})")["runs"] == before["runs"], "no scheduler loop ran"

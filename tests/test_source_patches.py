@@ -8,9 +8,13 @@ bytes. No Airflow install is touched: each test patches a throw-away site-packag
 from __future__ import annotations
 
 import os
+import select
 import shutil
+import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -287,11 +291,13 @@ def test_interrupted_apply_leaves_everything_pristine(where, tmp_path, capsys, m
     sp = site_packages(VERSION, tmp_path)
     pristine = snapshot(sp)
     real_replace = os.replace
+    interrupts = [KeyboardInterrupt]
 
     def interrupted(src, dst):
-        # Ctrl-C as the second file is written (for targets: after manager.py was swapped in).
-        if str(dst) == str((sp / where / SCHEDULER).resolve()):
-            raise KeyboardInterrupt
+        # Ctrl-C as the second file is written (for targets: after manager.py was swapped in),
+        # once: putting the files back renames over the same path again.
+        if str(dst) == str((sp / where / SCHEDULER).resolve()) and interrupts:
+            raise interrupts.pop()
         real_replace(src, dst)
 
     monkeypatch.setattr(os, "replace", interrupted)
@@ -355,3 +361,150 @@ def test_apply_refuses_a_sqlite_database_whose_library_has_no_upsert(tmp_path, c
     rc, _, err = cli(capsys, "apply", sp)
     assert rc == 1 and "SQLite library is 3.22.0, which has no upsert" in err, err
     assert snapshot(sp) == before
+
+
+# -- SIGKILL and concurrency: no half state runs, commands take turns -----------------------
+
+TARGET_PATHS = (MANAGER, SCHEDULER)
+# The applier without the CLI (which imports Airflow's configuration: seconds per child).
+APPLIER_CHILD = """
+import sys
+from pathlib import Path
+from airflow_dataset_race_fix.source_patches import applier
+print(getattr(applier, sys.argv[1])(Path(sys.argv[2]), Path(sys.argv[3])).message)
+"""
+# What an Airflow process would import from a site-packages (without the shim).
+IMPORT_CHILD = """
+import json
+from airflow_dataset_race_fix import runtime
+states = {}
+for name in ("airflow.datasets.manager", "airflow.jobs.scheduler_job_runner"):
+    try:
+        __import__(name)
+        states[name] = runtime.module_state(name).state
+    except ModuleNotFoundError:
+        states[name] = "absent"
+print("RESULT " + json.dumps(states))
+"""
+
+
+def _on_disk(sp, pristine: dict[str, bytes], patched: dict[str, bytes]) -> tuple[str, ...]:
+    def state(path):
+        if not (sp / path).exists():
+            return "absent"
+        data = (sp / path).read_bytes()
+        return "pristine" if data == pristine[path] else "patched" if data == patched[path] else "other"
+
+    return tuple(state(path) for path in TARGET_PATHS)
+
+
+def test_sigkill_at_any_step_of_apply_or_revert_never_leaves_a_half_state_that_runs(tmp_path, capsys):
+    import random
+
+    from shim_children import airflow_shadow, child_env, output, result, run_python, run_status
+
+    sp = Path(airflow_shadow(str(tmp_path / "site")))
+    pristine = {p: (sp / p).read_bytes() for p in TARGET_PATHS}
+    applier.apply(sp, PATCHES_DIR)
+    patched = {p: (sp / p).read_bytes() for p in TARGET_PATHS}
+    applier.revert(sp, PATCHES_DIR)
+    start = {"apply": ("pristine", "pristine"), "revert": ("patched", "patched")}
+    imported: dict[tuple[str, ...], dict] = {}
+    rng = random.Random(24)
+
+    def interrupted(operation: str, kill: str | None, delay: float) -> tuple[str, ...] | None:
+        """Run ``operation`` in a child killed at step ``kill`` (or after ``delay``); the state it leaves."""
+        env = child_env(ADRF_TEST_STEP=kill) if kill else child_env()
+        child = subprocess.Popen([sys.executable, "-c", APPLIER_CHILD, operation, str(sp), str(PATCHES_DIR)], env=env)
+        if not kill:
+            try:
+                child.wait(delay)
+            except subprocess.TimeoutExpired:
+                child.kill()
+        if child.wait(60) == 0:
+            return None  # it finished before the kill
+        assert child.returncode == -signal.SIGKILL
+        return _on_disk(sp, pristine, patched)
+
+    for operation, undo in (("apply", "revert"), ("revert", "apply")):
+        kills = [(f"kill:{n}", 0.0) for n in range(1, 30)] + [(None, rng.uniform(0.2, 0.6)) for _ in range(2)]
+        for i, (kill, delay) in enumerate(kills):
+            if _on_disk(sp, pristine, patched) != start[operation]:
+                getattr(applier, undo)(sp, PATCHES_DIR)
+            left = interrupted(operation, kill, delay)
+            if left is None:
+                if kill:
+                    kills[i + 1 :] = [k for k in kills[i + 1 :] if k[0] is None]  # every step was tried
+                continue
+            # Never a fixed file beside a stock one: while they disagree, the scheduler is absent.
+            whole = (("pristine", "pristine"), ("patched", "patched"), ("pristine", "absent"), ("patched", "absent"))
+            assert left in whole, (operation, kill, left)
+            inspection = applier.check(sp, PATCHES_DIR)
+            if "absent" in left:
+                assert inspection.summary.startswith("interrupted"), inspection.summary
+            if left not in imported:  # what a process started now would run
+                imported[left] = result(run_python(IMPORT_CHILD, child_env([str(sp)])))
+                assert len(set(imported[left].values()) - {"absent"}) == 1, (left, imported[left])
+                if inspection.interrupted is not None:
+                    rc, out, _ = cli(capsys, "check", sp)
+                    assert rc == 1 and "interrupted" in out, out
+                if left == ("patched", "absent"):
+                    status = run_status(child_env([str(sp)]))
+                    assert status.returncode == 1 and "did not finish (killed?)" in status.stdout, output(status)
+            # The next command finishes the interrupted one, or undoes it (every other time).
+            recovery, end = (operation, start[undo]) if i % 2 else (undo, start[operation])
+            rc, out, err = cli(capsys, recovery, sp)
+            assert rc == 0, err
+            assert _on_disk(sp, pristine, patched) == end
+            assert not (sp / BACKUPS / applier.JOURNAL).exists()
+            assert not [p for p in sources(snapshot(sp)) if p.endswith(TEMP_SUFFIX)]
+    assert ("patched", "absent") in imported and ("pristine", "absent") in imported  # the swap was hit
+
+
+def _apply_child(sp, *env: tuple[str, str]) -> subprocess.Popen:
+    from shim_children import child_env
+
+    return subprocess.Popen(
+        [sys.executable, "-m", "airflow_dataset_race_fix", "apply", "--site-packages", str(sp),
+         "--patches-dir", str(PATCHES_DIR)],
+        env=child_env(**dict(env)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+
+
+def _stopped(pid: int) -> bool:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] == "T"
+
+
+def test_a_second_apply_waits_for_the_first_then_says_already_applied(tmp_path):
+    sp = site_packages(VERSION, tmp_path)
+    first = _apply_child(sp, ("ADRF_TEST_STEP", "stop:3"))  # stopped with the journal written
+    deadline = time.monotonic() + 60
+    while not _stopped(first.pid):
+        assert first.poll() is None and time.monotonic() < deadline, "the first apply never reached its swap"
+        time.sleep(0.05)
+    second = _apply_child(sp)
+    ready, _, _ = select.select([second.stderr], [], [], 60)  # its first line: it has to wait
+    waiting = second.stderr.readline() if ready else ""
+    assert "waiting for another apply or revert" in waiting, waiting
+    assert second.poll() is None
+    os.kill(first.pid, signal.SIGCONT)
+    out1, err1 = first.communicate(timeout=60)
+    out2, err2 = second.communicate(timeout=60)
+    assert first.returncode == 0 and out1.startswith("applied"), out1 + err1
+    assert second.returncode == 0 and out2.startswith("already applied"), out2 + err2
+    assert "Traceback" not in err2
+    assert_patched(sp, VERSION)
+
+    for _ in range(3):  # free-running pairs, as two deploy jobs would start them
+        for command in ("revert", "apply"):
+            pair = [subprocess.Popen(
+                [sys.executable, "-c", APPLIER_CHILD, command, str(sp), str(PATCHES_DIR)],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            ) for _ in range(2)]
+            outputs = [child.communicate(timeout=60) for child in pair]
+            assert [child.returncode for child in pair] == [0, 0], outputs
+            assert not any("Traceback" in err or "half applied" in err for _, err in outputs), outputs
+            done = "already applied" if command == "apply" else "not applied"
+            assert sorted(out.startswith(done) for out, _ in outputs) == [False, True], outputs
+    assert_patched(sp, VERSION)

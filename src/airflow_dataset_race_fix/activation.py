@@ -26,7 +26,8 @@ PTH_LINE = (
 )
 PTH_CONTENT = (
     "# airflow-dataset-race-fix: turns the shim on in every interpreter of this environment.\n"
-    "# Remove with 'airflow-dataset-race-fix shim remove-pth' (or delete this file).\n" + PTH_LINE
+    "# Remove with 'airflow-dataset-race-fix shim remove-pth' (or delete this file), before\n"
+    "# 'pip uninstall airflow-dataset-race-fix': pip leaves it behind (it then does nothing).\n" + PTH_LINE
 )
 
 

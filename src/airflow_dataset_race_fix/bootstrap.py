@@ -16,9 +16,11 @@ in whichever order those imports happen, and at once for targets already importe
 Switches (environment variables, read when the shim starts and when a target is imported):
 
 - ``AIRFLOW_DATASET_RACE_FIX_DISABLED=1``: the shim does nothing in this process;
-- ``AIRFLOW_DATASET_RACE_FIX_STRICT=1``: a target that cannot be patched safely makes the
-  import of that target raise :class:`runtime.RefusedError` instead of logging a warning
-  (so ``airflow scheduler`` fails at start rather than running unfixed).
+- ``AIRFLOW_DATASET_RACE_FIX_STRICT=1``: fail closed. When a target cannot be patched
+  safely, its import raises :class:`runtime.RefusedError` instead of logging a warning, and
+  so does every later import of any target in that process (Airflow's CLI catches and
+  logs some import errors, and a failed module leaves ``sys.modules``: without this the
+  next import would get the stock code).
 """
 
 from __future__ import annotations
@@ -106,7 +108,8 @@ def _patch_target(module: object) -> None:
     strict_mode = strict()
     try:
         runtime.on_import(module, strict=strict_mode)
-    except runtime.RefusedError:
+    except runtime.RefusedError as err:
+        _refuse_later_imports(err)
         raise
     except Exception as err:  # a bug of ours must not stop Airflow from importing
         if strict_mode:
@@ -120,3 +123,23 @@ def _patch_target(module: object) -> None:
             name,
             exc_info=True,
         )
+
+
+class _RefusedImports:
+    """Meta-path finder of strict mode after a refusal: every import of a target raises it again."""
+
+    def __init__(self, error: Exception) -> None:
+        from airflow_dataset_race_fix.targets import TARGET_MODULES
+
+        self.error = error
+        self.names = frozenset(TARGET_MODULES)
+
+    def find_spec(self, fullname: str, path=None, target=None):
+        if fullname in self.names:
+            raise type(self.error)(*self.error.args)
+        return None
+
+
+def _refuse_later_imports(error: Exception) -> None:
+    if not any(isinstance(finder, _RefusedImports) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _RefusedImports(error))

@@ -1,22 +1,32 @@
 """
 Put the fixed members in place in this interpreter, or take them out again.
 
-``patch_module(module)`` is all-or-nothing per target module and idempotent: it patches
-only when the installed Airflow is a supported release and every member it replaces is
-exactly the pristine one (source fingerprint); it stays idle when the source already has
-the fix (source patches applied); anything else is refused with a reason and Airflow is
-left untouched. Originals are kept in one registry (first original wins), so
-``unpatch_module`` restores them exactly.
+The fix is all or nothing per process: a fixed scheduler beside stock producers is the
+pairing that strands events. So the first time a target module is imported, every target
+is judged (the imported ones by their live members, the others by their files on disk,
+without importing them), and if any is refused, none is patched in this process: one
+already patched is restored, and the rest stay stock.
 
-``on_import(module, strict)`` is what the start-up shim's post-import hook calls: it
-patches, then reports once per process: one INFO line the first time a target is fixed,
-one WARNING per distinct refusal (or :class:`RefusedError` in strict mode).
+A target is patched only when the installed Airflow is a supported release and every
+member it replaces is exactly the pristine one (source fingerprint); it stays idle when
+the source already has the fix (source patches applied); anything else is refused with a
+reason. Originals are kept in one registry (first original wins), so ``unpatch_module``
+restores them exactly.
+
+``on_import(module, strict)`` is what the start-up shim's post-import hook calls. It
+reports once per process: one "fix in place" line the first time a target is fixed, one
+WARNING for a refusal (or :class:`RefusedError` in strict mode, on every import of a
+target). The "fix in place" line is INFO in processes that run for a while (the
+scheduler, triggerer, webserver, DAG processor, Celery worker, a task runner, or any
+program that is not the ``airflow`` CLI) and DEBUG in every other ``airflow`` command, so
+that ``airflow dags list`` and the like print nothing of ours.
 """
 
 from __future__ import annotations
 
 import importlib
 import logging
+import os
 import sys
 from dataclasses import dataclass
 from types import ModuleType
@@ -56,10 +66,25 @@ class ModuleState:
 # (module, owner, name) -> original class attribute (or _MISSING); first original wins.
 _originals: dict[tuple[str, str, str], object] = {}
 _states: dict[str, ModuleState] = {}
-# Reporting is once per process: the first fixed target gets the INFO line, each distinct
-# refusal one WARNING (hooks, apply() and reloads may see the same module again).
-_announced = False
-_warned: set[tuple[str, str]] = set()
+# The refusal that keeps every target of this process unpatched (the first one found).
+_refusal: ModuleState | None = None
+# Reporting is once per process (hooks, apply() and reloads may see the same module again).
+_announced = False  # the "fix in place" line
+_warned = False  # the refusal's WARNING
+_warned_half_source = False
+
+# 'airflow' CLI commands that run for a while; every other one logs "fix in place" at DEBUG.
+LONG_RUNNING_COMMANDS = (
+    ("scheduler",),
+    ("triggerer",),
+    ("webserver",),
+    ("dag-processor",),
+    ("standalone",),
+    ("celery", "worker"),
+    ("tasks", "run"),
+    ("tasks", "test"),
+    ("dags", "test"),
+)
 
 
 def airflow_version() -> str | None:
@@ -89,11 +114,72 @@ def _fingerprint_or_none(attribute: object) -> str | None:
 
 
 def _classify(module: ModuleType) -> ModuleState:
-    """Decide, without changing anything, what patching ``module`` would do."""
+    """Decide, without changing anything, what patching the imported ``module`` would do."""
+
+    def found(member: Member) -> tuple[bool, str | None, str]:
+        owner = getattr(module, member.owner, None)
+        current = vars(owner).get(member.name, _MISSING) if owner is not None else _MISSING
+        if current is _MISSING:
+            return False, None, "missing"
+        sha = _fingerprint_or_none(current)
+        if sha is None:
+            return True, None, f"a replacement whose source cannot be read ({current!r})"
+        return True, sha, f"sha256 {sha[:12]}"
+
+    return _judge(module.__name__, found, lambda member: fingerprint(_fixed_attribute(member)))
+
+
+def _target_file(name: str) -> str | None:
+    """The source file that importing ``name`` would run, found without importing anything."""
+    from importlib.machinery import PathFinder
+
+    path = None
+    parts = name.split(".")
+    for depth in range(1, len(parts) + 1):
+        prefix = ".".join(parts[:depth])
+        package = sys.modules.get(prefix)
+        spec = getattr(package, "__spec__", None) if package is not None else PathFinder.find_spec(prefix, path)
+        if spec is None:
+            return None
+        if depth == len(parts):
+            return spec.origin if spec.has_location else None
+        path = spec.submodule_search_locations
+        if path is None:
+            return None
+    return None
+
+
+def _classify_file(name: str) -> ModuleState | None:
+    """What patching ``name`` would do, judged by its file on disk (None: cannot tell from it)."""
+    from airflow_dataset_race_fix.source_patches import members
+
+    path = _target_file(name)
+    try:
+        with open(path, encoding="utf-8") as source:  # type: ignore[arg-type]
+            lines = source.read().splitlines(keepends=True)
+        spans = {owner: members.member_spans(lines, owner) for owner in {m.owner for m in members_of(name)}}
+    except (TypeError, OSError, UnicodeDecodeError, SyntaxError, members.MemberNotFound):
+        return None  # judged by its members when it is imported
+
+    def found(member: Member) -> tuple[bool, str | None, str]:
+        span = spans[member.owner].get(member.name)
+        if span is None:
+            return False, None, "missing"
+        sha = members.dedented_sha256(lines[span[0] : span[1]])
+        return True, sha, f"sha256 {sha[:12]} in {path}"
+
+    # The fixed members from their files too: importing the fix imports Airflow modules,
+    # which may be half initialized at this point.
+    return _judge(name, found, lambda member: members.dedented_sha256(members.fixed_member_lines(member)))
+
+
+def _judge(name: str, found, fixed_sha256) -> ModuleState:
+    """The state of target ``name``, given ``found(member) -> (present, sha256 or None,
+    description)`` and ``fixed_sha256(member)``, the fixed member's fingerprint."""
     version = airflow_version()
     if version not in SUPPORTED_AIRFLOW_VERSIONS:
         return ModuleState(
-            module.__name__,
+            name,
             REFUSED,
             f"Airflow {version} is not a supported release (expected one of "
             f"{SUPPORTED_AIRFLOW_VERSIONS[0]} to {SUPPORTED_AIRFLOW_VERSIONS[-1]}); nothing was "
@@ -106,49 +192,41 @@ def _classify(module: ModuleType) -> ModuleState:
     except Exception:  # no readable configuration: nothing to judge
         problem = None
     if problem:
-        return ModuleState(module.__name__, REFUSED, problem)
+        return ModuleState(name, REFUSED, problem)
     kinds = set()
-    for member in members_of(module.__name__):
-        owner = getattr(module, member.owner, None)
-        current = vars(owner).get(member.name, _MISSING) if owner is not None else _MISSING
-        found_sha = None if current is _MISSING else _fingerprint_or_none(current)
+    for member in members_of(name):
+        present, found_sha, found_text = found(member)
         try:
-            fixed_sha = fingerprint(_fixed_attribute(member))
+            fixed_sha = fixed_sha256(member)
         except Exception as err:  # the fix cannot be loaded against this Airflow: never patch
             return ModuleState(
-                module.__name__,
+                name,
                 REFUSED,
                 f"the fixed {member.qualname} cannot be loaded ({type(err).__name__}: {err}); "
                 "nothing was patched: report this with 'airflow-dataset-race-fix status --json'",
             )
         if found_sha is not None and found_sha == fixed_sha:
             kinds.add(SOURCE_PATCHED)
-        elif member.original_sha256 is None and current is _MISSING:
+        elif member.original_sha256 is None and not present:
             kinds.add(PATCHABLE)
         elif found_sha is not None and found_sha == member.original_sha256:
             kinds.add(PATCHABLE)
         else:
-            if current is _MISSING:
-                found = "missing"
-            elif found_sha is None:
-                found = f"a replacement whose source cannot be read ({current!r})"
-            else:
-                found = f"sha256 {found_sha[:12]}"
             expected = "absent" if member.original_sha256 is None else f"sha256 {member.original_sha256[:12]}"
             return ModuleState(
-                module.__name__,
+                name,
                 REFUSED,
-                f"{member.qualname} is not the Airflow {version} original (found {found}, "
+                f"{member.qualname} is not the Airflow {version} original (found {found_text}, "
                 f"expected {expected}); it was changed by another patch, plugin or a custom build. "
                 "Nothing was patched: remove the other change, or use a pristine Airflow, then "
                 "check with 'airflow-dataset-race-fix status'",
             )
     if kinds == {SOURCE_PATCHED}:
-        return ModuleState(module.__name__, SOURCE_PATCHED, "the installed source already has the fix")
+        return ModuleState(name, SOURCE_PATCHED, "the installed source already has the fix")
     if kinds == {PATCHABLE}:
-        return ModuleState(module.__name__, PATCHABLE, "original Airflow code, not patched in this process")
+        return ModuleState(name, PATCHABLE, "original Airflow code, not patched in this process")
     return ModuleState(
-        module.__name__,
+        name,
         REFUSED,
         "the installed source is half patched (some members fixed, some original); "
         "run 'airflow-dataset-race-fix check' and re-apply or revert the source patches",
@@ -160,12 +238,13 @@ def _is_marked(module: ModuleType) -> bool:
     return all(MARKER in vars(getattr(module, owner, object)) for owner in owners)
 
 
-def patch_module(module: ModuleType) -> ModuleState:
-    """Install the fixed members on an imported target module (idempotent)."""
+def patch_module(module: ModuleType, state: ModuleState | None = None) -> ModuleState:
+    """Install the fixed members on an imported target module (idempotent); ``state`` is
+    its :func:`_classify` when the caller has it."""
     previous = _states.get(module.__name__)
     if previous is not None and previous.state == PATCHED and _is_marked(module):
         return previous  # a reload gives fresh classes without the marker: patch those again
-    state = _classify(module)
+    state = state or _classify(module)
     if state.state == PATCHABLE:
         for member in members_of(module.__name__):
             owner = getattr(module, member.owner)
@@ -195,25 +274,85 @@ def unpatch_module(module: ModuleType) -> None:
     _states.pop(module.__name__, None)
 
 
+def _refused_state(name: str) -> ModuleState:
+    assert _refusal is not None
+    if name == _refusal.module:
+        return _refusal
+    return ModuleState(
+        name,
+        REFUSED,
+        f"not patched, because the fix is all or nothing and {_refusal.module} was refused: {_refusal.detail}",
+    )
+
+
 def module_state(module_name: str) -> ModuleState:
     """What this interpreter did (or would do) with a target module; changes nothing."""
     if module_name in _states:
         return _states[module_name]
+    if _refusal is not None:
+        return _refused_state(module_name)
     module = sys.modules.get(module_name)
     if module is None:
         return ModuleState(module_name, PENDING, "not imported in this process yet")
     return _classify(module)
 
 
+def _judge_now(name: str, importing: ModuleType) -> ModuleState | None:
+    """A target's state as seen while ``importing`` is being handled: live when it is
+    imported and complete, else from its file (None: cannot tell before its import)."""
+    from airflow_dataset_race_fix import post_import
+
+    module = importing if name == importing.__name__ else sys.modules.get(name)
+    previous = _states.get(name)
+    if previous is not None and module is not None and (previous.state != PATCHED or _is_marked(module)):
+        return previous  # judged already (a reload gives fresh classes: judged again)
+    if module is importing or (module is not None and name not in post_import.waiting()):
+        return _classify(module)  # waiting: the module is still running its code
+    return _classify_file(name)
+
+
+def _refuse_all(refused: ModuleState, strict: bool) -> None:
+    """Keep every target of this process unpatched because of ``refused``."""
+    global _refusal
+    _refusal = refused
+    for name in TARGET_MODULES:
+        module = sys.modules.get(name)
+        if module is None:
+            continue
+        if strict and module_state(name).state == PATCHED:
+            continue  # fixed code may stay: in strict mode the refused target never imports
+        unpatch_module(module)
+        _states[name] = _refused_state(name)
+
+
+def _announce_level() -> int:
+    """INFO in processes that run for a while, DEBUG in short 'airflow' CLI commands."""
+    argv = sys.argv or [""]
+    program = argv[0] or ""
+    if os.path.basename(program) != "airflow" and not program.endswith(os.path.join("airflow", "__main__.py")):
+        return logging.INFO
+    words = tuple(arg for arg in argv[1:] if not arg.startswith("-"))
+    return logging.INFO if words[:1] in LONG_RUNNING_COMMANDS or words[:2] in LONG_RUNNING_COMMANDS else logging.DEBUG
+
+
 def report(state: ModuleState, strict: bool = False) -> None:
     """Log the outcome of patching once per process; in strict mode a refusal raises."""
-    global _announced
+    global _announced, _warned
     if state.state == REFUSED:
+        refusal = _refusal or state
         if strict:
-            raise RefusedError(f"airflow-dataset-race-fix (strict): {state.module} left unpatched: {state.detail}")
-        if (state.module, state.detail) not in _warned:
-            _warned.add((state.module, state.detail))
-            log.warning("airflow-dataset-race-fix: %s left unpatched: %s", state.module, state.detail)
+            raise RefusedError(
+                f"airflow-dataset-race-fix (strict): {state.module} refused; every import of a target module "
+                f"fails in this process (AIRFLOW_DATASET_RACE_FIX_STRICT=1): {refusal.module}: {refusal.detail}"
+            )
+        if not _warned:
+            _warned = True
+            log.warning(
+                "airflow-dataset-race-fix: the fix is NOT in place: no target module is patched in this process, "
+                "because %s was refused: %s",
+                refusal.module,
+                refusal.detail,
+            )
         return
     if state.state not in (PATCHED, SOURCE_PATCHED):
         return
@@ -222,7 +361,8 @@ def report(state: ModuleState, strict: bool = False) -> None:
         log.debug("airflow-dataset-race-fix: %s: %s", state.module, how)
         return
     _announced = True
-    log.info(
+    log.log(
+        _announce_level(),
         "airflow-dataset-race-fix: fix in place (%s: %s; Airflow %s); other targets are handled when imported",
         state.module,
         how,
@@ -230,27 +370,55 @@ def report(state: ModuleState, strict: bool = False) -> None:
     )
 
 
+def _warn_half_source(states: list[ModuleState]) -> None:
+    """Source patches on some target files only: this process is made whole, others are not."""
+    global _warned_half_source
+    fixed_by_source = [s.module for s in states if s.state == SOURCE_PATCHED]
+    stock = [s.module for s in states if s.state in (PATCHABLE, PATCHED)]
+    if _warned_half_source or not (fixed_by_source and stock):
+        return
+    _warned_half_source = True
+    log.warning(
+        "airflow-dataset-race-fix: the source patches are half applied in this installation (%s has the fix, "
+        "%s does not); the shim fixes the rest in this process, but a process without the shim runs half "
+        "fixed: run 'airflow-dataset-race-fix apply' (or 'revert')",
+        ", ".join(fixed_by_source),
+        ", ".join(stock),
+    )
+
+
 def on_import(module: ModuleType, strict: bool = False) -> ModuleState:
-    """Post-import hook body: patch ``module`` if it is safe, then report (raise if strict)."""
-    state = patch_module(module)
+    """Post-import hook body: judge every target, patch ``module`` only if none is refused,
+    then report (raise if strict)."""
+    if _refusal is None:
+        plan = [_judge_now(name, module) for name in TARGET_MODULES]
+        known = [s for s in plan if s is not None]
+        refused = next((s for s in known if s.state == REFUSED), None)
+        if refused is not None:
+            _refuse_all(refused, strict)
+        else:
+            patch_module(module, plan[TARGET_MODULES.index(module.__name__)])
+            _warn_half_source(known)
+    if _refusal is not None and not (strict and module_state(module.__name__).state == PATCHED):
+        _states[module.__name__] = _refused_state(module.__name__)
+    state = _states[module.__name__]
     report(state, strict)
     return state
 
 
 def apply(strict: bool = False) -> list[ModuleState]:
-    """Import the target modules and patch them now; refusals are logged (raised if strict)."""
-    states = [patch_module(importlib.import_module(name)) for name in TARGET_MODULES]
-    refused = [s for s in states if s.state == REFUSED]
-    if refused and strict:
-        raise RefusedError("; ".join(f"{s.module}: {s.detail}" for s in refused))
-    for s in states:
-        report(s)
-    return states
+    """Import the target modules and patch them now, all or nothing; a refusal is logged
+    (raised if strict)."""
+    for name in TARGET_MODULES:
+        on_import(importlib.import_module(name), strict)
+    return [module_state(name) for name in TARGET_MODULES]
 
 
 def unapply() -> None:
-    """Restore every original that this interpreter replaced."""
+    """Restore every original that this interpreter replaced, and forget any refusal."""
+    global _refusal
     for name in TARGET_MODULES:
         module = sys.modules.get(name)
         if module is not None:
             unpatch_module(module)
+    _refusal = None

@@ -5,7 +5,8 @@ airflow-dataset-race-fix start-up shim. Boilerplate only: the logic is in
 With this directory on PYTHONPATH, Python imports this file at start-up. It
 1. imports the sitecustomize that this one hides (the user's or the distribution's), so
    that one still runs, with this directory taken off ``sys.path`` meanwhile;
-2. registers the post-import hooks that patch Airflow when Airflow is imported.
+2. registers the post-import hooks that patch Airflow when Airflow is imported (only on
+   the Pythons this package supports: on any other, step 1 alone, silently).
 It never imports Airflow and never raises: a failure is printed on stderr, like site.py
 reports a failing sitecustomize, and the interpreter carries on.
 """
@@ -13,8 +14,14 @@ reports a failing sitecustomize, and the interpreter carries on.
 import os
 import sys
 
-# Kept in Python 3 syntax any interpreter understands: an unrelated Python that inherits
-# PYTHONPATH must still start.
+# Any Python that inherits PYTHONPATH runs this file, Python 2.7 included: keep its text
+# to what every one of them parses and runs (no f-strings, no annotations, no names that
+# Python 2 lacks), and start the shim only where this package runs (setup.cfg's
+# python_requires); elsewhere chain the next sitecustomize and stay silent.
+MIN_PYTHON = (3, 11)
+# Python 2 empties a module's globals once nothing refers to it, which happens when a chained
+# sitecustomize takes this one's place in sys.modules: this reference keeps it whole.
+_this_module = sys.modules.get(__name__)
 
 
 def _is_this_directory(entry, here):
@@ -34,8 +41,8 @@ def _chain_next_sitecustomize():
     del sys.modules["sitecustomize"]
     try:
         import sitecustomize as chained  # noqa: F401 (the next one on the path, if any)
-    except ModuleNotFoundError as err:
-        if err.name != "sitecustomize":
+    except ImportError as err:
+        if _missing_module(err) != "sitecustomize":
             _report_chained_error()
         chained = None
     except BaseException:  # including SystemExit from a user's file: site.py would report it too
@@ -49,6 +56,14 @@ def _chain_next_sitecustomize():
         return None
     # Like dd-trace: the user's module stays under its own name for code that imports it.
     return getattr(chained, "__file__", repr(chained))
+
+
+def _missing_module(err):
+    """The name of the module an ImportError did not find (Python 2 has only the message)."""
+    name = getattr(err, "name", None)
+    if name is None and str(err).startswith("No module named "):
+        name = str(err)[len("No module named ") :].strip("'")
+    return name
 
 
 def _report_chained_error():
@@ -65,16 +80,18 @@ def _report_chained_error():
 
 def _start():
     chained = _chain_next_sitecustomize()
+    if sys.version_info < MIN_PYTHON:
+        return False
     from airflow_dataset_race_fix import bootstrap
 
     bootstrap.chained_sitecustomize = chained
     bootstrap.start_quietly(bootstrap.ROUTE_SITECUSTOMIZE)
+    return True
 
 
 if __name__ == "sitecustomize":  # not when imported as airflow_dataset_race_fix._bootstrap.sitecustomize
     try:
-        _start()
-        loaded = True  # read by tests: the boilerplate finished without an error
+        loaded = _start()  # read by tests: the shim started without an error
     except ImportError as _err:
         # This interpreter has no airflow_dataset_race_fix (another Python or virtualenv
         # inherited PYTHONPATH): nothing to fix here, stay silent.

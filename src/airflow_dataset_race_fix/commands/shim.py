@@ -46,6 +46,10 @@ def _install(args) -> int:
     path, changed = activation.install_pth(_checked_site_dir(args.site_dir))
     print(f"{'installed' if changed else 'already installed'}: {path}")
     print("New Python processes of this environment start the shim; check with 'airflow-dataset-race-fix status'.")
+    print(
+        "Before 'pip uninstall airflow-dataset-race-fix', run 'airflow-dataset-race-fix shim remove-pth': "
+        "pip leaves this file behind (it then does nothing, silently; delete it any time)."
+    )
     return 0
 
 

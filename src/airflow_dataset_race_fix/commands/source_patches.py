@@ -82,6 +82,17 @@ def _report(outcome) -> int:
     return 0
 
 
+def _waiting(command: str, site_packages: Path):
+    def say() -> None:
+        print(
+            f"airflow-dataset-race-fix {command}: waiting for another apply or revert in {site_packages} to finish",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    return say
+
+
 def _refused(command: str, err: Exception) -> int:
     print(f"airflow-dataset-race-fix {command}: refused: {err}", file=sys.stderr)
     return 1
@@ -106,7 +117,7 @@ def _apply(args) -> int:
     if problem := environment_problem(_configured_database()):
         return _refused("apply", problem)
     try:
-        return _report(applier.apply(site_packages, patches_dir, dry_run=args.dry_run))
+        return _report(applier.apply(site_packages, patches_dir, args.dry_run, _waiting("apply", site_packages)))
     except applier.Refused as err:
         return _refused("apply", err)
 
@@ -116,7 +127,7 @@ def _revert(args) -> int:
 
     site_packages, patches_dir = _locations(args)
     try:
-        return _report(applier.revert(site_packages, patches_dir, dry_run=args.dry_run))
+        return _report(applier.revert(site_packages, patches_dir, args.dry_run, _waiting("revert", site_packages)))
     except applier.Refused as err:
         return _refused("revert", err)
 
@@ -126,7 +137,7 @@ def _check(args) -> int:
 
     site_packages, patches_dir = _locations(args)
     try:
-        inspection = applier.inspect(site_packages, patches_dir)
+        inspection = applier.check(site_packages, patches_dir, _waiting("check", site_packages))
     except applier.Refused as err:
         return _refused("check", err)
     print(f"apache-airflow {inspection.version} in {site_packages}: source patches: {inspection.summary}")

@@ -2,11 +2,12 @@
 ``status``: is the fix active in this environment, and if not, why.
 
 Reports the Airflow version and whether it is supported, how the shim is activated
-(PYTHONPATH, ``.pth``, loaded in this very process or not), the sitecustomize it chains,
-the switches, and per target module: fixed by the shim, fixed by a source patch, waiting
-for import, refused (why), or not fixed. The status process is itself a Python process
-of this environment, so it imports the target modules (unless ``--no-import``) and looks
-at what actually happened to them here.
+(PYTHONPATH, a .pth file, loaded in this very process or not), the sitecustomize it
+chains, the switches, and per target module: fixed by the shim, fixed by a source patch,
+waiting for import, refused (why), or not fixed. The status process is itself a Python
+process of this environment, so it imports the target modules (unless --no-import) and
+looks at what actually happened to them here. An apply or revert of the source patches
+that was killed half way is reported too.
 
 Exit code: 0 when the fix is active for every target, 1 when it is not.
 
@@ -38,7 +39,7 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "status",
         help="is the fix active in this environment (exit 0) or not (exit 1), and why",
-        description=__doc__.split("\n\n")[1],
+        description=__doc__.split("\n\n")[1],  # shown as is: that paragraph stays plain text
         epilog="Exit code: 0 when the fix is active for every target module, 1 when it is not.",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON document")
@@ -79,7 +80,10 @@ def collect(import_targets: bool = True) -> dict:
     supported = version in SUPPORTED_AIRFLOW_VERSIONS
     shim = _shim_report(BOOTSTRAP_DIR, activation, bootstrap)
     targets = [_target_report(name, import_errors.get(name), shim, runtime) for name in TARGET_MODULES]
-    fix_active = all(
+    interrupted = _interrupted_source_patches()
+    if interrupted:
+        shim["notes"].append(interrupted)
+    fix_active = not interrupted and all(
         t["status"] in (FIXED_BY_SHIM, FIXED_BY_SOURCE) or (t["status"] == WAITING and supported)
         for t in targets
     )
@@ -93,6 +97,19 @@ def collect(import_targets: bool = True) -> dict:
         "targets": targets,
         "fix_active": fix_active,
     }
+
+
+def _interrupted_source_patches() -> str | None:
+    """Why the source patches are mid-change (an apply or revert was killed), or None."""
+    from airflow_dataset_race_fix.source_patches import applier, wheels
+
+    site_packages = wheels.default_site_packages()
+    if site_packages is None or not (site_packages / applier.BACKUP_DIR / applier.JOURNAL).exists():
+        return None
+    return (
+        f"an apply or revert of the source patches in {site_packages} did not finish (killed?): until "
+        "'airflow-dataset-race-fix apply' or 'revert' finishes it, the scheduler's file may be missing"
+    )
 
 
 def _shim_report(bootstrap_dir: str, activation, bootstrap) -> dict:

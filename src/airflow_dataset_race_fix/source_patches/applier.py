@@ -9,6 +9,14 @@ and ``os.replace``, with SIGINT/SIGTERM held off while the files are swapped and
 swapped ones put back if a later one fails. Then the bytecode of the touched files is
 rebuilt. A state this module cannot explain is refused, naming the file, the expected
 and found hashes and what to do, and nothing is changed.
+
+A SIGKILL or a power cut cannot be held off, so the swap never lets a half state run:
+while the two files disagree, the scheduler's file is absent (nothing can import a fixed
+scheduler beside stock producers, or the reverse), and a journal in the backup directory
+says that a change is under way. The next ``apply`` or ``revert`` finishes or undoes it
+(the pristine bytes are in the backups); ``check`` and ``status`` say so meanwhile.
+Commands on one site-packages take turns (an flock on the directory): a second ``apply``
+waits for the first, then finds the patches applied.
 """
 
 from __future__ import annotations
@@ -26,8 +34,11 @@ from airflow_dataset_race_fix.source_patches.safe_write import (
     atomic_write,
     check_writable,
     cleanup_stale_temps,
+    fsync_dir,
+    locked,
     refresh_bytecode,
     replace_all,
+    step_point,
 )
 from airflow_dataset_race_fix.source_patches.wheels import (
     InstalledAirflow,
@@ -43,9 +54,15 @@ PATCHED = "patched"  # the release's file with this package's patches
 OTHER_FIX = "patched by another version of the fix"  # our earlier apply, from backups
 MODIFIED = "modified"  # neither: refused
 MISSING = "missing"
+INTERRUPTED = "missing while an interrupted apply or revert swapped it"  # pristine bytes in the backups
 
 BACKUP_DIR = ".airflow-dataset-race-fix"  # in site-packages: pristine copies + manifest
 MANIFEST = "applied.json"
+JOURNAL = "in-progress.json"  # present while target files are being swapped
+
+# The target whose file is absent while the targets disagree: without it no scheduler
+# starts, which strands nothing; without the manager's file no task could run.
+SWAPPED_LAST = generator.target_path("airflow.jobs.scheduler_job_runner")
 
 
 class Refused(RuntimeError):
@@ -81,6 +98,7 @@ class Inspection:
     patches_dir: Path
     series: list[PatchFile]
     targets: list[Target] = field(default_factory=list)
+    interrupted: dict | None = None  # the journal of an apply or revert that did not finish
 
     @property
     def version(self) -> str:
@@ -96,6 +114,11 @@ class Inspection:
 
     @property
     def summary(self) -> str:
+        if self.interrupted is not None:
+            return (
+                f"interrupted ({self.interrupted.get('operation', 'a change')} did not finish): run "
+                "'airflow-dataset-race-fix apply' or 'revert' to finish it"
+            )
         states = self.states
         if states == {PATCHED}:
             return "applied"
@@ -140,11 +163,24 @@ def load_series(patches_dir: Path, version: str) -> list[PatchFile]:
     return series
 
 
-def _read_manifest(backup_root: Path) -> dict:
+def _read_json(path: Path) -> dict | None:
     try:
-        return json.loads((backup_root / MANIFEST).read_text(encoding="utf-8"))
+        return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return {}
+        return None
+
+
+def _read_manifest(backup_root: Path) -> dict:
+    return _read_json(backup_root / MANIFEST) or {}
+
+
+def _backed_up_pristine(target: Target, backup_root: Path) -> bytes | None:
+    backup = backup_root / target.path
+    if backup.is_file():
+        saved = backup.read_bytes()
+        if record_digest(saved) == target.expected:
+            return saved
+    return None
 
 
 def _pristine_text(target: Target, current: bytes, manifest: dict, backup_root: Path) -> bytes | None:
@@ -152,10 +188,9 @@ def _pristine_text(target: Target, current: bytes, manifest: dict, backup_root: 
     if record_digest(current) == target.expected:
         return current
     entry = manifest.get("files", {}).get(target.path, {})
-    backup = backup_root / target.path
-    if entry.get("patched") == record_digest(current) and backup.is_file():
-        saved = backup.read_bytes()
-        if record_digest(saved) == target.expected:
+    if record_digest(current) in (entry.get("patched"), *entry.get("earlier", ())):
+        saved = _backed_up_pristine(target, backup_root)
+        if saved is not None:
             return saved  # our own earlier apply, whatever the patch files say now
     text = current.decode("utf-8", errors="surrogateescape")
     try:
@@ -207,6 +242,8 @@ def inspect(site_packages: Path, patches_dir: Path) -> Inspection:
             f"{', '.join(generator.target_paths())}: restore patches/ from the repository; nothing was changed"
         )
     manifest = _read_manifest(result.backup_root)
+    if (result.backup_root / JOURNAL).exists():
+        result.interrupted = _read_json(result.backup_root / JOURNAL) or {}
     for path in paths:
         if path not in airflow.hashes:
             raise Refused(f"{path} is not in {airflow.dist_info / 'RECORD'}; nothing was changed")
@@ -219,14 +256,20 @@ def inspect(site_packages: Path, patches_dir: Path) -> Inspection:
 def _inspect_target(target: Target, inspection: Inspection, manifest: dict) -> None:
     """Set the target's state, and its pristine and patched bytes when they can be proven."""
     file = inspection.airflow.site_packages / target.path
-    if not file.is_file():
+    if file.is_file():
+        current = file.read_bytes()
+        target.found = record_digest(current)
+        pristine = _pristine_text(target, current, manifest, inspection.backup_root)
+        if pristine is None:
+            target.state = MODIFIED
+            return
+    elif inspection.interrupted is not None:
+        current = None
+        pristine = _backed_up_pristine(target, inspection.backup_root)
+        if pristine is None:
+            return  # MISSING
+    else:
         return  # MISSING
-    current = file.read_bytes()
-    target.found = record_digest(current)
-    pristine = _pristine_text(target, current, manifest, inspection.backup_root)
-    if pristine is None:
-        target.state = MODIFIED
-        return
     target.pristine = pristine
     module = target.path.removesuffix(".py").replace("/", ".")
     try:
@@ -242,7 +285,9 @@ def _inspect_target(target: Target, inspection: Inspection, manifest: dict) -> N
             "nothing was changed"
         )
     target.patched = expected.encode("utf-8")
-    if current == pristine:
+    if current is None:
+        target.state = INTERRUPTED
+    elif current == pristine:
         target.state = PRISTINE
     elif current == target.patched:
         target.state = PATCHED
@@ -282,8 +327,10 @@ class Outcome:
 
 
 def _write_backups(inspection: Inspection) -> None:
-    """Pristine copies and a manifest, written before any target is touched."""
+    """Pristine copies and a manifest, written before any target is touched. The manifest
+    keeps the digests of earlier patched files, which an interrupted update leaves."""
     root = inspection.backup_root
+    previous = _read_manifest(root).get("files", {})
     manifest = {
         "apache-airflow": inspection.version,
         "airflow-dataset-race-fix": __version__,
@@ -295,8 +342,34 @@ def _write_backups(inspection: Inspection) -> None:
         backup.parent.mkdir(parents=True, exist_ok=True)
         if not backup.is_file() or backup.read_bytes() != t.pristine:
             atomic_write(backup, t.pristine)
-        manifest["files"][t.path] = {"pristine": t.expected, "patched": record_digest(t.patched)}
+        patched = record_digest(t.patched)
+        entry = previous.get(t.path, {})
+        earlier = [d for d in (entry.get("patched"), *entry.get("earlier", ())) if d and d != patched]
+        manifest["files"][t.path] = {
+            "pristine": t.expected,
+            "patched": patched,
+            "earlier": list(dict.fromkeys(earlier)),
+        }
+        step_point()
     atomic_write(root / MANIFEST, json.dumps(manifest, indent=2).encode() + b"\n")
+
+
+def _swap(inspection: Inspection, operation: str, writes: list[tuple[Target, bytes]]) -> list[str]:
+    """Give each target its new bytes under a journal; returns bytecode warnings."""
+    site_packages = inspection.airflow.site_packages
+    journal = inspection.backup_root / JOURNAL
+    atomic_write(journal, json.dumps({"operation": operation, "files": [t.path for t, _ in writes]}).encode())
+    step_point()
+    writes = sorted(writes, key=lambda write: write[0].path == SWAPPED_LAST)
+    current = {t.path: (site_packages / t.path).read_bytes() if t.state != INTERRUPTED else None for t, _ in writes}
+    if writes:
+        replace_all([(site_packages / t.path, new, current[t.path]) for t, new in writes])
+    warnings = [w for t, _ in writes if (w := refresh_bytecode(site_packages / t.path))]
+    step_point()
+    journal.unlink()
+    fsync_dir(journal.parent)
+    step_point()
+    return warnings
 
 
 def _require_writable(directories: list[Path]) -> None:
@@ -314,54 +387,82 @@ def _target_dirs(inspection: Inspection) -> list[Path]:
     return [(inspection.airflow.site_packages / t.path).parent for t in inspection.targets]
 
 
-def apply(site_packages: Path, patches_dir: Path, dry_run: bool = False) -> Outcome:
+def _finishing(inspection: Inspection) -> str:
+    """The message prefix of a command that finishes (or undoes) an interrupted one."""
+    if inspection.interrupted is None:
+        return ""
+    return f"finished the interrupted {inspection.interrupted.get('operation', 'change')}: "
+
+
+def check(site_packages: Path, patches_dir: Path, on_wait=None) -> Inspection:
+    """:func:`inspect`, after any apply or revert in progress has finished."""
+    with locked(site_packages, shared=True, on_wait=on_wait):
+        return inspect(site_packages, patches_dir)
+
+
+def apply(site_packages: Path, patches_dir: Path, dry_run: bool = False, on_wait=None) -> Outcome:
+    with locked(site_packages, on_wait=on_wait):
+        return _apply(site_packages, patches_dir, dry_run)
+
+
+def _apply(site_packages: Path, patches_dir: Path, dry_run: bool) -> Outcome:
     inspection = inspect(site_packages, patches_dir)
     _refuse_unexplained(inspection)
     names = ", ".join(p.name for p in inspection.series)
     states = inspection.states
-    if states == {PATCHED}:
+    interrupted = inspection.interrupted is not None
+    if states == {PATCHED} and not interrupted:
         return Outcome(f"already applied: apache-airflow {inspection.version} in {site_packages} has {names}")
     # All pristine: apply. All patched, some by an earlier release of this package: update
-    # (the pristine bytes are proven by the backups). A mix with pristine files: refuse.
-    if states != {PRISTINE} and not states <= {PATCHED, OTHER_FIX}:
+    # (the pristine bytes are proven by the backups). After an interrupted apply or revert:
+    # finish it. Any other mix with pristine files: refuse.
+    if not interrupted and states != {PRISTINE} and not states <= {PATCHED, OTHER_FIX}:
         listing = "; ".join(f"{t.path} ({t.patch_names}): {t.state}" for t in inspection.targets)
         raise Refused(
             f"the source patches are half applied in {site_packages} ({listing}). Nothing was changed: "
             "run 'airflow-dataset-race-fix revert' to return to the pristine release, then 'apply'"
         )
     to_write = [t for t in inspection.targets if t.state != PATCHED]
-    verb = "applied" if states == {PRISTINE} else "updated (from another version of the fix)"
+    if interrupted:
+        verb = f"{_finishing(inspection)}applied"
+    else:
+        verb = "applied" if states == {PRISTINE} else "updated (from another version of the fix)"
     _require_writable([*_target_dirs(inspection), inspection.backup_root])
     changed = [t.path for t in to_write]
     if dry_run:
         return Outcome(f"dry run: would have {verb} {names} for apache-airflow {inspection.version}", changed)
     cleanup_stale_temps(_target_dirs(inspection))
     _write_backups(inspection)
-    current = {t.path: (site_packages / t.path).read_bytes() for t in to_write}
-    replace_all([(site_packages / t.path, t.patched, current[t.path]) for t in to_write])
-    warnings = [w for t in to_write if (w := refresh_bytecode(site_packages / t.path))]
+    warnings = _swap(inspection, "apply", [(t, t.patched) for t in to_write])
     return Outcome(f"{verb} {names} to apache-airflow {inspection.version} in {site_packages}", changed, warnings)
 
 
-def revert(site_packages: Path, patches_dir: Path, dry_run: bool = False) -> Outcome:
+def revert(site_packages: Path, patches_dir: Path, dry_run: bool = False, on_wait=None) -> Outcome:
+    with locked(site_packages, on_wait=on_wait):
+        return _revert(site_packages, patches_dir, dry_run)
+
+
+def _revert(site_packages: Path, patches_dir: Path, dry_run: bool) -> Outcome:
     inspection = inspect(site_packages, patches_dir)
     _refuse_unexplained(inspection)
     to_restore = [t for t in inspection.targets if t.state != PRISTINE]
-    if not to_restore:
+    if not to_restore and inspection.interrupted is None:
         if not dry_run:
             _remove_backups(inspection)
         return Outcome(f"not applied: apache-airflow {inspection.version} in {site_packages} is pristine")
-    _require_writable(_target_dirs(inspection))
+    _require_writable([*_target_dirs(inspection), inspection.backup_root])
     changed = [t.path for t in to_restore]
     if dry_run:
         return Outcome(f"dry run: would restore the pristine {', '.join(changed)}", changed)
     cleanup_stale_temps(_target_dirs(inspection))
-    current = {t.path: (site_packages / t.path).read_bytes() for t in to_restore}
-    replace_all([(site_packages / t.path, t.pristine, current[t.path]) for t in to_restore])
-    warnings = [w for t in to_restore if (w := refresh_bytecode(site_packages / t.path))]
+    # The backups let the next command restore a file that a SIGKILL left absent.
+    _write_backups(inspection)
+    warnings = _swap(inspection, "revert", [(t, t.pristine) for t in to_restore])
     _remove_backups(inspection)
     return Outcome(
-        f"reverted: restored the pristine apache-airflow {inspection.version} {', '.join(changed)}", changed, warnings
+        f"{_finishing(inspection)}reverted: apache-airflow {inspection.version} in {site_packages} is pristine",
+        changed,
+        warnings,
     )
 
 
@@ -373,6 +474,7 @@ def _remove_backups(inspection: Inspection) -> None:
     with contextlib.suppress(OSError):
         for t in inspection.targets:
             (root / t.path).unlink(missing_ok=True)
+            step_point()
         (root / MANIFEST).unlink(missing_ok=True)
         for directory in sorted((d for d in root.rglob("*") if d.is_dir()), key=lambda d: -len(d.parts)):
             directory.rmdir()

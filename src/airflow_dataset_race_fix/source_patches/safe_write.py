@@ -4,13 +4,16 @@ Writing files in site-packages so that an interruption leaves each file whole.
 Every file is written to a temporary file in its own directory, flushed and fsynced,
 then renamed over the target (``os.replace`` is atomic on POSIX). Several files are
 swapped with SIGINT/SIGTERM/SIGHUP held off, and the ones already swapped are put back
-if a later one fails. Writability is probed first so that a read-only tree is refused
-before anything is written.
+if a later one fails. Two renames are never one atomic step, so while several files are
+swapped the last of them is absent (see :func:`replace_all`). Writability is probed first
+so that a read-only tree is refused before anything is written. :func:`locked` keeps two
+commands from writing the same tree at once.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import py_compile
 import signal
@@ -18,6 +21,38 @@ import tempfile
 from pathlib import Path
 
 TEMP_SUFFIX = ".adrf-tmp"
+
+# Tests stop or kill the process at the Nth step point (``stop:N``, ``kill:N``) to see
+# what an interruption there leaves behind.
+TEST_STEP_ENV = "ADRF_TEST_STEP"
+_steps_passed = 0
+
+
+def step_point() -> None:
+    """A point between two writes (a no-op unless ``$ADRF_TEST_STEP`` names it)."""
+    global _steps_passed
+    _steps_passed += 1
+    action, _, number = os.environ.get(TEST_STEP_ENV, "").partition(":")
+    if number == str(_steps_passed) and action in ("kill", "stop"):
+        os.kill(os.getpid(), signal.SIGKILL if action == "kill" else signal.SIGSTOP)
+
+
+@contextlib.contextmanager
+def locked(directory: Path, shared: bool = False, on_wait=None):
+    """Hold an flock on ``directory`` itself (no lock file to leave behind); ``on_wait()``
+    is called once if another process holds it and this one has to wait."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        mode = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
+        try:
+            fcntl.flock(fd, mode | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if on_wait is not None:
+                on_wait()
+            fcntl.flock(fd, mode)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 class NotWritable(OSError):
@@ -100,26 +135,39 @@ def cleanup_stale_temps(directories: list[Path]) -> None:
                     stale.unlink()
 
 
-def replace_all(writes: list[tuple[Path, bytes, bytes]]) -> None:
-    """Write every ``(path, new, old)`` or none: temp files first, then quick renames.
+def replace_all(writes: list[tuple[Path, bytes, bytes | None]]) -> None:
+    """Write every ``(path, new, old)`` (``old`` None: the file is missing) or none.
 
-    If a rename fails, the files already renamed get their old bytes back. A SIGKILL or a
-    power cut between two renames can still leave some files new and some old, each whole:
-    ``check`` then says "half applied" and ``revert`` puts everything back.
+    Temporary files first, then quick renames. With several files, the last one is
+    removed first and renamed into place last: while the files disagree, that file is
+    absent, so no process can import a mix of old and new, even after a SIGKILL or a
+    power cut in between (the next apply or revert finishes the job). If a rename fails,
+    the files get their old bytes back.
     """
     temps: list[tuple[Path, Path]] = []
     try:
         for path, new, _ in writes:
-            temps.append((write_temp(path, new, path), path))
-        done: list[tuple[Path, bytes, bytes]] = []
+            temps.append((write_temp(path, new, path if path.exists() else None), path))
+        done: list[tuple[Path, bytes, bytes | None]] = []
         with signals_held():
             try:
+                last_path, _, last_old = writes[-1]
+                if len(writes) > 1 and last_old is not None:
+                    last_path.unlink()
+                    done.append(writes[-1])
+                    fsync_dir(last_path.parent)
+                    step_point()
                 for (temp, path), write in zip(temps, writes):
                     os.replace(temp, path)
-                    done.append(write)
+                    if write is not writes[-1]:
+                        done.append(write)
+                    step_point()
             except BaseException:
                 for path, _, old in reversed(done):
-                    atomic_write(path, old, path)
+                    if old is None:
+                        path.unlink(missing_ok=True)
+                    else:
+                        atomic_write(path, old, path if path.exists() else None)
                 raise
         for directory in dict.fromkeys(path.parent for path, _, _ in writes):
             fsync_dir(directory)
