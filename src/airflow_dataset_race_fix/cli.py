@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
 
 from airflow_dataset_race_fix import __version__
@@ -20,6 +21,25 @@ COMMAND_MODULES = ("status", "shim", "source_patches", "reproduce", "audit")
 
 class UsageError(Exception):
     """Bad input from the user: printed as one clear line, exit code 2."""
+
+
+_interrupted = False
+
+
+def _on_interrupt(signum, frame) -> None:
+    global _interrupted
+    _interrupted = True
+    raise KeyboardInterrupt
+
+
+def check_interrupted() -> None:
+    """Raise KeyboardInterrupt if Ctrl-C came, even if some library caught the first one.
+
+    Airflow's and its providers' import-time code catches broad exceptions in places; a
+    command calls this before it prints a result, so an interrupt never yields a report.
+    """
+    if _interrupted:
+        raise KeyboardInterrupt
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -35,13 +55,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # First, before the subcommands import anything heavy: remember every Ctrl-C (see
+    # check_interrupted). A SIGINT that our parent ignores (a background job) stays ignored.
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _on_interrupt)
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "handler", None):
         parser.print_help()
         return 2
     try:
-        return int(args.handler(args) or 0)
+        status = int(args.handler(args) or 0)
+        check_interrupted()
+        return status
     except UsageError as err:
         print(f"airflow-dataset-race-fix {args.command}: error: {err}", file=sys.stderr)
         return 2
