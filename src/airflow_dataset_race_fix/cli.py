@@ -35,11 +35,23 @@ def _on_interrupt(signum, frame) -> None:
 def check_interrupted() -> None:
     """Raise KeyboardInterrupt if Ctrl-C came, even if some library caught the first one.
 
-    Airflow's and its providers' import-time code catches broad exceptions in places; a
-    command calls this before it prints a result, so an interrupt never yields a report.
+    Airflow's and its providers' import-time code catches broad exceptions in places; so a
+    command checks before it prints a result, and an interrupt never yields a report.
     """
     if _interrupted:
         raise KeyboardInterrupt
+
+
+def print_result(text: str) -> None:
+    """Print a command's result on stdout: not after a Ctrl-C, and not cut by a later one.
+
+    From here on SIGINT is ignored, so the result printed and the exit status that goes with
+    it stay together (main() puts the previous handler back when called in-process).
+    """
+    check_interrupted()
+    if signal.getsignal(signal.SIGINT) is _on_interrupt:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    print(text, flush=True)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -55,25 +67,37 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the command line ``argv`` (default: this process's); its exit status.
+
+    With ``argv`` given (an in-process caller), the caller's SIGINT handler is put back after.
+    """
+    global _interrupted
+    _interrupted = False
+    previous = signal.getsignal(signal.SIGINT)
     # First, before the subcommands import anything heavy: remember every Ctrl-C (see
     # check_interrupted). A SIGINT that our parent ignores (a background job) stays ignored.
-    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+    if previous is signal.default_int_handler:
         signal.signal(signal.SIGINT, _on_interrupt)
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if not getattr(args, "handler", None):
-        parser.print_help()
-        return 2
+    command = None
     try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        command = args.command
+        if not getattr(args, "handler", None):
+            parser.print_help()
+            return 2
         status = int(args.handler(args) or 0)
         check_interrupted()
         return status
     except UsageError as err:
-        print(f"airflow-dataset-race-fix {args.command}: error: {err}", file=sys.stderr)
+        print(f"airflow-dataset-race-fix {command}: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    finally:
+        if argv is not None and previous is not None:
+            signal.signal(signal.SIGINT, previous)
 
 
 if __name__ == "__main__":

@@ -51,7 +51,7 @@ from dataclasses import asdict
 from datetime import datetime, timedelta, timezone
 from urllib.parse import quote
 
-from airflow_dataset_race_fix.cli import UsageError, check_interrupted
+from airflow_dataset_race_fix.cli import UsageError, print_result
 
 TABLE_LIMIT = 20  # rows per section in the table unless --limit
 REQUIRED_TABLES = (
@@ -128,15 +128,13 @@ def run(args: argparse.Namespace) -> int:
     # Airflow logs to stdout (e.g. while deserializing DAGs); keep stdout for the report alone.
     with contextlib.redirect_stdout(sys.stderr):
         result, where, dag_ids, seconds, writes, written = _audit_and_requeue(args, since, limit)
-    check_interrupted()  # a Ctrl-C that some library swallowed still gives no report
     if args.json:
         data = _as_json(result, where, since, dag_ids, seconds, args, writes, written)
-        print(json.dumps(data, default=_json_default, indent=2))
+        print_result(json.dumps(data, default=_json_default, indent=2))
+    elif args.requeue:
+        print_result(render(result, where, since, dag_ids, seconds, limit) + "\n\n" + render_requeue(writes, written))
     else:
-        print(render(result, where, since, dag_ids, seconds, limit))
-        if args.requeue:
-            print()
-            print(render_requeue(writes, written))
+        print_result(render(result, where, since, dag_ids, seconds, limit))
     return 1 if result.report.findings() else 0
 
 
