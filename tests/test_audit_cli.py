@@ -98,10 +98,23 @@ def _tree(root: Path) -> dict[str, tuple]:
     return {str(p.relative_to(root)): (p.is_dir(), p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*")}
 
 
-def test_audit_creates_no_file_and_no_directory(tmp_path):
+def _a_dag_waiting_on_a_queue_row() -> str:
+    """A consuming DAG with an event and its queue row (the audit deserializes such a DAG)."""
+    from airflow_dataset_race_fix.harness.world import World
+
+    world = World("audit-cli")
+    dataset = world.dataset("a")
+    dag_id = world.consumer("d", [dataset])
+    producer = world.producer("P")
+    world.clock.at(1), world.emit(producer, dataset), producer.finish()
+    return dag_id
+
+
+def test_audit_creates_no_file_and_no_directory(tmp_path, variant_stock):
     """In an empty AIRFLOW_HOME (Airflow's default: SQLite there), against a missing SQLite file,
     and on this session's real database, nothing appears or changes: not the home, not logs/,
     not an airflow.db, not a SQLite journal."""
+    dag_id = _a_dag_waiting_on_a_queue_row()
     empty_home = tmp_path / "empty-home"
     empty_home.mkdir()
     work = tmp_path / "cwd"
@@ -115,6 +128,7 @@ def test_audit_creates_no_file_and_no_directory(tmp_path):
     assert_one_line_exit_2(result, "no SQLite database file")
     result = run_audit(cwd=work)  # the session's configuration and database: a real audit
     assert result.returncode in (0, 1) and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert dag_id in result.stdout, result.stdout[-3000:]
 
     assert {root: _tree(root) for root in (tmp_path, session_home)} == before
 

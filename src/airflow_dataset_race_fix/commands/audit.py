@@ -143,6 +143,7 @@ def _audit_and_requeue(args: argparse.Namespace, since: datetime | None, limit: 
 
     from airflow_dataset_race_fix import invariant, requeue
 
+    _finish_airflow_library_set_up()
     if args.requeue:
         try:
             requeue.ensure_fix_active()
@@ -224,6 +225,17 @@ def _prepare_airflow_import(db_url: str | None) -> None:
                 f"AIRFLOW_HOME {home} is not a directory, so no Airflow configuration names the metadata "
                 "database: set AIRFLOW_HOME to your Airflow's home, or pass --db-url"
             )
+
+
+def _finish_airflow_library_set_up() -> None:
+    """The parts of Airflow's start-up that the audit needs when it skipped the rest
+    (``_AIRFLOW__AS_LIBRARY``): the folders from the configuration (deserializing a DAG loads
+    the plugins) and the driver adapters for pendulum datetimes. Neither writes anything."""
+    from airflow import settings
+
+    if settings.PLUGINS_FOLDER is None:
+        settings.configure_vars()
+        settings.configure_adapters()
 
 
 def open_database(db_url: str | None, *, read_only: bool):
