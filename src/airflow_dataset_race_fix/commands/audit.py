@@ -54,6 +54,8 @@ from urllib.parse import quote
 from airflow_dataset_race_fix.cli import UsageError, print_result
 
 TABLE_LIMIT = 20  # rows per section in the table unless --limit
+# --json's document, docs/audit-json.md: keys are only added within a version, never changed.
+JSON_SCHEMA_VERSION = 1
 REQUIRED_TABLES = (
     "alembic_version",
     "dag",
@@ -491,6 +493,7 @@ def render_requeue(writes, written: int | None) -> str:
 
 def _as_json(result, where, since, dag_ids, seconds, args, writes, written) -> dict:
     data = {
+        "schema_version": JSON_SCHEMA_VERSION,
         "database": where,
         "since": since,
         "dag_ids": dag_ids,
