@@ -60,6 +60,12 @@ def test_an_airflow_home_that_does_not_exist(tmp_path, home):
     assert not os.path.exists(home)
 
 
+def test_an_unreadable_airflow_cfg(tmp_path):
+    (tmp_path / "airflow.cfg").write_text("[database\nsql_alchemy_conn = sqlite:////nowhere.db\n")
+    result = run_audit(env={"AIRFLOW_HOME": str(tmp_path)}, airflow_config=False, cwd=tmp_path)
+    assert_one_line_exit_2(result, "cannot import Airflow here: File contains no section headers")
+
+
 @pytest.mark.parametrize(
     "url, expected",
     [

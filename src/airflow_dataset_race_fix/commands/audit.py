@@ -39,6 +39,7 @@ when the database comes from Airflow's configuration, and SQLite is opened read-
 from __future__ import annotations
 
 import argparse
+import configparser
 import contextlib
 import fnmatch
 import importlib.util
@@ -141,9 +142,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _audit_and_requeue(args: argparse.Namespace, since: datetime | None, limit: int | None):
-    from sqlalchemy.exc import SQLAlchemyError
+    try:
+        from sqlalchemy.exc import SQLAlchemyError
 
-    from airflow_dataset_race_fix import invariant, requeue
+        from airflow_dataset_race_fix import invariant, requeue
+    except (ImportError, configparser.Error) as err:  # a broken install, an unreadable airflow.cfg
+        raise UsageError(f"cannot import Airflow here: {_first_line(err)}") from None
 
     _finish_airflow_library_set_up()
     if args.requeue:
@@ -245,13 +249,18 @@ def open_database(db_url: str | None, *, read_only: bool):
     if db_url is None:
         from airflow.configuration import conf
 
+        from airflow.exceptions import AirflowConfigException
+
         source = "[database] sql_alchemy_conn"
-        url = conf.get("database", "sql_alchemy_conn")
-        connect_args = (
-            conf.getimport("database", "sql_alchemy_connect_args")
-            if conf.has_option("database", "sql_alchemy_connect_args")
-            else {}
-        )
+        try:
+            url = conf.get("database", "sql_alchemy_conn")
+            connect_args = (
+                conf.getimport("database", "sql_alchemy_connect_args")
+                if conf.has_option("database", "sql_alchemy_connect_args")
+                else {}
+            )
+        except AirflowConfigException as err:
+            raise UsageError(f"Airflow's configuration: {_first_line(err)}") from None
     else:
         source, url, connect_args = "--db-url", db_url, {}
     engine, where = _engine_for(url, source, connect_args, read_only=read_only)
