@@ -57,7 +57,10 @@ def test_only_a_scenario_that_cannot_run_is_a_usage_error_before_any_child(only)
     from airflow_dataset_race_fix.harness import catalog
 
     if only == "inapplicable":
-        only = next(info.id for info in catalog.CATALOG if not info.applies_to(BACKEND))
+        elsewhere = catalog.elsewhere(BACKEND)
+        if not elsewhere:
+            pytest.skip(f"every scenario can happen on {BACKEND}")
+        only = elsewhere[0].id
     done = reproduce("--backend", BACKEND, "--only", only, timeout=120)
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 2 and len(lines) == 1 and done.stdout == "", done.stderr
