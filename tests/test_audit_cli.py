@@ -109,10 +109,13 @@ def _a_dag_waiting_on_a_queue_row() -> str:
     from airflow_dataset_race_fix.harness.world import World
 
     world = World("audit-cli")
-    dataset = world.dataset("a")
-    dag_id = world.consumer("d", [dataset])
-    producer = world.producer("P")
-    world.clock.at(1), world.emit(producer, dataset), producer.finish()
+    try:
+        dataset = world.dataset("a")
+        dag_id = world.consumer("d", [dataset])
+        producer = world.producer("P")
+        world.clock.at(1), world.emit(producer, dataset), producer.finish()
+    finally:
+        world.close()  # stops its frozen clock: later tests run on real time
     return dag_id
 
 
