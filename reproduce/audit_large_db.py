@@ -24,6 +24,7 @@ import json
 import random
 import subprocess
 import sys
+import tempfile
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -290,7 +291,8 @@ def run_backend(backend: str, args) -> dict:
 
     database = ScratchDatabase(backend)
     url = database.create()
-    configure_airflow_env(url)
+    home = tempfile.TemporaryDirectory(prefix="adrf-audit-large-home-")
+    configure_airflow_env(url, home.name)
     try:
         from airflow_dataset_race_fix.harness.database import init_airflow_db
 
@@ -313,6 +315,7 @@ def run_backend(backend: str, args) -> dict:
 
             settings.dispose_orm()
             database.drop()
+        home.cleanup()
 
 
 def main() -> int:

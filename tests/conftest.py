@@ -7,6 +7,7 @@ imported, and its schema is created once.
 from __future__ import annotations
 
 import os
+import tempfile
 from importlib import metadata
 
 import pytest
@@ -18,7 +19,8 @@ BACKEND = os.environ.get("ADRF_BACKEND", "sqlite")
 AIRFLOW_VERSION = metadata.version("apache-airflow")
 _database = ScratchDatabase(BACKEND)
 _database.create()
-configure_airflow_env(_database.url)
+_airflow_home = tempfile.TemporaryDirectory(prefix="adrf-airflow-home-")
+configure_airflow_env(_database.url, _airflow_home.name)
 
 
 def pytest_report_header(config):
@@ -36,6 +38,7 @@ def pytest_sessionfinish(session, exitstatus):
 
     settings.dispose_orm()
     _database.drop()
+    _airflow_home.cleanup()
 
 
 # ADRF_FIX_MODE=source: the fix is in Airflow's files (source patches applied to this

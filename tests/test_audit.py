@@ -294,7 +294,10 @@ def test_unreachable_database(capsys):
         "mysql": "mysql+mysqldb://root@127.0.0.1:1/nothing",
     }
     line = audit_error(capsys, "--db-url", urls[BACKEND])
-    assert "cannot connect to the metadata database" in line
+    if BACKEND == "sqlite":  # a missing file is not opened (SQLite would create it)
+        assert "no SQLite database file at /nonexistent-dir/adrf/airflow.db" in line
+    else:
+        assert "cannot connect to the metadata database" in line
 
 
 def test_not_an_airflow_210_schema(capsys):
@@ -377,3 +380,72 @@ def test_read_only_user_audits_but_cannot_requeue(variant_stock, read_only_url, 
     assert "refusing to requeue: this database user cannot write dataset_dag_run_queue" in line
     _, again = audit(capsys, "--dag-id", dag_id)
     assert again["totals"]["lost"] == report["totals"]["lost"]  # nothing was written
+
+
+# -- the JSON document is the documented one -----------------------------------------------
+def _documented_keys() -> dict[str, set[str]]:
+    """{path: keys} from docs/audit-json.md: each ``<!-- keys: PATH ... -->`` marker and the
+    backquoted names in the first column of the table after it."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "audit-json.md").read_text()
+    documented = {}
+    for paths, table in re.findall(r"<!-- keys: (.*?) -->\n((?:\|.*\n)+)", text):
+        rows = table.splitlines()[2:]  # after the heading and the |---| line
+        keys = {key for row in rows for key in re.findall(r"`([^`]+)`", row.split("|")[1])}
+        for path in paths.split():
+            documented[path] = keys
+    return documented
+
+
+def _at(document: dict, path: str):
+    """The object at ``path`` (``.``, ``a.b``, ``a.b[]`` for a list's first item), or None."""
+    node = document
+    for part in [] if path == "." else path.split("."):
+        node = node[part.removesuffix("[]")]
+        if part.endswith("[]"):
+            if not node:
+                return None
+            node = node[0]
+    return node
+
+
+def test_the_documented_json_keys_are_the_printed_keys(variant_stock, capsys):
+    from dataclasses import fields
+
+    import airflow_dataset_race_fix
+    from airflow_dataset_race_fix.requeue import QueueWrite
+
+    outcomes = [run_scenario(s) for s in SCENARIOS if s.applies_to(BACKEND)]  # damage of every kind here
+    dag_ids = [d.dag_id for o in outcomes for d in o.report.dags]
+    airflow_dataset_race_fix.apply(strict=True)  # --requeue (a dry run) needs the fix here
+    _, document = audit(capsys, "--requeue", *dag_args(dag_ids))
+    item_types = {
+        "findings.stranded[]": invariant.StrandedGroup, "findings.suspected_lost[]": invariant.EventFinding,
+        "findings.doubled[]": invariant.EventFinding, "findings.empty_runs[]": invariant.RunFinding,
+        "findings.out_of_order[]": invariant.RunFinding, "findings.stale_queue_rows[]": invariant.QueueFinding,
+        "requeue.rows[]": QueueWrite,
+    }
+    documented = _documented_keys()
+    assert set(documented) == {".", "dags[]", "findings", "requeue", *item_types}, sorted(documented)
+    for path, keys in documented.items():
+        printed = _at(document, path)
+        # a list this run left empty: its items are the dataclass's fields, as printed elsewhere
+        printed_keys = set(printed) if printed is not None else {f.name for f in fields(item_types[path])}
+        assert printed_keys == keys, f"{path}: printed {sorted(printed_keys)}, documented {sorted(keys)}"
+    assert set(document["totals"]) == documented["dags[]"] - {"dag_id"}
+    assert document["schema_version"] == 1
+
+
+def test_the_readme_example_shows_the_tables_headings():
+    """The README's example output has the columns that the table prints today."""
+    from pathlib import Path
+
+    from airflow_dataset_race_fix.commands.audit import render
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    example = readme.split("$ airflow-dataset-race-fix audit ", 1)[1].split("```", 1)[0]
+    printed = render(invariant.Audit(report=invariant.Report()), "db", None, [], 0.0, None).splitlines()
+    headings = next(line for line in printed if line.startswith("DAG "))
+    assert headings.split() == next(line for line in example.splitlines() if line.startswith("DAG ")).split()

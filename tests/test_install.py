@@ -1,25 +1,32 @@
 """
-The pinned install works as an operator would use it: `airflow version` and `airflow db
-migrate`, for the Airflow release installed here (tox: one env per release), installed
-from its pins in requirements/.
+The install works as an operator would do it: `airflow version` and `airflow db migrate`
+for the Airflow release installed here (tox: one env per release), installed from its pins
+in requirements/; and the README's quick start, word for word, in a fresh virtualenv
+outside the repository.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from importlib import metadata
 from pathlib import Path
+
+import pytest
 
 from airflow_dataset_race_fix.harness.database import ScratchDatabase
 
 from conftest import AIRFLOW_VERSION, BACKEND
 
-PINS = Path(__file__).resolve().parents[1] / "requirements" / f"constraints-airflow-{AIRFLOW_VERSION}-py3.11.txt"
+REPO = Path(__file__).resolve().parents[1]
+PINS = REPO / "requirements" / f"constraints-airflow-{AIRFLOW_VERSION}-py3.11.txt"
 
 
 def _pins() -> dict[str, str]:
@@ -67,3 +74,95 @@ def test_airflow_version_and_db_migrate_on_a_fresh_database():
     finally:
         database.drop()
         shutil.rmtree(home, ignore_errors=True)
+
+
+def test_a_test_session_leaves_no_airflow_home_behind(tmp_path):
+    """conftest's AIRFLOW_HOME (logs, airflow.cfg) goes with the session that made it."""
+    env = dict(os.environ, TMPDIR=str(tmp_path))
+    session = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", "tests/test_readme.py::test_the_readme_shows_commands"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert session.returncode == 0, session.stdout[-2000:] + session.stderr[-2000:]
+    assert not list(tmp_path.glob("adrf-airflow-home-*")), sorted(p.name for p in tmp_path.iterdir())
+
+
+def _quick_start_script(repo: Path) -> str:
+    """The README's quick start as a bash script for a clone at ``repo``: the database migrated
+    before ``status``, and each of ``status`` and ``audit`` followed by its exit code."""
+    from test_readme import quick_start_commands
+
+    lines = ["set -euo pipefail"]
+    for command in quick_start_commands():
+        if command.startswith("ADRF="):
+            command = f"ADRF={shlex.quote(str(repo))}"
+        if command.endswith(" status"):
+            lines += ["airflow db migrate >/dev/null", "set +e"]
+        if command.endswith((" status", " audit")):
+            command += f'; echo "exit of {command.split()[-1]}: $?"'
+        lines.append(command)
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.skipif(
+    (BACKEND, AIRFLOW_VERSION) != ("sqlite", "2.10.4"),
+    reason="installs Airflow into a fresh virtualenv (about a minute from pip's cache): "
+    "run once, in the env of the quick start's release on SQLite",
+)
+def test_quick_start_install_outside_the_repository(tmp_path):
+    """The README's quick start, word for word, in a fresh virtualenv and a directory outside
+    the repository: the wheel builds, installs with Airflow from the constraints file by absolute
+    path, ``status`` and ``audit`` run against a migrated SQLite database, and neither needs
+    the reproduction-only time-machine."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys._base_executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    home = tmp_path / "airflow-home"
+    home.mkdir()
+    env = {
+        key: value for key, value in os.environ.items()
+        if not key.startswith(("AIRFLOW", "PYTHON", "VIRTUAL_ENV", "PIP_CONSTRAINT"))
+    }
+    env.update(
+        PATH=f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}",
+        AIRFLOW_HOME=str(home),
+        AIRFLOW__CORE__LOAD_EXAMPLES="False",
+    )
+    # the quick start builds into $ADRF/dist: a copy of the tracked files, so that the test
+    # neither writes into this worktree nor depends on its build leftovers
+    clone = tmp_path / "clone"
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO, check=True,
+                           capture_output=True, text=True).stdout.split()
+    for name in files:
+        if (REPO / name).is_file():
+            (clone / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, clone / name)
+    script = _quick_start_script(clone)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    started = time.monotonic()
+    run = subprocess.run(["bash", "-c", script], cwd=elsewhere, env=env, capture_output=True, text=True, timeout=1200)
+    print(f"quick start in a fresh virtualenv: {time.monotonic() - started:.0f} s")
+    output = run.stdout + run.stderr
+    assert run.returncode == 0, f"{script}\n{output[-4000:]}"
+    assert "exit of status: 0" in run.stdout, output[-4000:]
+    assert "exit of audit: 0" in run.stdout, output[-4000:]
+    assert "Traceback" not in output, output[-4000:]
+    # time-machine is only the [reproduce] extra's. (Airflow's pendulum 3 requires it on CPython
+    # anyway, so it is installed here; what matters is that this package neither requires nor
+    # imports it outside the reproduction harness.)
+    python = str(venv / "bin" / "python")
+    requires = subprocess.run(
+        [python, "-c", "import json; from importlib import metadata; "
+         "print(json.dumps(metadata.requires('airflow-dataset-race-fix')))"],
+        cwd=elsewhere, env=env, capture_output=True, text=True, timeout=60, check=True,
+    ).stdout
+    time_machine = [r for r in json.loads(requires) if r.startswith("time-machine")]
+    assert any('extra == "reproduce"' in r for r in time_machine), requires
+    assert all("extra ==" in r for r in time_machine), f"time-machine must be an extra's only: {requires}"
+    for command in ("status", "audit"):
+        without = subprocess.run(
+            [python, "-c", "import sys; sys.modules['time_machine'] = None; "
+             "from airflow_dataset_race_fix.cli import main; sys.exit(main([sys.argv[1]]))", command],
+            cwd=elsewhere, env=env, capture_output=True, text=True, timeout=300,
+        )
+        assert without.returncode in (0, 1) and "Traceback" not in without.stderr, without.stderr[-3000:]

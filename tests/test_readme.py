@@ -1,4 +1,4 @@
-"""The README cannot rot: every command it shows parses, runs here, or is run by CI."""
+"""The README (and docs/) cannot rot: every command shown parses, runs here, or is run by CI."""
 
 from __future__ import annotations
 
@@ -11,10 +11,13 @@ from pathlib import Path
 
 import pytest
 
+from airflow_dataset_race_fix import __version__
 from airflow_dataset_race_fix.cli import build_parser
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
+# The README and the documents it links to under docs/: their commands are held to the same rule.
+DOCUMENTS = [README, *sorted((REPO / "docs").glob("*.md"))]
 CLI = "airflow-dataset-race-fix"
 
 # Commands that are not ours, and what runs them: a README line must start with one of
@@ -22,7 +25,9 @@ CLI = "airflow-dataset-race-fix"
 EXERCISED_ELSEWHERE = {
     "reproduce/run": "test_reproduce_run_script_starts (and the reproduction tests)",
     ".ci/run": "CI itself",
-    "pip install": ".ci/run and tox install the same way",
+    "ADRF=": "test_install.py's test_quick_start_install_outside_the_repository sets it",
+    "python -m pip wheel": "test_install.py's test_quick_start_install_outside_the_repository",
+    "pip install": "the quick start's: test_install.py; the others: .ci/run and tox install the same way",
     "tox": ".ci/run runs tox; tox -e <env> -- <args> is tox's own syntax",
     "pg_ctlcluster": ".ci/run starts PostgreSQL with it",
     "start-stop-daemon": ".ci/run starts MariaDB with it",
@@ -33,9 +38,10 @@ EXERCISED_ELSEWHERE = {
 
 
 def _readme_commands() -> list[str]:
-    """Shell commands in the README's bash and Dockerfile blocks, continuations joined."""
+    """Shell commands in the bash and Dockerfile blocks of DOCUMENTS, continuations joined."""
     commands: list[str] = []
-    for lang, body in re.findall(r"```(bash|dockerfile)\n(.*?)```", README.read_text(), re.S):
+    documents = "\n".join(document.read_text() for document in DOCUMENTS)
+    for lang, body in re.findall(r"```(bash|dockerfile)\n(.*?)```", documents, re.S):
         text = body.replace("\\\n", " ")
         for line in text.splitlines():
             line = re.sub(r"\s+#\s.*$", "", line).strip()
@@ -56,6 +62,27 @@ def _our_argv(command: str) -> list[str] | None:
     if words and words[0] == CLI:
         return words[1:]
     return None
+
+
+def quick_start_commands() -> list[str]:
+    """The commands of the README's quick start block, continuations joined, comments dropped."""
+    section = README.read_text().split("## Quick start\n", 1)[1].split("\n## ", 1)[0]
+    body = re.search(r"```bash\n(.*?)```", section, re.S)[1].replace("\\\n", " ")
+    return [re.sub(r"\s+#\s.*$", "", line).strip() for line in body.splitlines() if line.strip()]
+
+
+def test_the_quick_start_installs_turns_on_checks_and_audits():
+    commands = quick_start_commands()
+    assert commands[0].startswith("ADRF=/")
+    wheel = f"airflow_dataset_race_fix-{__version__}-py3-none-any.whl"
+    assert any(c.startswith("pip install -c \"$ADRF/requirements/constraints-") and wheel in c for c in commands), (
+        f"the quick start must install the wheel this version builds ({wheel}) with a constraints file by absolute path"
+    )
+    assert any("shim path" in c for c in commands)
+    assert f"{CLI} status" in commands and f"{CLI} audit" in commands
+    section = README.read_text().split("## Quick start\n", 1)[1].split("\n## ", 1)[0]
+    assert "AIRFLOW_DATASET_RACE_FIX_DISABLED=1" in section, "the quick start says how to turn the fix off"
+    assert len(section.splitlines()) <= 45, "the quick start fits on one screen"
 
 
 def test_the_readme_shows_commands():

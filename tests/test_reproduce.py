@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import BACKEND
+from conftest import AIRFLOW_VERSION, BACKEND
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -47,6 +47,47 @@ def test_deterministic_shows_every_race_on_stock_and_none_fixed(tmp_path):
     for scenario in fixed["scenarios"]:
         assert "skipped" in scenario or scenario["violations"] == {}, scenario
     assert "S1  stale queue timestamp" in done.stdout  # the table
+    assert "bug shown" in done.stdout and "forced interleavings" in done.stdout and "--e2e" in done.stdout
+    if BACKEND == "sqlite":
+        assert "not run on sqlite: S2b (--backend postgres or mysql), S3 (--backend postgres or mysql)" in done.stdout
+
+
+@pytest.mark.parametrize("only", ["S9", "inapplicable"])
+def test_only_a_scenario_that_cannot_run_is_a_usage_error_before_any_child(only):
+    from airflow_dataset_race_fix.harness import catalog
+
+    if only == "inapplicable":
+        elsewhere = catalog.elsewhere(BACKEND)
+        if not elsewhere:
+            pytest.skip(f"every scenario can happen on {BACKEND}")
+        only = elsewhere[0].id
+    done = reproduce("--backend", BACKEND, "--only", only, timeout=120)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1 and done.stdout == "", done.stderr
+    assert f"--only {only}: " in lines[0]
+    assert f"On {BACKEND}: " in lines[0] or f"(on {BACKEND}: " in lines[0]
+    assert ", ".join(catalog.applicable_ids(BACKEND)) in lines[0]
+
+
+def test_missing_requirements_name_the_one_command_that_installs_them(monkeypatch, capsys):
+    """A run on postgres with Celery where nothing extra is installed: the parent refuses with
+    one pip command (the installed Airflow's pins, by absolute path), and reproduce/run's helper
+    prints the same requirements to install."""
+    from airflow_dataset_race_fix.reproduce import requirements, runner
+
+    monkeypatch.setattr(requirements, "_installed", lambda module: False)
+    monkeypatch.setattr(requirements, "_distribution_installed", lambda name: False)
+    with pytest.raises(runner.ReproduceError) as refused:
+        runner.check_requirements("postgres", "celery")
+    message = str(refused.value)
+    constraints = ROOT / "requirements" / f"constraints-airflow-{AIRFLOW_VERSION}-py3.11.txt"
+    celery = ROOT / "requirements" / "celery-e2e-airflow-2.10.4-py3.11.txt"
+    assert f"-m pip install -c {constraints} time-machine psycopg2-binary -r {celery}" in message
+    assert requirements.main(["--backend", "mysql", "--e2e", "--executor", "celery"]) == 0
+    assert capsys.readouterr().out.split() == ["time-machine", "mysqlclient", "-r", str(celery)]
+    monkeypatch.setattr(requirements, "_installed", lambda module: True)
+    monkeypatch.setattr(requirements, "_distribution_installed", lambda name: True)
+    assert requirements.main(["--backend", "postgres"]) == 0 and capsys.readouterr().out == ""
 
 
 def test_script_is_the_same_command():

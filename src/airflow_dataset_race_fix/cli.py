@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
 
 from airflow_dataset_race_fix import __version__
@@ -20,6 +21,37 @@ COMMAND_MODULES = ("status", "shim", "source_patches", "reproduce", "audit")
 
 class UsageError(Exception):
     """Bad input from the user: printed as one clear line, exit code 2."""
+
+
+_interrupted = False
+
+
+def _on_interrupt(signum, frame) -> None:
+    global _interrupted
+    _interrupted = True
+    raise KeyboardInterrupt
+
+
+def check_interrupted() -> None:
+    """Raise KeyboardInterrupt if Ctrl-C came, even if some library caught the first one.
+
+    Airflow's and its providers' import-time code catches broad exceptions in places; so a
+    command checks before it prints a result, and an interrupt never yields a report.
+    """
+    if _interrupted:
+        raise KeyboardInterrupt
+
+
+def print_result(text: str) -> None:
+    """Print a command's result on stdout: not after a Ctrl-C, and not cut by a later one.
+
+    From here on SIGINT is ignored, so the result printed and the exit status that goes with
+    it stay together (main() puts the previous handler back when called in-process).
+    """
+    check_interrupted()
+    if signal.getsignal(signal.SIGINT) is _on_interrupt:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    print(text, flush=True)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -35,19 +67,37 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if not getattr(args, "handler", None):
-        parser.print_help()
-        return 2
+    """Run the command line ``argv`` (default: this process's); its exit status.
+
+    With ``argv`` given (an in-process caller), the caller's SIGINT handler is put back after.
+    """
+    global _interrupted
+    _interrupted = False
+    previous = signal.getsignal(signal.SIGINT)
+    # First, before the subcommands import anything heavy: remember every Ctrl-C (see
+    # check_interrupted). A SIGINT that our parent ignores (a background job) stays ignored.
+    if previous is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _on_interrupt)
+    command = None
     try:
-        return int(args.handler(args) or 0)
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        command = args.command
+        if not getattr(args, "handler", None):
+            parser.print_help()
+            return 2
+        status = int(args.handler(args) or 0)
+        check_interrupted()
+        return status
     except UsageError as err:
-        print(f"airflow-dataset-race-fix {args.command}: error: {err}", file=sys.stderr)
+        print(f"airflow-dataset-race-fix {command}: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    finally:
+        if argv is not None and previous is not None:
+            signal.signal(signal.SIGINT, previous)
 
 
 if __name__ == "__main__":

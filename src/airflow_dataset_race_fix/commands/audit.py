@@ -27,23 +27,36 @@ Exit status: 0 clean, 1 findings (suspected lost, doubled, empty or out-of-order
 Database: Airflow's own configuration (``[database] sql_alchemy_conn``), or ``--db-url``.
 The audit reads in one REPEATABLE READ transaction (PostgreSQL, MySQL), so counts and
 lists come from one snapshot.
+
+The audit creates nothing: no AIRFLOW_HOME, no log directory, no database file. Airflow is
+imported as a library (``_AIRFLOW__AS_LIBRARY``: its configuration is read, but neither its
+logging, which creates ``logs/`` directories, nor its ORM, which imports the configured
+driver and opens the database, is set up), an AIRFLOW_HOME that does not exist is refused
+when the database comes from Airflow's configuration, and SQLite is opened read-only
+(``mode=ro``) unless ``--requeue --yes`` writes.
 """
 
 from __future__ import annotations
 
 import argparse
+import configparser
 import contextlib
 import fnmatch
+import importlib.util
 import json
+import os
 import re
 import sys
 import time
 from dataclasses import asdict
 from datetime import datetime, timedelta, timezone
+from urllib.parse import quote
 
-from airflow_dataset_race_fix.cli import UsageError
+from airflow_dataset_race_fix.cli import UsageError, print_result
 
 TABLE_LIMIT = 20  # rows per section in the table unless --limit
+# --json's document, docs/audit-json.md: keys are only added within a version, never changed.
+JSON_SCHEMA_VERSION = 1
 REQUIRED_TABLES = (
     "alembic_version",
     "dag",
@@ -57,6 +70,9 @@ REQUIRED_TABLES = (
 )
 # Alembic heads of the schemas the audit reads: 2.10.0-2.10.2, and 2.10.3-2.11.x (2.11 added no migration).
 SUPPORTED_REVISIONS = {"22ed7efa9da2": "2.10.0", "5f2621c13b39": "2.10.3"}
+# SQLAlchemy backend names of the databases Airflow 2.10/2.11 supports, and their extras here.
+SUPPORTED_BACKENDS = {"postgresql": "postgres", "mysql": "mysql", "sqlite": None}
+CHECK_HOME_HINT = "check AIRFLOW_HOME (or --db-url), and run 'airflow db migrate' if the database was never migrated"
 
 
 def register(subparsers) -> None:
@@ -111,31 +127,35 @@ def run(args: argparse.Namespace) -> int:
     if args.limit is not None and args.limit < 0:
         raise UsageError("--limit must be 0 or more")
     limit = args.limit if args.limit is not None else (None if args.json else TABLE_LIMIT)
+    _prepare_airflow_import(args.db_url)
     # Airflow logs to stdout (e.g. while deserializing DAGs); keep stdout for the report alone.
     with contextlib.redirect_stdout(sys.stderr):
         result, where, dag_ids, seconds, writes, written = _audit_and_requeue(args, since, limit)
     if args.json:
         data = _as_json(result, where, since, dag_ids, seconds, args, writes, written)
-        print(json.dumps(data, default=_json_default, indent=2))
+        print_result(json.dumps(data, default=_json_default, indent=2))
+    elif args.requeue:
+        print_result(render(result, where, since, dag_ids, seconds, limit) + "\n\n" + render_requeue(writes, written))
     else:
-        print(render(result, where, since, dag_ids, seconds, limit))
-        if args.requeue:
-            print()
-            print(render_requeue(writes, written))
+        print_result(render(result, where, since, dag_ids, seconds, limit))
     return 1 if result.report.findings() else 0
 
 
 def _audit_and_requeue(args: argparse.Namespace, since: datetime | None, limit: int | None):
-    from sqlalchemy.exc import SQLAlchemyError
+    try:
+        from sqlalchemy.exc import SQLAlchemyError
 
-    from airflow_dataset_race_fix import invariant, requeue
+        from airflow_dataset_race_fix import invariant, requeue
+    except (ImportError, configparser.Error) as err:  # a broken install, an unreadable airflow.cfg
+        raise UsageError(f"cannot import Airflow here: {_first_line(err)}") from None
 
+    _finish_airflow_library_set_up()
     if args.requeue:
         try:
             requeue.ensure_fix_active()
         except requeue.RequeueRefused as err:
             raise UsageError(str(err)) from None
-    engine, where = open_database(args.db_url)
+    engine, where = open_database(args.db_url, read_only=not args.yes)
     started = time.monotonic()
     try:
         with _snapshot(engine) as session:
@@ -164,17 +184,20 @@ _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks
 def parse_since(value: str | None) -> datetime | None:
     if value is None:
         return None
-    match = _DURATION.match(value.strip().lower())
-    if match:
-        return datetime.now(timezone.utc) - timedelta(**{_UNITS[match[2]]: int(match[1])})
     try:
-        when = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
-    except ValueError:
-        raise UsageError(
-            f"--since {value!r}: expected an ISO date or date/time (2025-06-01, 2025-06-01T12:00+02:00) "
-            "or a duration such as 90m, 12h, 7d"
-        ) from None
-    return when.replace(tzinfo=timezone.utc) if when.tzinfo is None else when.astimezone(timezone.utc)
+        match = _DURATION.match(value.strip().lower())
+        if match:
+            return datetime.now(timezone.utc) - timedelta(**{_UNITS[match[2]]: int(match[1])})
+        try:
+            when = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+        except ValueError:
+            raise UsageError(
+                f"--since {value!r}: expected an ISO date or date/time (2025-06-01, 2025-06-01T12:00+02:00) "
+                "or a duration such as 90m, 12h, 7d"
+            ) from None
+        return when.replace(tzinfo=timezone.utc) if when.tzinfo is None else when.astimezone(timezone.utc)
+    except OverflowError:
+        raise UsageError(f"--since {value!r}: out of range (years 1 to 9999, UTC)") from None
 
 
 def select_dags(consuming: list[str], patterns: list[str] | None) -> list[str]:
@@ -190,40 +213,113 @@ def select_dags(consuming: list[str], patterns: list[str] | None) -> list[str]:
 
 
 # -- database ---------------------------------------------------------------------------
-def open_database(db_url: str | None):
-    """The engine to audit, checked to reach an Airflow 2.10/2.11 schema; (engine, redacted URL)."""
-    from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+def _prepare_airflow_import(db_url: str | None) -> None:
+    """Check that Airflow can be imported here without creating anything, before it is.
 
+    The configuration is read from AIRFLOW_HOME, which must exist when it names the database:
+    an AIRFLOW_HOME that does not exist is not the home of any Airflow, and Airflow itself
+    would create it and an empty database there.
+    """
+    if importlib.util.find_spec("airflow") is None:
+        raise UsageError(f"Apache Airflow is not installed in {sys.executable}: run audit where Airflow runs")
+    if "airflow" not in sys.modules:
+        os.environ["_AIRFLOW__AS_LIBRARY"] = "1"  # no logging or ORM set-up at import (see the module's docstring)
     if db_url is None:
-        from airflow import settings
+        home = os.path.expanduser(os.path.expandvars(os.environ.get("AIRFLOW_HOME", "~/airflow")))
+        if not os.path.isdir(home):
+            raise UsageError(
+                f"AIRFLOW_HOME {home} is not a directory, so no Airflow configuration names the metadata "
+                "database: set AIRFLOW_HOME to your Airflow's home, or pass --db-url"
+            )
 
-        if settings.engine is None:
-            settings.configure_orm()
-        engine = settings.engine
-    else:
+
+def _finish_airflow_library_set_up() -> None:
+    """The parts of Airflow's start-up that the audit needs when it skipped the rest
+    (``_AIRFLOW__AS_LIBRARY``): the folders from the configuration (deserializing a DAG loads
+    the plugins) and the driver adapters for pendulum datetimes. Neither writes anything."""
+    from airflow import settings
+
+    if settings.PLUGINS_FOLDER is None:
+        settings.configure_vars()
+        settings.configure_adapters()
+
+
+def open_database(db_url: str | None, *, read_only: bool):
+    """The engine to audit, checked to reach an Airflow 2.10/2.11 schema; (engine, redacted URL)."""
+    if db_url is None:
+        from airflow.configuration import conf
+
+        from airflow.exceptions import AirflowConfigException
+
+        source = "[database] sql_alchemy_conn"
         try:
-            engine = _engine_for(db_url)
-        except (ArgumentError, NoSuchModuleError, ImportError) as err:
-            raise UsageError(f"--db-url: {err}") from None
-    where = engine.url.render_as_string(hide_password=True)
+            url = conf.get("database", "sql_alchemy_conn")
+            connect_args = (
+                conf.getimport("database", "sql_alchemy_connect_args")
+                if conf.has_option("database", "sql_alchemy_connect_args")
+                else {}
+            )
+        except AirflowConfigException as err:
+            raise UsageError(f"Airflow's configuration: {_first_line(err)}") from None
+    else:
+        source, url, connect_args = "--db-url", db_url, {}
+    engine, where = _engine_for(url, source, connect_args, read_only=read_only)
     _check_schema(engine, where)
     return engine, where
 
 
-def _engine_for(url: str):
-    """An engine set up as Airflow sets up its own (UTC session time zone on MySQL, READ COMMITTED)."""
+def _engine_for(url: str, source: str, connect_args: dict, *, read_only: bool):
+    """An engine set up as Airflow sets up its own (UTC session time zone on MySQL, READ COMMITTED),
+    SQLite opened read-only unless ``read_only`` is false; (engine, the URL redacted for messages).
+    Bad URLs and missing drivers are UsageErrors."""
     from sqlalchemy import create_engine
     from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError, NoSuchModuleError
     from sqlalchemy.pool import NullPool
 
     from airflow.utils.orm_event_handlers import setup_event_handlers
 
-    options: dict = {"poolclass": NullPool}
-    if make_url(url).get_backend_name() == "mysql":
+    try:
+        parsed = make_url(url)
+    except (ArgumentError, ValueError) as err:
+        raise UsageError(f"{source}: not a valid database URL: {err}") from None
+    where = parsed.render_as_string(hide_password=True)
+    backend = parsed.get_backend_name()
+    if backend not in SUPPORTED_BACKENDS:
+        raise UsageError(
+            f"{source}: unsupported backend {backend!r}: Airflow 2.10/2.11 metadata databases are "
+            "PostgreSQL, MySQL/MariaDB or SQLite"
+        )
+    if backend == "sqlite":
+        parsed = _sqlite_url(parsed, source, read_only=read_only)
+    options: dict = {"poolclass": NullPool, "connect_args": connect_args}
+    if backend == "mysql":
         options["isolation_level"] = "READ COMMITTED"
-    engine = create_engine(url, **options)
+    try:
+        engine = create_engine(parsed, **options)
+    except (NoSuchModuleError, ImportError) as err:
+        extra = SUPPORTED_BACKENDS[backend]
+        hint = f" (pip install 'airflow-dataset-race-fix[{extra}]', or the driver your URL names)" if extra else ""
+        raise UsageError(f"{source}: the driver for {parsed.drivername} is not installed: {err}{hint}") from None
+    except (ArgumentError, TypeError, ValueError) as err:
+        raise UsageError(f"{source}: bad database URL argument: {err}") from None
     setup_event_handlers(engine)
-    return engine
+    return engine, where
+
+
+def _sqlite_url(url, source: str, *, read_only: bool):
+    """A SQLite URL that opens an existing file (read-only unless ``read_only`` is false) and
+    never creates one: SQLite makes an empty file on a plain open of a missing path."""
+    database = url.database or ""
+    if url.query.get("uri") == "true" and database.startswith("file:"):
+        return url  # already an SQLite URI: opened as its own query says
+    if database in ("", ":memory:"):
+        raise UsageError(f"{source}: an in-memory SQLite database has no Airflow tables; give a file's URL")
+    path = os.path.abspath(database)
+    if not os.path.isfile(path):
+        raise UsageError(f"{source}: no SQLite database file at {path}; {CHECK_HOME_HINT}")
+    mode = {"mode": "ro"} if read_only else {"mode": "rw"}
+    return url.set(database=f"file:{quote(path)}").update_query_dict({**mode, "uri": "true"})
 
 
 def _check_schema(engine, where: str) -> None:
@@ -239,7 +335,8 @@ def _check_schema(engine, where: str) -> None:
         missing = [t for t in REQUIRED_TABLES if t not in tables]
         if missing:
             raise UsageError(
-                f"{where} is not an Airflow 2.10/2.11 metadata database: missing tables {', '.join(missing)}"
+                f"{where} is not an Airflow 2.10/2.11 metadata database: missing tables {', '.join(missing)}; "
+                f"{CHECK_HOME_HINT}"
             )
         revisions = list(conn.scalars(text("SELECT version_num FROM alembic_version")))
     except SQLAlchemyError as err:
@@ -405,6 +502,7 @@ def render_requeue(writes, written: int | None) -> str:
 
 def _as_json(result, where, since, dag_ids, seconds, args, writes, written) -> dict:
     data = {
+        "schema_version": JSON_SCHEMA_VERSION,
         "database": where,
         "since": since,
         "dag_ids": dag_ids,

@@ -107,9 +107,11 @@ def _redacted(url: str) -> str:
     return make_url(url).render_as_string(hide_password=True)
 
 
-def configure_airflow_env(sql_alchemy_conn: str, airflow_home: str | None = None) -> str:
-    """Point Airflow (not yet imported) at ``sql_alchemy_conn`` with quiet, test-friendly settings."""
-    airflow_home = airflow_home or tempfile.mkdtemp(prefix="adrf-airflow-home-")
+def configure_airflow_env(sql_alchemy_conn: str, airflow_home: str) -> str:
+    """Point Airflow (not yet imported) at ``sql_alchemy_conn`` with quiet, test-friendly settings.
+
+    ``airflow_home`` is the caller's to remove when done (Airflow writes logs and its config there).
+    """
     os.makedirs(os.path.join(airflow_home, "dags"), exist_ok=True)
     settings = {
         "AIRFLOW_HOME": airflow_home,

@@ -6,36 +6,26 @@ pauses at named SQL statements and real row-lock waits), drains the scheduler, a
 returns the invariant report. ``expect_stock`` names the counters that stock Airflow
 must show above zero; with the fix every violation counter must be zero.
 
-Times are seconds on the world's clock. Backends: a scenario is listed only where its
-interleaving can happen. SQLite has a single writer, so a producer holding an open
-write transaction blocks every other writer: the interleavings that need two open
-writers (S3, S5, S7, and S2 at the DELETE) cannot occur there.
+Times are seconds on the world's clock. Backends: a scenario runs only where its
+interleaving can happen (``harness.catalog``, which also holds ids, titles and
+``expect_stock``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from airflow.datasets import DatasetAny
 
+from airflow_dataset_race_fix.harness.catalog import CATALOG, ScenarioInfo
 from airflow_dataset_race_fix.harness.world import BLOCKED, DONE, PAUSED, World
 from airflow_dataset_race_fix.invariant import Report
 
-ALL = ("sqlite", "postgres", "mysql")
-SERVERS = ("postgres", "mysql")
-
 
 @dataclass(frozen=True)
-class Scenario:
-    id: str
-    title: str
-    backends: tuple[str, ...]
-    expect_stock: tuple[str, ...]
+class Scenario(ScenarioInfo):
     run: Callable[[World], None]
-
-    def applies_to(self, backend: str) -> bool:
-        return backend in self.backends
 
 
 @dataclass
@@ -187,15 +177,19 @@ def s7_merge_conflict(w: World) -> None:
     w.drain(s, start=10)
 
 
-SCENARIOS = (
-    Scenario("S1", "stale queue timestamp", ALL, ("lost",), s1_stale_queue_timestamp),
-    Scenario("S2", "delete during processing", ALL, ("lost",), s2_delete_during_processing),
-    Scenario("S2b", "delete during processing, at the DELETE", SERVERS, ("lost",), s2_delete_at_the_delete),
-    Scenario("S3", "late commit (visibility gap)", SERVERS, ("lost",), s3_late_commit),
-    Scenario("S4", "queue row for consumed events", ALL, ("lost",), s4_row_for_consumed_events),
-    Scenario("S5", "phantom run", SERVERS, ("empty_runs", "lost"), s5_phantom_run),
-    Scenario("S6", "out of order, double consumption", ALL, ("out_of_order", "doubled"), s6_out_of_order),
-    Scenario("S7", "merge path conflict", ("mysql",), ("lost",), s7_merge_conflict),
+_INTERLEAVINGS = {
+    "S1": s1_stale_queue_timestamp,
+    "S2": s2_delete_during_processing,
+    "S2b": s2_delete_at_the_delete,
+    "S3": s3_late_commit,
+    "S4": s4_row_for_consumed_events,
+    "S5": s5_phantom_run,
+    "S6": s6_out_of_order,
+    "S7": s7_merge_conflict,
+}
+SCENARIOS = tuple(
+    Scenario(**{f.name: getattr(info, f.name) for f in fields(ScenarioInfo)}, run=_INTERLEAVINGS[info.id])
+    for info in CATALOG
 )
 
 

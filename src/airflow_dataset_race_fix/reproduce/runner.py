@@ -19,8 +19,9 @@ import time
 from typing import Any
 
 from airflow_dataset_race_fix.cli import UsageError
+from airflow_dataset_race_fix.harness import catalog
 from airflow_dataset_race_fix.harness.database import BACKENDS, DatabaseUnavailable, ScratchDatabase
-from airflow_dataset_race_fix.reproduce import report
+from airflow_dataset_race_fix.reproduce import report, requirements
 
 VARIANTS = ("stock", "fixed")
 DEFAULT_SEED = 20261130
@@ -89,6 +90,10 @@ def _main(args: argparse.Namespace) -> int:
     mode = "e2e" if args.e2e else "stress" if args.stress else "deterministic"
     if args.repeat < 1:
         raise ReproduceError("--repeat must be at least 1")
+    if mode == "deterministic":
+        args.only = scenario_ids(args.only, backend)
+    # Celery on SQLite is refused below, with its reason, before anything is installed for it
+    check_requirements(backend, args.executor if mode == "e2e" and backend != "sqlite" else None)
     if mode == "e2e" and args.mapped < 30:
         print("reproduce: note: fewer than 30 mapped producer tasks rarely shows the race", file=sys.stderr)
     if mode == "e2e":
@@ -153,10 +158,42 @@ def resolve_backend(backend: str | None, db_url: str | None) -> str:
     return from_url
 
 
+def scenario_ids(only: str | None, backend: str) -> list[str]:
+    """--only's scenario ids, each known and able to happen on ``backend``; [] (all) without --only.
+    A usage error otherwise, before any child interpreter starts."""
+    applicable = catalog.applicable_ids(backend)
+    if not only:
+        return []
+    known = {info.id.upper(): info for info in catalog.CATALOG}
+    chosen = []
+    for word in filter(None, (w.strip().upper() for w in only.split(","))):
+        info = known.get(word)
+        if info is None:
+            raise ReproduceError(
+                f"--only {word}: no such scenario; scenarios: {', '.join(i.id for i in catalog.CATALOG)} "
+                f"(on {backend}: {', '.join(applicable)})"
+            )
+        if not info.applies_to(backend):
+            raise ReproduceError(
+                f"--only {info.id}: cannot happen on {backend}; it runs with --backend {' or '.join(info.backends)}. "
+                f"On {backend}: {', '.join(applicable)}"
+            )
+        chosen.append(info.id)
+    return chosen
+
+
+def check_requirements(backend: str, executor: str | None) -> None:
+    """The driver, time-machine and Celery that this run needs, or the one command that installs them."""
+    needed = requirements.missing(backend, executor)
+    if needed:
+        raise ReproduceError(
+            f"this run needs {' '.join(needed)}, not installed in {sys.executable}; install with: "
+            f"{requirements.install_command(needed)}"
+        )
+
+
 def check_celery(backend: str, args: argparse.Namespace) -> None:
     """What --executor celery needs, checked before any database is made."""
-    from importlib.metadata import PackageNotFoundError, version
-
     if backend == "sqlite":
         raise ReproduceError(
             "Airflow refuses CeleryExecutor on SQLite (one writer at a time; only SequentialExecutor runs "
@@ -164,14 +201,8 @@ def check_celery(backend: str, args: argparse.Namespace) -> None:
         )
     if args.workers < 1 or args.worker_concurrency < 1:
         raise ReproduceError("--workers and --worker-concurrency must be at least 1")
-    try:
-        version("apache-airflow-providers-celery")
-        import redis
-    except (PackageNotFoundError, ImportError):
-        raise ReproduceError(
-            "--executor celery needs the Celery provider and the Redis client: pip install "
-            "-c requirements/constraints-airflow-2.10.4-py3.11.txt -r requirements/celery-e2e-airflow-2.10.4-py3.11.txt"
-        ) from None
+    import redis  # installed: check_requirements
+
     from airflow_dataset_race_fix.reproduce.e2e_celery import redis_url
 
     try:
@@ -203,7 +234,7 @@ def check_airflow_version() -> str:
 def _spec(args: argparse.Namespace, mode: str, backend: str, variant: str, index: int, label: str) -> dict[str, Any]:
     spec: dict[str, Any] = {"mode": mode, "backend": backend, "variant": variant, "progress_prefix": f"  [{label}] "}
     if mode == "deterministic":
-        spec["only"] = [s.strip().upper() for s in args.only.split(",")] if args.only else []
+        spec["only"] = args.only  # checked ids (scenario_ids)
     elif mode == "stress":
         spec.update(seed=args.seed + index, producers=args.producers, events=args.events, schedulers=args.schedulers)
     else:
