@@ -1,7 +1,7 @@
 """
 The pinned install works as an operator would use it: `airflow version` and `airflow db
-migrate`, for the Airflow release installed here (tox: one env per release), installed
-from its pins in requirements/.
+migrate`, for the Airflow release installed here (tox: one env per release and Python),
+installed from its pins for this Python in requirements/.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from airflow_dataset_race_fix.harness.database import ScratchDatabase
 
 from conftest import AIRFLOW_VERSION, BACKEND
 
-PINS = Path(__file__).resolve().parents[1] / "requirements" / f"constraints-airflow-{AIRFLOW_VERSION}-py3.11.txt"
+PYTHON = f"{sys.version_info.major}.{sys.version_info.minor}"
+PINS = Path(__file__).resolve().parents[1] / "requirements" / f"constraints-airflow-{AIRFLOW_VERSION}-py{PYTHON}.txt"
 
 
 def _pins() -> dict[str, str]:
@@ -33,7 +34,7 @@ def _pins() -> dict[str, str]:
 
 
 def test_this_release_is_installed_from_its_pins():
-    assert PINS.is_file(), f"no pins for the installed apache-airflow {AIRFLOW_VERSION}: {PINS}"
+    assert PINS.is_file(), f"no pins for the installed apache-airflow {AIRFLOW_VERSION} on Python {PYTHON}: {PINS}"
     pins = _pins()
     assert pins["apache-airflow"] == AIRFLOW_VERSION
     installed = {re.sub(r"[-_.]+", "-", d.metadata["Name"]).lower(): d.version for d in metadata.distributions()}
