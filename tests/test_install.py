@@ -1,12 +1,13 @@
 """
 The install works as an operator would do it: `airflow version` and `airflow db migrate`
-for the Airflow release installed here (tox: one env per release), installed from its pins
-in requirements/; and the README's quick start, word for word, in a fresh virtualenv
-outside the repository.
+for the Airflow release installed here (tox: one env per release and Python), installed
+from its pins for this Python in requirements/; and the README's quick start, word for
+word, in a fresh virtualenv outside the repository.
 """
 
 from __future__ import annotations
 
+import configparser
 import json
 import os
 import re
@@ -26,7 +27,10 @@ from airflow_dataset_race_fix.harness.database import ScratchDatabase
 from conftest import AIRFLOW_VERSION, BACKEND
 
 REPO = Path(__file__).resolve().parents[1]
-PINS = REPO / "requirements" / f"constraints-airflow-{AIRFLOW_VERSION}-py3.11.txt"
+PYTHON = f"{sys.version_info.major}.{sys.version_info.minor}"
+PINS = REPO / "requirements" / f"constraints-airflow-{AIRFLOW_VERSION}-py{PYTHON}.txt"
+# The Python of the tox envs whose names have no pyNN factor: tox's own, CI's python3.
+TOX_OWN_PYTHON = "3.11"
 
 
 def _pins() -> dict[str, str]:
@@ -40,7 +44,7 @@ def _pins() -> dict[str, str]:
 
 
 def test_this_release_is_installed_from_its_pins():
-    assert PINS.is_file(), f"no pins for the installed apache-airflow {AIRFLOW_VERSION}: {PINS}"
+    assert PINS.is_file(), f"no pins for the installed apache-airflow {AIRFLOW_VERSION} on Python {PYTHON}: {PINS}"
     pins = _pins()
     assert pins["apache-airflow"] == AIRFLOW_VERSION
     installed = {re.sub(r"[-_.]+", "-", d.metadata["Name"]).lower(): d.version for d in metadata.distributions()}
@@ -105,7 +109,7 @@ def _quick_start_script(repo: Path) -> str:
 
 
 @pytest.mark.skipif(
-    (BACKEND, AIRFLOW_VERSION) != ("sqlite", "2.10.4"),
+    (BACKEND, AIRFLOW_VERSION, PYTHON) != ("sqlite", "2.10.4", "3.11"),
     reason="installs Airflow into a fresh virtualenv (about a minute from pip's cache): "
     "run once, in the env of the quick start's release on SQLite",
 )
@@ -166,3 +170,42 @@ def test_quick_start_install_outside_the_repository(tmp_path):
             cwd=elsewhere, env=env, capture_output=True, text=True, timeout=300,
         )
         assert without.returncode in (0, 1) and "Traceback" not in without.stderr, without.stderr[-3000:]
+
+
+def _expand(name: str) -> list[str]:
+    """tox's generative names: 'py{39,310}-a' -> ['py39-a', 'py310-a']."""
+    brace = re.search(r"\{([^{}]*)\}", name)
+    if not brace:
+        return [name]
+    return [n for alt in brace.group(1).split(",") for n in _expand(name[: brace.start()] + alt + name[brace.end() :])]
+
+
+def _tox_matrix() -> set[tuple[str, str]]:
+    """(Airflow release, Python) of every env in tox's env_list."""
+    tox = configparser.ConfigParser(interpolation=None)
+    tox.read(REPO / "tox.ini")
+    releases = dict(re.findall(r"^\s*(airflow\d+): apache-airflow==(\S+)$", tox["testenv"]["deps"], re.M))
+    matrix = set()
+    for line in tox["tox"]["env_list"].split("\n"):
+        line = line.split("#")[0].strip()
+        for env in _expand(line) if line else []:
+            factors = env.split("-")
+            python = next((f"{f[2]}.{f[3:]}" for f in factors if re.fullmatch(r"py\d+", f)), TOX_OWN_PYTHON)
+            matrix.add((next(releases[f] for f in factors if f in releases), python))
+    return matrix
+
+
+def test_the_package_claims_the_pythons_that_the_matrix_runs_and_each_has_its_pins():
+    matrix = _tox_matrix()
+    pythons = sorted({python for _, python in matrix}, key=lambda v: tuple(map(int, v.split("."))))
+    setup = configparser.ConfigParser(interpolation=None)
+    setup.read(REPO / "setup.cfg")
+    assert setup["options"]["python_requires"].strip() == f">={pythons[0]}"
+    classifiers = re.findall(r"Programming Language :: Python :: (3\.\d+)", setup["metadata"]["classifiers"])
+    assert classifiers == pythons
+    missing = [
+        f"constraints-airflow-{release}-py{python}.txt"
+        for release, python in sorted(matrix)
+        if not (REPO / "requirements" / f"constraints-airflow-{release}-py{python}.txt").is_file()
+    ]
+    assert not missing, f"tox envs without their pins in requirements/: {missing}"

@@ -98,6 +98,7 @@ def test_script_is_the_same_command():
 
 
 def test_unreachable_server_is_one_clear_line():
+    pytest.importorskip("psycopg2", reason="the postgres driver is installed in the postgres envs only")
     done = reproduce("--db-url", "postgresql+psycopg2://postgres@127.0.0.1:1/test", timeout=120)
     assert done.returncode == 2
     assert "reproduce: error: postgres server at" in done.stderr

@@ -70,11 +70,16 @@ manager.DatasetManager._postgres_queue_dagruns = classmethod(_postgres_queue_dag
 # --- start-up ---------------------------------------------------------------------------
 
 
-def test_startup_with_the_shim_alone_does_not_import_airflow():
-    code = """
+STARTUP_MODULES = ("airflow", "airflow_dataset_race_fix.targets", "typing", "inspect")
+LOADED_AT_START = f"""
 import sys
-before = {name: name in sys.modules for name in ("airflow", "airflow_dataset_race_fix.targets", "typing", "inspect")}
-""" + REPORT_CODE + f"""
+before = {{name: name in sys.modules for name in {STARTUP_MODULES!r}}}
+"""
+
+
+def test_startup_with_the_shim_alone_does_not_import_airflow():
+    plain = result(run_python(LOADED_AT_START + "import json\nprint('RESULT ' + json.dumps(before))", child_env()))
+    code = LOADED_AT_START + REPORT_CODE + f"""
 from airflow_dataset_race_fix.post_import import PostImportFinder
 _report(
     before=before,
@@ -85,8 +90,10 @@ _report(
 """
     proc = run_python(code, shim_env())
     report = result(proc)
-    # Nothing heavy at start: not airflow, not the target list (it needs inspect).
-    assert report["before"] == {"airflow": False, "airflow_dataset_race_fix.targets": False, "typing": False, "inspect": False}
+    # Nothing heavy at start: not airflow, not the target list (it needs inspect), nothing
+    # that this interpreter does not load without the shim (a Python 3.9 virtualenv's
+    # _virtualenv.pth imports typing before any sitecustomize runs).
+    assert report["before"] == {**plain, "airflow": False, "airflow_dataset_race_fix.targets": False}
     assert report["airflow_imported"] is False
     assert report["sitecustomize_loaded"] is True
     assert report["finder_first"] is True

@@ -18,7 +18,7 @@ import sys
 # to what every one of them parses and runs (no f-strings, no annotations, no names that
 # Python 2 lacks), and start the shim only where this package runs (setup.cfg's
 # python_requires); elsewhere chain the next sitecustomize and stay silent.
-MIN_PYTHON = (3, 11)
+MIN_PYTHON = (3, 9)
 # Python 2 empties a module's globals once nothing refers to it, which happens when a chained
 # sitecustomize takes this one's place in sys.modules: this reference keeps it whole.
 _this_module = sys.modules.get(__name__)
