@@ -384,7 +384,13 @@ def _require_writable(directories: list[Path]) -> None:
 
 
 def _target_dirs(inspection: Inspection) -> list[Path]:
-    return [(inspection.airflow.site_packages / t.path).parent for t in inspection.targets]
+    """Where our temporary files can be left by a kill: beside the targets and their backups."""
+    site_packages = inspection.airflow.site_packages
+    return [
+        directory
+        for t in inspection.targets
+        for directory in ((site_packages / t.path).parent, (site_packages / BACKUP_DIR / t.path).parent)
+    ]
 
 
 def _finishing(inspection: Inspection) -> str:
