@@ -23,7 +23,8 @@
 - the busy dataset (issue 17): 4 rate-limited producer threads commit continuously to one
   dataset (50 and 200 events/s in all) while a scheduler thread runs its real loop for
   that dataset's consumer DAG and 10 other DAGs, each with a new event every pass, over a
-  look-back window already dense with 50 000 consumed events. Loop time (median, p90),
+  look-back window already dense with 50 000 consumed events, its last
+  commit_latency_seconds topped up to the rate before each round. Loop time (median, p90),
   producer transaction latency (p50, p99), failed producer transactions, and the events
   lost or doubled, counted by the invariant checker after the scheduler drained the queue.
   The loop figures are the steady state: each round's first pass and the fixed
@@ -316,7 +317,9 @@ def bench_busy_dataset(variants: Variants, rates: tuple[int, ...], rounds: int, 
     Each variant has its own copy of the DAGs and datasets (the other variant's are paused
     during a round), so that each is drained by its own code and judged by the invariant
     checker on its own events. Both copies start with ``history`` events of the last ten
-    minutes on the busy dataset, each consumed by a past run (a dense look-back window).
+    minutes on the busy dataset, each consumed by a past run (a dense look-back window),
+    and before each round its last commit_latency_seconds are topped up to ``rate`` (see
+    ``top_up_recent_events``).
     Rounds alternate stock, fixed, fixed, stock, ...; after each round the producers stop
     and the scheduler drains the queue. The scheduler finishes its runs after each pass,
     as the real one would run them. Loop times leave out each round's first pass (after
@@ -325,6 +328,7 @@ def bench_busy_dataset(variants: Variants, rates: tuple[int, ...], rounds: int, 
     which are counted apart, so that the figures are the steady state.
     """
     from airflow import settings
+    from airflow.configuration import conf
     from airflow.datasets import Dataset
     from airflow.models.dag import DagModel
     from airflow.models.dataset import DatasetModel
@@ -333,6 +337,7 @@ def bench_busy_dataset(variants: Variants, rates: tuple[int, ...], rounds: int, 
     from airflow_dataset_race_fix import invariant
 
     copies: dict[str, tuple[Dataset, Dataset, list[str]]] = {}
+    busy_ids: dict[str, int] = {}
     end = datetime.now(timezone.utc) - timedelta(seconds=5)
     instants = [end - timedelta(minutes=10) * (history - i) / history for i in range(history)]
     for variant in VARIANTS:
@@ -342,9 +347,10 @@ def bench_busy_dataset(variants: Variants, rates: tuple[int, ...], rounds: int, 
         with settings.Session() as session:
             busy_id = session.scalar(select(DatasetModel.id).where(DatasetModel.uri == busy.uri))
         add_history({"single_a": names[0]}, {"a": busy_id}, instants, 0, watches={"single_a": {"a"}})
-        copies[variant] = (busy, other, names)
+        copies[variant], busy_ids[variant] = (busy, other, names), busy_id
     analyze()
     quiet_other_dags([name for *_, names in copies.values() for name in names])
+    commit_latency = conf.getint("dataset_race_fix", "commit_latency_seconds", fallback=30)
     saved, DagModel.NUM_DAGS_PER_DAGRUN_QUERY = DagModel.NUM_DAGS_PER_DAGRUN_QUERY, BUSY_OTHER_DAGS + 1
     rows = []
     try:
@@ -358,6 +364,7 @@ def bench_busy_dataset(variants: Variants, rates: tuple[int, ...], rounds: int, 
                 busy, other, names = copies[variant]
                 others = [name for v, (*_, dag_ids) in copies.items() if v != variant for name in dag_ids]
                 _unpause_only(names, others)
+                top_up_recent_events(names[0], busy_ids[variant], rate, commit_latency)
                 _busy_dataset_round(runner, busy, other, names, rate, producers, round_seconds, results[variant])
                 results[variant].errors += drain(runner, names)
             variants.use("stock")
@@ -375,6 +382,34 @@ def bench_busy_dataset(variants: Variants, rates: tuple[int, ...], rounds: int, 
         DagModel.NUM_DAGS_PER_DAGRUN_QUERY = saved
         variants.use("stock")
     return rows
+
+
+def top_up_recent_events(dag_id: str, dataset_id: int, rate: int, seconds: int) -> None:
+    """
+    Consumed events on the dataset so that its last ``seconds`` hold ``rate`` events a second.
+
+    As if the dataset had been this busy all along: the fixed scheduler's steady state reads
+    the consumed events of its last commit_latency_seconds, and short rounds, half of them
+    the other variant's, would otherwise leave that stretch thinner than the rate makes it.
+    The new events lie after the dataset's newest history event (``add_history`` must not
+    meet its own earlier events).
+    """
+    from airflow import settings
+    from airflow.models.dataset import DatasetEvent
+    from sqlalchemy import func, select
+
+    now = datetime.now(timezone.utc)
+    with settings.Session() as session:
+        present = session.scalar(select(func.count()).where(
+            DatasetEvent.dataset_id == dataset_id, DatasetEvent.timestamp >= now - timedelta(seconds=seconds)))
+        newest_history = session.scalar(select(func.max(DatasetEvent.timestamp)).where(
+            DatasetEvent.dataset_id == dataset_id, DatasetEvent.source_dag_id == "bench_history"))
+    missing = rate * seconds - present
+    start = max(now - timedelta(seconds=seconds), newest_history + timedelta(milliseconds=1))
+    span = now - timedelta(milliseconds=100) - start
+    if missing > 0 and span > timedelta(0):
+        instants = [start + span * i / missing for i in range(missing)]
+        add_history({"single_a": dag_id}, {"a": dataset_id}, instants, 0, watches={"single_a": {"a"}})
 
 
 class _BusyDatasetResult:
