@@ -308,8 +308,12 @@ BUSY_OTHER_DAGS = 10  # ready DAGs beside the busy dataset's consumer, each with
 FULL_READ_MEMORY = "_dataset_race_fix_full_read_at"  # the fixed runner's per-DAG time of its last full read
 
 
+class TooFewSamples(Exception):
+    """A case measured nothing to compare: its message goes into the report instead of its rows."""
+
+
 def bench_busy_dataset(variants: Variants, rates: tuple[int, ...], rounds: int, round_seconds: float,
-                       history: int, producers: int = 4) -> list[dict[str, Any]]:
+                       history: int, notes: list[str], producers: int = 4) -> list[dict[str, Any]]:
     """
     Producer threads commit continuously to one dataset (``rate`` events/s in all) while a
     scheduler thread runs its real loop for that dataset's consumer DAG and 10 other DAGs.
@@ -325,7 +329,8 @@ def bench_busy_dataset(variants: Variants, rates: tuple[int, ...], rounds: int, 
     as the real one would run them. Loop times leave out each round's first pass (after
     the switch) and the fixed scheduler's full reads of the look-back window (its safety
     net: the first pass per DAG in a process, then once per full_read_interval_seconds),
-    which are counted apart, so that the figures are the steady state.
+    which are counted apart, so that the figures are the steady state. A rate whose rounds
+    left no steady pass to compare gets a line in ``notes`` instead of rows.
     """
     from airflow import settings
     from airflow.configuration import conf
@@ -377,7 +382,10 @@ def bench_busy_dataset(variants: Variants, rates: tuple[int, ...], rounds: int, 
                 result = results[variant]
                 result.lost, result.doubled = report.total("lost"), report.total("doubled")
                 result.unconsumed = report.total("produced") - report.total("consumed")
-            rows += _busy_dataset_rows(rate, rounds * round_seconds, results, FULL_READ_MEMORY in runner.__dict__)
+            try:
+                rows += _busy_dataset_rows(rate, rounds * round_seconds, results, FULL_READ_MEMORY in runner.__dict__)
+            except TooFewSamples as err:
+                notes.append(str(err))
             for result in results.values():
                 if result.errors:
                     _log(f"  {len(result.errors)} error(s) on the busy dataset, e.g. {result.errors[:3]}")
@@ -486,9 +494,8 @@ def _busy_dataset_rows(rate: int, seconds: float, results: dict[str, _BusyDatase
     stock, fixed = results["stock"], results["fixed"]
     label = f"busy dataset, {rate} events/s"
     if not stock.loops or not fixed.loops or not stock.latencies or not fixed.latencies:
-        _log(f"  {label}: too few samples (stock {len(stock.loops)} passes, fixed {len(fixed.loops)}): "
-             f"longer rounds (--busy-dataset-seconds)")
-        return []
+        raise TooFewSamples(f"{label}: too few samples (steady passes stock {len(stock.loops)}, fixed "
+                            f"{len(fixed.loops)}): make the rounds longer (--busy-dataset-seconds)")
     pairs = [f / s for s, f in zip(stock.round_medians, fixed.round_medians) if s and f]
     summary = {
         "rate": rate,
@@ -565,6 +572,10 @@ def drain(runner, dag_ids: list[str], max_passes: int = 20) -> list[str]:
         session.close()
     finish_runs(dag_ids)
     return errors
+
+
+BUSY_DATASET_ON_SQLITE = ("busy dataset on sqlite: one writer, so the producers and the scheduler take turns "
+                          "(the rate may not be reached: see the events committed)")
 
 
 # -- a stalled producer -----------------------------------------------------------------
@@ -1180,7 +1191,9 @@ def main(argv: list[str] | None = None) -> int:
                                          args.first_run, args.case_samples)
             elif case == "busy-dataset":
                 rows += bench_busy_dataset(variants, args.busy_dataset_rates, args.busy_dataset_rounds,
-                                           args.busy_dataset_seconds, args.busy_dataset_history)
+                                           args.busy_dataset_seconds, args.busy_dataset_history, notes)
+                if args.backend == "sqlite":
+                    notes.append(BUSY_DATASET_ON_SQLITE)
             elif args.backend == "sqlite":  # stalled-producer
                 notes.append(STALLED_PRODUCER_SKIP)
             else:
