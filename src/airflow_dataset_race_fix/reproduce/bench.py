@@ -19,7 +19,23 @@
   ten minutes), all already consumed by past runs of the DAG (a busy mapped producer):
   what the consumed-event check costs when the window is full;
 - scheduler loop with 200 ready DAGs (one new event on their dataset), cost per DAG;
-- the first run of a DAG over 100 000 events of history (no run yet: it takes them all).
+- the first run of a DAG over 100 000 events of history (no run yet: it takes them all);
+- the busy dataset (issue 17): 4 rate-limited producer threads commit continuously to one
+  dataset (50 and 200 events/s in all) while a scheduler thread runs its real loop for
+  that dataset's consumer DAG and 10 other DAGs, each with a new event every pass, over a
+  look-back window already dense with 50 000 consumed events, its last
+  commit_latency_seconds topped up to the rate before each round. Loop time (median, p90),
+  producer transaction latency (p50, p99), failed producer transactions, and the events
+  lost or doubled, counted by the invariant checker after the scheduler drained the queue.
+  The loop figures are the steady state: each round's first pass and the fixed
+  scheduler's full reads of the look-back window (its safety net) are counted apart;
+- a producer beside a stalled producer (issue 21): producer A stalls right before its
+  COMMIT (after the fix's queue upsert and stamp) while producer B commits on the same
+  dataset and DAG every 0.5 s and producer C on another; B's and C's p50, p99 and slowest
+  transactions, B's commits and the failed transactions. Not on SQLite (one writer).
+
+``--cases``/``--skip`` choose cases by name (``--help`` lists them). With default sizes the
+busy-dataset case takes about 2.5 minutes and the stalled-producer case about 30 seconds.
 
 Why one process, alternating: ``apply()``/``unapply()`` only swap class attributes, so
 both variants run on the same database, connections and caches, and their samples are
@@ -154,37 +170,82 @@ def bench_producer(variants: Variants, fanouts: tuple[int, ...], samples: int) -
 
 
 # -- producers beside a busy scheduler --------------------------------------------------
+def new_scheduler_runner():
+    """A ``SchedulerJobRunner`` with a Job of its own: one scheduler process's state."""
+    from airflow import settings
+    from airflow.jobs.job import Job
+    from airflow.jobs.scheduler_job_runner import SchedulerJobRunner
+
+    with settings.Session() as session:
+        job = Job()
+        session.add(job)
+        session.commit()
+        return SchedulerJobRunner(job=job, num_runs=1)
+
+
+def _first_line(err: BaseException) -> str:
+    return f"{type(err).__name__}: {str(err).splitlines()[0][:160] if str(err) else ''}"
+
+
+def producer_transaction(dataset, before_commit: Callable[[Any], None] | None = None) -> tuple[float, str | None]:
+    """
+    One producer transaction on a session of its own: register an event on ``dataset``, commit.
+
+    Returns its duration and, when it failed (and was rolled back), the error's first line.
+    ``before_commit(session)`` is registered once the event is registered, so it runs after
+    the fix's own ``before_commit`` hook (queue upsert and stamp), right before the COMMIT.
+    """
+    from airflow import settings
+    from airflow.datasets.manager import dataset_manager
+    from sqlalchemy import event
+
+    session = settings.Session.session_factory()
+    try:
+        started = time.perf_counter()
+        dataset_manager.register_dataset_change(dataset=dataset, session=session)
+        if before_commit is not None:
+            event.listen(session, "before_commit", before_commit, once=True)
+        session.commit()
+        return time.perf_counter() - started, None
+    except Exception as err:  # counted by the caller, not hidden
+        session.rollback()
+        return time.perf_counter() - started, _first_line(err)
+    finally:
+        session.close()
+
+
+def scheduler_pass(runner, session) -> str | None:
+    """One real scheduler pass of run creation (``_create_dagruns_for_dags``, which commits); the error if it failed."""
+    from airflow.utils.sqlalchemy import prohibit_commit
+
+    try:
+        with prohibit_commit(session) as guard:
+            runner._create_dagruns_for_dags(guard=guard, session=session)
+        return None
+    except Exception as err:  # reported, not hidden
+        session.rollback()
+        return _first_line(err)
+
+
 def bench_busy_producers(variants: Variants, rounds: int, producers: int = 4, commits: int = 30) -> list[dict[str, Any]]:
     """Producer transaction latency (median, p99) while a scheduler thread creates runs for the same DAGs."""
     import threading
 
     from airflow import settings
     from airflow.datasets import Dataset
-    from airflow.datasets.manager import dataset_manager
-    from airflow.jobs.job import Job
-    from airflow.jobs.scheduler_job_runner import SchedulerJobRunner
-    from airflow.utils.sqlalchemy import prohibit_commit
 
     dataset = Dataset("bench://busy/a")
     names = make_consumers("bench_busy", {f"c{i:02d}": [dataset] for i in range(10)})
     quiet_other_dags(names)
     latencies: dict[str, list[float]] = {v: [] for v in VARIANTS}
     failures: dict[str, int] = {v: 0 for v in VARIANTS}
-    with settings.Session() as session:
-        job = Job()
-        session.add(job)
-        session.commit()
-        runner = SchedulerJobRunner(job=job, num_runs=1)
+    runner = new_scheduler_runner()
 
     def scheduler(stop: threading.Event, errors: list[str]) -> None:
         session = settings.Session.session_factory()
         while not stop.is_set():
-            try:
-                with prohibit_commit(session) as guard:
-                    runner._create_dagruns_for_dags(guard=guard, session=session)
-            except Exception as err:  # reported, not hidden
-                session.rollback()
-                errors.append(f"scheduler: {type(err).__name__}: {str(err).splitlines()[0][:160]}")
+            if error := scheduler_pass(runner, session):
+                errors.append(f"scheduler: {error}")
         session.close()
 
     def producer(variant: str, seed: int, errors: list[str]) -> None:
@@ -192,18 +253,12 @@ def bench_busy_producers(variants: Variants, rounds: int, producers: int = 4, co
 
         rng = random.Random(seed)
         for _ in range(commits):
-            session = settings.Session.session_factory()
-            try:
-                started = time.perf_counter()
-                dataset_manager.register_dataset_change(dataset=dataset, session=session)
-                session.commit()
-                latencies[variant].append(time.perf_counter() - started)
-            except Exception as err:
-                session.rollback()
+            elapsed, error = producer_transaction(dataset)
+            if error:
                 failures[variant] += 1
-                errors.append(f"producer: {type(err).__name__}: {str(err).splitlines()[0][:160]}")
-            finally:
-                session.close()
+                errors.append(f"producer: {error}")
+            else:
+                latencies[variant].append(elapsed)
             time.sleep(rng.uniform(0, 0.01))
 
     errors: list[str] = []
@@ -233,9 +288,377 @@ def bench_busy_producers(variants: Variants, rounds: int, producers: int = 4, co
     return rows
 
 
-def _p99(values: list[float]) -> float:
+def _percentile(values: list[float], fraction: float) -> float:
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
+    return ordered[min(len(ordered) - 1, int(len(ordered) * fraction))]
+
+
+def _p99(values: list[float]) -> float:
+    return _percentile(values, 0.99)
+
+
+def _ratio_row(case: str, stock: float, fixed: float, samples: int, **extra: Any) -> dict[str, Any]:
+    """A row from pooled values (seconds): the ratio is fixed/stock of the pooled statistic."""
+    return {"case": case, "stock_ms": stock * 1000, "fixed_ms": fixed * 1000,
+            "ratio": fixed / stock if stock else float("nan"), "samples": samples, **extra}
+
+
+# -- a busy dataset ---------------------------------------------------------------------
+BUSY_OTHER_DAGS = 10  # ready DAGs beside the busy dataset's consumer, each with a new event every pass
+FULL_READ_MEMORY = "_dataset_race_fix_full_read_at"  # the fixed runner's per-DAG time of its last full read
+
+
+class TooFewSamples(Exception):
+    """A case measured nothing to compare: its message goes into the report instead of its rows."""
+
+
+def bench_busy_dataset(variants: Variants, rates: tuple[int, ...], rounds: int, round_seconds: float,
+                       history: int, notes: list[str], producers: int = 4) -> list[dict[str, Any]]:
+    """
+    Producer threads commit continuously to one dataset (``rate`` events/s in all) while a
+    scheduler thread runs its real loop for that dataset's consumer DAG and 10 other DAGs.
+
+    Each variant has its own copy of the DAGs and datasets (the other variant's are paused
+    during a round), so that each is drained by its own code and judged by the invariant
+    checker on its own events. Both copies start with ``history`` events of the last ten
+    minutes on the busy dataset, each consumed by a past run (a dense look-back window),
+    and before each round its last commit_latency_seconds are topped up to ``rate`` (see
+    ``top_up_recent_events``).
+    Rounds alternate stock, fixed, fixed, stock, ...; after each round the producers stop
+    and the scheduler drains the queue. The scheduler finishes its runs after each pass,
+    as the real one would run them. Loop times leave out each round's first pass (after
+    the switch) and the fixed scheduler's full reads of the look-back window (its safety
+    net: the first pass per DAG in a process, then once per full_read_interval_seconds),
+    which are counted apart, so that the figures are the steady state. A rate whose rounds
+    left no steady pass to compare gets a line in ``notes`` instead of rows.
+    """
+    from airflow import settings
+    from airflow.configuration import conf
+    from airflow.datasets import Dataset
+    from airflow.models.dag import DagModel
+    from airflow.models.dataset import DatasetModel
+    from sqlalchemy import select
+
+    from airflow_dataset_race_fix import invariant
+
+    copies: dict[str, tuple[Dataset, Dataset, list[str]]] = {}
+    busy_ids: dict[str, int] = {}
+    started = time.monotonic()
+    end = datetime.now(timezone.utc) - timedelta(seconds=5)
+    instants = [end - timedelta(minutes=10) * (history - i) / history for i in range(history)]
+    for variant in VARIANTS:
+        busy, other = Dataset(f"bench://busy-dataset/{variant}"), Dataset(f"bench://busy-dataset/{variant}/other")
+        names = make_consumers(f"bench_busy_dataset_{variant}",
+                               {"busy": [busy], **{f"other{i:02d}": [other] for i in range(BUSY_OTHER_DAGS)}})
+        with settings.Session() as session:
+            busy_id = session.scalar(select(DatasetModel.id).where(DatasetModel.uri == busy.uri))
+        add_history({"single_a": names[0]}, {"a": busy_id}, instants, 0, watches={"single_a": {"a"}})
+        copies[variant], busy_ids[variant] = (busy, other, names), busy_id
+    analyze()
+    _log(f"  history: {history} consumed events per variant ({time.monotonic() - started:.0f} s to load)")
+    quiet_other_dags([name for *_, names in copies.values() for name in names])
+    commit_latency = conf.getint("dataset_race_fix", "commit_latency_seconds", fallback=30)
+    saved, DagModel.NUM_DAGS_PER_DAGRUN_QUERY = DagModel.NUM_DAGS_PER_DAGRUN_QUERY, BUSY_OTHER_DAGS + 1
+    rows = []
+    try:
+        for rate in rates:
+            runner = new_scheduler_runner()  # a new scheduler process: its first pass per DAG reads in full
+            since = datetime.now(timezone.utc) - timedelta(seconds=1)
+            results = {v: _BusyDatasetResult() for v in VARIANTS}
+            for i in range(rounds * 2):
+                variant = VARIANTS[(i + i // 2) % 2]  # stock, fixed, fixed, stock, ...
+                variants.use(variant)
+                busy, other, names = copies[variant]
+                others = [name for v, (*_, dag_ids) in copies.items() if v != variant for name in dag_ids]
+                _unpause_only(names, others)
+                top_up_recent_events(names[0], busy_ids[variant], rate, commit_latency)
+                _busy_dataset_round(runner, busy, other, names, rate, producers, round_seconds, results[variant])
+                results[variant].errors += drain(runner, names)
+            variants.use("stock")
+            analyze()  # the rounds added thousands of rows: the checker's plans need fresh statistics
+            for variant, (*_, names) in copies.items():
+                with settings.Session() as session:
+                    report = invariant.check(session, names, since=since)
+                result = results[variant]
+                result.lost, result.doubled = report.total("lost"), report.total("doubled")
+                result.unconsumed = report.total("produced") - report.total("consumed")
+            try:
+                rows += _busy_dataset_rows(rate, rounds * round_seconds, results, FULL_READ_MEMORY in runner.__dict__)
+            except TooFewSamples as err:
+                notes.append(str(err))
+            for result in results.values():
+                if result.errors:
+                    _log(f"  {len(result.errors)} error(s) on the busy dataset, e.g. {result.errors[:3]}")
+    finally:
+        DagModel.NUM_DAGS_PER_DAGRUN_QUERY = saved
+        variants.use("stock")
+    return rows
+
+
+def top_up_recent_events(dag_id: str, dataset_id: int, rate: int, seconds: int) -> None:
+    """
+    Consumed events on the dataset so that its last ``seconds`` hold ``rate`` events a second.
+
+    As if the dataset had been this busy all along: the fixed scheduler's steady state reads
+    the consumed events of its last commit_latency_seconds, and short rounds, half of them
+    the other variant's, would otherwise leave that stretch thinner than the rate makes it.
+    The new events lie after the dataset's newest history event (``add_history`` must not
+    meet its own earlier events).
+    """
+    from airflow import settings
+    from airflow.models.dataset import DatasetEvent
+    from sqlalchemy import func, select
+
+    now = datetime.now(timezone.utc)
+    with settings.Session() as session:
+        present = session.scalar(select(func.count()).where(
+            DatasetEvent.dataset_id == dataset_id, DatasetEvent.timestamp >= now - timedelta(seconds=seconds)))
+        newest_history = session.scalar(select(func.max(DatasetEvent.timestamp)).where(
+            DatasetEvent.dataset_id == dataset_id, DatasetEvent.source_dag_id == "bench_history"))
+    missing = rate * seconds - present
+    start = max(now - timedelta(seconds=seconds), newest_history + timedelta(milliseconds=1))
+    span = now - timedelta(milliseconds=100) - start
+    if missing > 0 and span > timedelta(0):
+        instants = [start + span * i / missing for i in range(missing)]
+        add_history({"single_a": dag_id}, {"a": dataset_id}, instants, 0, watches={"single_a": {"a"}})
+
+
+class _BusyDatasetResult:
+    """What one variant's rounds of the busy-dataset case measured."""
+
+    def __init__(self) -> None:
+        self.loops: list[float] = []  # steady-state passes
+        self.round_medians: list[float | None] = []  # per round, for the paired ratio
+        self.full_reads: list[float] = []  # passes in which the fixed scheduler read a DAG's full window
+        self.latencies: list[float] = []  # committed producer transactions
+        self.errors: list[str] = []  # appended to by several threads (a list append is atomic)
+        self.lost = self.unconsumed = self.doubled = 0  # from the invariant checker, after the drain
+
+    @property
+    def failed(self) -> int:
+        """Failed transactions of the busy dataset's producers."""
+        return sum(1 for error in self.errors if error.startswith("producer: "))
+
+
+def _busy_dataset_round(runner, busy, other, dag_ids: list[str], rate: int, producers: int, seconds: float,
+                        result: _BusyDatasetResult) -> None:
+    import threading
+
+    from airflow import settings
+
+    stop = threading.Event()
+    passes: list[tuple[float, bool]] = []  # (seconds, was a full read)
+
+    def scheduler() -> None:
+        session = settings.Session.session_factory()
+        while not stop.is_set():
+            if error := producer_transaction(other)[1]:  # the 10 other DAGs get a new event every pass
+                result.errors.append(f"other producer: {error}")
+            read_before = dict(runner.__dict__.get(FULL_READ_MEMORY, {}))
+            started = time.perf_counter()
+            error = scheduler_pass(runner, session)
+            elapsed = time.perf_counter() - started
+            if error:
+                result.errors.append(f"scheduler: {error}")
+            else:
+                passes.append((elapsed, runner.__dict__.get(FULL_READ_MEMORY, {}) != read_before))
+            finish_runs(dag_ids)
+        session.close()
+
+    def producer(n: int) -> None:
+        interval = producers / rate  # each thread's share of the rate
+        next_at = time.monotonic() + interval * n / producers  # staggered
+        while not stop.is_set():
+            if stop.wait(max(0.0, next_at - time.monotonic())):
+                break
+            next_at = max(next_at + interval, time.monotonic())  # behind schedule: no catch-up burst
+            elapsed, error = producer_transaction(busy)
+            if error:
+                result.errors.append(f"producer: {error}")
+            else:
+                result.latencies.append(elapsed)
+
+    threads = [threading.Thread(target=scheduler)]
+    threads += [threading.Thread(target=producer, args=(n,)) for n in range(producers)]
+    for thread in threads:
+        thread.start()
+    time.sleep(seconds)
+    stop.set()
+    for thread in threads:
+        thread.join()
+    steady = [elapsed for k, (elapsed, full) in enumerate(passes) if k > 0 and not full]
+    result.loops += steady
+    result.full_reads += [elapsed for elapsed, full in passes if full]
+    result.round_medians.append(statistics.median(steady) if steady else None)
+
+
+def _busy_dataset_rows(rate: int, seconds: float, results: dict[str, _BusyDatasetResult],
+                       full_reads_known: bool) -> list[dict[str, Any]]:
+    stock, fixed = results["stock"], results["fixed"]
+    label = f"busy dataset, {rate} events/s"
+    if not stock.loops or not fixed.loops or not stock.latencies or not fixed.latencies:
+        raise TooFewSamples(f"{label}: too few samples (steady passes stock {len(stock.loops)}, fixed "
+                            f"{len(fixed.loops)}): make the rounds longer (--busy-dataset-seconds)")
+    pairs = [f / s for s, f in zip(stock.round_medians, fixed.round_medians) if s and f]
+    summary = {
+        "rate": rate,
+        "committed": {v: len(r.latencies) for v, r in results.items()},
+        "events_per_second": {v: len(r.latencies) / seconds for v, r in results.items()},
+        "failed": {v: r.failed for v, r in results.items()},
+        "lost": {v: r.lost for v, r in results.items()},
+        "unconsumed": {v: r.unconsumed for v, r in results.items()},
+        "doubled": {v: r.doubled for v, r in results.items()},
+        "steady_passes": {v: len(r.loops) for v, r in results.items()},
+        "full_reads": len(fixed.full_reads) if full_reads_known else None,
+        "full_read_ms": statistics.median(fixed.full_reads) * 1000 if fixed.full_reads else None,
+    }
+    rows = [
+        {**_ratio_row(f"{label}: scheduler loop, median", statistics.median(stock.loops),
+                      statistics.median(fixed.loops), len(stock.loops)),
+         "ratio": statistics.median(pairs) if pairs else float("nan"), "busy_dataset": summary},
+        _ratio_row(f"{label}: scheduler loop, p90", _percentile(stock.loops, 0.9), _percentile(fixed.loops, 0.9),
+                   len(stock.loops)),
+        _ratio_row(f"{label}: producer transaction, p50", statistics.median(stock.latencies),
+                   statistics.median(fixed.latencies), len(stock.latencies)),
+        _ratio_row(f"{label}: producer transaction, p99", _p99(stock.latencies), _p99(fixed.latencies),
+                   len(stock.latencies)),
+    ]
+    for row in rows:
+        _log(f"  {row['case']}: {_ms(row)}")
+    return rows
+
+
+def _unpause_only(active: list[str], paused: list[str]) -> None:
+    from airflow.models.dag import DagModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import update
+
+    with create_session() as session:
+        session.execute(update(DagModel).where(DagModel.dag_id.in_(paused)).values(is_paused=True))
+        session.execute(update(DagModel).where(DagModel.dag_id.in_(active)).values(is_paused=False))
+
+
+def finish_runs(dag_ids: list[str]) -> None:
+    """Mark the queued and running runs of ``dag_ids`` successful, as running them would."""
+    from airflow.models.dagrun import DagRun
+    from airflow.utils.session import create_session
+    from airflow.utils.state import DagRunState
+    from sqlalchemy import update
+
+    with create_session() as session:
+        session.execute(
+            update(DagRun)
+            .where(DagRun.dag_id.in_(dag_ids), DagRun.state.in_((DagRunState.QUEUED, DagRunState.RUNNING)))
+            .values(state=DagRunState.SUCCESS)
+            .execution_options(synchronize_session=False)
+        )
+
+
+def drain(runner, dag_ids: list[str], max_passes: int = 20) -> list[str]:
+    """Scheduler passes (runs finished in between) until ``dag_ids`` have no queue row left; the errors."""
+    from airflow import settings
+    from airflow.models.dataset import DatasetDagRunQueue
+    from sqlalchemy import func, select
+
+    errors = []
+    session = settings.Session.session_factory()
+    try:
+        for _ in range(max_passes):
+            finish_runs(dag_ids)
+            if error := scheduler_pass(runner, session):
+                errors.append(f"drain: {error}")
+            left = session.scalar(select(func.count()).where(DatasetDagRunQueue.target_dag_id.in_(dag_ids)))
+            session.commit()
+            if not left:
+                break
+    finally:
+        session.close()
+    finish_runs(dag_ids)
+    return errors
+
+
+BUSY_DATASET_ON_SQLITE = ("busy dataset on sqlite: one writer, so the producers and the scheduler take turns "
+                          "(the rate may not be reached: see the events committed)")
+
+
+# -- a stalled producer -----------------------------------------------------------------
+STEADY_PRODUCER_PERIOD = 0.5  # seconds between the commits of producers B and C
+STALLED_PRODUCER_SKIP = ("producer beside a stalled producer: skipped on sqlite (one writer: a stalled "
+                         "transaction holds the database's write lock, so every producer waits for it, stock "
+                         "and fixed alike)")
+
+
+def bench_stalled_producer(variants: Variants, stall: float, rounds: int) -> list[dict[str, Any]]:
+    """
+    Producer A registers an event on dataset D (consumed by DAG X) and stalls for ``stall``
+    seconds right before its COMMIT, after the fix's queue upsert and stamp, while producer B
+    commits an event on D every 0.5 s and producer C does the same on another dataset and DAG.
+
+    No scheduler runs, so the queue rows stay: A meets the row of (D, X) as it is on a busy
+    dataset. Rounds alternate stock, fixed, fixed, stock, ...; each round runs B and C for a
+    second before A starts and a second after A commits.
+    """
+    import threading
+
+    from airflow.datasets import Dataset
+
+    same, other = Dataset("bench://stalled/same"), Dataset("bench://stalled/other")
+    names = make_consumers("bench_stalled", {"same": [same], "other": [other]})
+    quiet_other_dags(names)
+    for dataset in (same, other):  # the queue rows exist before the first round
+        producer_transaction(dataset)
+    latencies = {v: {"A": [], "B": [], "C": []} for v in VARIANTS}
+    failed = {v: {"A": 0, "B": 0, "C": 0} for v in VARIANTS}
+    errors: list[str] = []
+
+    def record(variant: str, name: str, outcome: tuple[float, str | None]) -> None:
+        elapsed, error = outcome
+        if error:
+            failed[variant][name] += 1
+            errors.append(f"producer {name}: {error}")
+        else:
+            latencies[variant][name].append(elapsed)
+
+    def steady(variant: str, name: str, dataset: Dataset, stop: threading.Event) -> None:
+        while not stop.is_set():
+            record(variant, name, producer_transaction(dataset))
+            stop.wait(STEADY_PRODUCER_PERIOD)
+
+    for i in range(rounds * 2):
+        variant = VARIANTS[(i + i // 2) % 2]  # stock, fixed, fixed, stock, ...
+        variants.use(variant)
+        stop = threading.Event()
+        threads = [threading.Thread(target=steady, args=(variant, name, dataset, stop))
+                   for name, dataset in (("B", same), ("C", other))]
+        for thread in threads:
+            thread.start()
+        time.sleep(1)
+        record(variant, "A", producer_transaction(same, before_commit=lambda session: time.sleep(stall)))
+        time.sleep(1)
+        stop.set()
+        for thread in threads:
+            thread.join()
+    variants.use("stock")
+    if errors:
+        _log(f"  {len(errors)} failed transaction(s) beside the stalled producer, e.g. {errors[:3]}")
+    stock, fixed = latencies["stock"], latencies["fixed"]
+    label = f"stalled producer ({stall:g} s)"
+    summary = {"stall_seconds": stall, "b_commits": {v: len(latencies[v]["B"]) for v in VARIANTS},
+               "failed": failed, "a_ms": {v: [t * 1000 for t in latencies[v]["A"]] for v in VARIANTS},
+               "slowest_ms": {name: {v: max(latencies[v][name], default=0) * 1000 for v in VARIANTS}
+                              for name in ("B", "C")}}
+    rows = []
+    for name, what in (("B", "same dataset"), ("C", "other dataset")):
+        if not stock[name] or not fixed[name]:
+            continue
+        for statistic, pick in (("p50", statistics.median), ("p99", _p99), ("slowest", max)):
+            rows.append(_ratio_row(f"{label}: {name}, {what}, {statistic}", pick(stock[name]), pick(fixed[name]),
+                                   len(stock[name])))
+    if rows:
+        rows[0]["stalled_producer"] = summary
+    for row in rows:
+        _log(f"  {row['case']}: {_ms(row)}")
+    return rows
 
 
 # -- scheduler loop -------------------------------------------------------------------
@@ -333,8 +756,6 @@ def bench_loop(variants: Variants, sizes: tuple[int, ...], samples: int, explain
     from airflow import settings
     from airflow.datasets import Dataset, DatasetAll, DatasetAny
     from airflow.datasets.manager import dataset_manager
-    from airflow.jobs.job import Job
-    from airflow.jobs.scheduler_job_runner import SchedulerJobRunner
     from airflow.models.dataset import DatasetModel
     from sqlalchemy import select
 
@@ -346,10 +767,7 @@ def bench_loop(variants: Variants, sizes: tuple[int, ...], samples: int, explain
         dataset_ids = dict(session.execute(select(DatasetModel.uri, DatasetModel.id)
                                            .where(DatasetModel.uri.in_([a.uri, b.uri]))).all())
         dataset_ids = {"a": dataset_ids[a.uri], "b": dataset_ids[b.uri]}
-        job = Job()
-        session.add(job)
-        session.commit()
-        runner = SchedulerJobRunner(job=job, num_runs=1)
+    runner = new_scheduler_runner()
 
     end = datetime.now(timezone.utc) - timedelta(minutes=5)
     timeline = _history_times(max(sizes), end)
@@ -382,16 +800,10 @@ def bench_loop_cases(variants: Variants, windows: tuple[int, ...], ready: int, f
     from airflow import settings
     from airflow.datasets import Dataset
     from airflow.datasets.manager import dataset_manager
-    from airflow.jobs.job import Job
-    from airflow.jobs.scheduler_job_runner import SchedulerJobRunner
     from airflow.models.dataset import DatasetEvent, DatasetModel
     from sqlalchemy import insert, select
 
-    with settings.Session() as session:
-        job = Job()
-        session.add(job)
-        session.commit()
-        runner = SchedulerJobRunner(job=job, num_runs=1)
+    runner = new_scheduler_runner()
     rows = []
 
     def case(name: str, dag_names: list[str], dataset: Dataset, per_loop: int = 10, prime: bool = True) -> dict[str, Any]:
@@ -607,23 +1019,111 @@ def targets(backend: str, rows: list[dict[str, Any]]) -> list[str]:
             f"fixed loop, {loops[-1]['case'].split(', ')[1]} vs {loops[0]['case'].split(', ')[1]}: "
             f"{growth:.2f}x, target <= 1.5: {'met' if growth <= 1.5 else 'MISSED'}"
         )
+    for row in rows:
+        if "busy_dataset" in row:
+            lines += _busy_dataset_targets(row, by_case)
+        if "stalled_producer" in row:
+            lines += _stalled_producer_targets(row)
     return lines
 
 
-def render(backend: str, rows: list[dict[str, Any]]) -> str:
-    width = max(len(r["case"]) for r in rows)
+def _met(ok: bool) -> str:
+    return "met" if ok else "MISSED"
+
+
+def _per_variant(values: dict[str, Any], unit: str = "") -> str:
+    return " / ".join(f"{v} {values[v]}{unit}" for v in VARIANTS)
+
+
+def _busy_dataset_targets(row: dict[str, Any], by_case: dict[str, dict[str, Any]]) -> list[str]:
+    """Issue 17's busy-dataset targets: loop and producer p99 ratios <= 1.2, nothing lost, nothing failed."""
+    summary, label = row["busy_dataset"], row["case"].split(": ")[0]
+    p99 = by_case[f"{label}: producer transaction, p99"]["ratio"]
+    rates = {v: f"{summary['events_per_second'][v]:.0f}/s" for v in VARIANTS}
+    clean = not any(summary[name]["fixed"] for name in ("unconsumed", "doubled", "failed"))
+    if summary["full_reads"] is None:
+        full = "fixed full reads of the look-back window: not told (the fix keeps no such memory on the runner)"
+    else:
+        full = f"fixed full reads of the look-back window: {summary['full_reads']} pass(es)"
+        if summary["full_read_ms"] is not None:
+            full += f", median {summary['full_read_ms']:.0f} ms"
+    return [
+        f"{label}: scheduler loop ratio {row['ratio']:.2f}, target <= 1.2: {_met(row['ratio'] <= 1.2)}; "
+        f"producer p99 ratio {p99:.2f}, target <= 1.2: {_met(p99 <= 1.2)}",
+        f"{label}: events lost {_per_variant(summary['lost'])} (not consumed at all "
+        f"{_per_variant(summary['unconsumed'])}), doubled {_per_variant(summary['doubled'])}, failed producer "
+        f"transactions {_per_variant(summary['failed'])}; target (fixed) 0, 0 and 0: {_met(clean)}",
+        f"{label}: events committed {_per_variant(summary['committed'])} ({_per_variant(rates)}); steady "
+        f"passes {_per_variant(summary['steady_passes'])}; {full}, left out with each round's first pass",
+    ]
+
+
+def _stalled_producer_targets(row: dict[str, Any]) -> list[str]:
+    """Issue 21's rule: B waits no longer than stock would, or about a second; no transaction fails."""
+    summary, label = row["stalled_producer"], row["case"].split(": ")[0]
+    slowest = summary["slowest_ms"]
+    bound = max(slowest["B"]["stock"], 1000.0)
+    failed = {v: sum(summary["failed"][v].values()) for v in VARIANTS}
+    a_ms = {v: "/".join(f"{t / 1000:.1f}" for t in summary["a_ms"][v]) or "failed" for v in VARIANTS}
+    return [
+        f"{label}: B's slowest transaction stock {slowest['B']['stock'] / 1000:.2f} s, fixed "
+        f"{slowest['B']['fixed'] / 1000:.2f} s, target <= max(stock's, 1 s) (issue 21): "
+        f"{_met(slowest['B']['fixed'] <= bound)}; C's slowest stock {slowest['C']['stock'] / 1000:.2f} s, fixed "
+        f"{slowest['C']['fixed'] / 1000:.2f} s",
+        f"{label}: B's commits {_per_variant(summary['b_commits'])}; A's transaction(s) "
+        f"{_per_variant(a_ms, ' s')}; failed transactions (A, B, C) "
+        + " / ".join(f"{v} {summary['failed'][v]['A']}, {summary['failed'][v]['B']}, {summary['failed'][v]['C']}"
+                     for v in VARIANTS)
+        + f", target (fixed) 0: {_met(failed['fixed'] == 0)}",
+    ]
+
+
+def render(backend: str, rows: list[dict[str, Any]], notes: tuple[str, ...] = ()) -> str:
+    width = max((len(r["case"]) for r in rows), default=len("case"))
     lines = [f"bench on {backend} (medians; fixed/stock is the median of back-to-back pairs)", "",
              f"{'case':<{width}}  {'stock ms':>9}  {'fixed ms':>9}  {'fixed/stock':>11}  samples",
              f"{'-' * width}  {'-' * 9}  {'-' * 9}  {'-' * 11}  -------"]
     for r in rows:
         lines.append(f"{r['case']:<{width}}  {r['stock_ms']:9.2f}  {r['fixed_ms']:9.2f}  {r['ratio']:11.2f}  {r['samples']:7d}")
-    return "\n".join(lines + [""] + targets(backend, rows))
+    return "\n".join(lines + [""] + targets(backend, rows) + list(notes))
+
+
+CASES = ("producer", "busy-scheduler", "loop-history", "loop-cases", "busy-dataset", "stalled-producer")
+
+
+def _case_names(text: str) -> list[str]:
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    for name in names:
+        if name not in CASES:
+            raise argparse.ArgumentTypeError(f"unknown case {name!r}; choose from {', '.join(CASES)}")
+    return names
+
+
+def _positive(kind: type) -> Callable[[str], Any]:
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be above 0: {text!r}")
+        return value
+
+    return parse
+
+
+def _positive_ints(text: str) -> tuple[int, ...]:
+    return tuple(_positive(int)(part) for part in text.split(","))
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench.py", description="fixed vs stock cost, side by side")
     parser.add_argument("--backend", choices=BACKENDS, default="sqlite")
     parser.add_argument("--db-url", metavar="URL", help="server URL (a scratch database is created and dropped)")
+    parser.add_argument("--cases", type=_case_names, default=list(CASES), metavar="NAMES",
+                        help=f"comma-separated cases to run, of {', '.join(CASES)} (default: all)")
+    parser.add_argument("--skip", type=_case_names, default=[], metavar="NAMES",
+                        help="comma-separated cases not to run")
     parser.add_argument("--samples", type=int, default=40, help="producer samples per variant (default %(default)s)")
     parser.add_argument("--loop-samples", type=int, default=15, help="scheduler loop samples per variant")
     parser.add_argument("--busy-rounds", type=int, default=6,
@@ -637,10 +1137,25 @@ def main(argv: list[str] | None = None) -> int:
                         help="samples per variant of the window, ready-DAG and first-run cases (default %(default)s)")
     parser.add_argument("--sizes", default="1000,100000", help="historical events (default %(default)s)")
     parser.add_argument("--fanouts", default="1,10,50", help="consuming DAGs (default %(default)s)")
+    parser.add_argument("--busy-dataset-rates", type=_positive_ints, default=(50, 200), metavar="RATES",
+                        help="busy dataset: events/s of all producers together, one sub-case each (default 50,200)")
+    parser.add_argument("--busy-dataset-seconds", type=_positive(float), default=5.0, metavar="S",
+                        help="busy dataset: seconds per round (default %(default)s)")
+    parser.add_argument("--busy-dataset-rounds", type=_positive(int), default=4, metavar="N",
+                        help="busy dataset: rounds per variant and rate (default %(default)s)")
+    parser.add_argument("--busy-dataset-history", type=_positive(int), default=50_000, metavar="EVENTS",
+                        help="busy dataset: consumed events of the last ten minutes at its start "
+                             "(default %(default)s)")
+    parser.add_argument("--stall-seconds", type=_positive(float), default=5.0, metavar="S",
+                        help="stalled producer: how long producer A holds its transaction open (default %(default)s)")
+    parser.add_argument("--stall-rounds", type=_positive(int), default=2, metavar="N",
+                        help="stalled producer: rounds per variant (default %(default)s)")
     parser.add_argument("--explain", action="store_true", help="print the query plans of the event selection")
     parser.add_argument("--json", metavar="FILE")
     args = parser.parse_args(argv)
-
+    cases = [case for case in CASES if case in args.cases and case not in args.skip]
+    if not cases:
+        parser.error("--cases and --skip leave no case to run")
     from airflow_dataset_race_fix.reproduce.runner import ReproduceError, check_airflow_version
 
     try:
@@ -662,20 +1177,38 @@ def main(argv: list[str] | None = None) -> int:
         _log(f"bench on {args.backend}, Airflow {version}, database {database.name}")
         init_airflow_db()
         variants = Variants()
-        rows = bench_producer(variants, tuple(int(x) for x in args.fanouts.split(",")), args.samples)
-        rows += bench_busy_producers(variants, args.busy_rounds)
-        loop_rows, plans = bench_loop(variants, tuple(int(x) for x in args.sizes.split(",")), args.loop_samples,
-                                      args.explain)
-        rows += loop_rows
-        rows += bench_loop_cases(variants, tuple(int(x) for x in args.windows.split(",") if x), args.ready,
-                                 args.first_run, args.case_samples)
-        print(render(args.backend, rows))
+        rows, plans, notes = [], [], []
+        for case in cases:
+            started = time.monotonic()
+            _log(f"case {case}")
+            if case == "producer":
+                rows += bench_producer(variants, tuple(int(x) for x in args.fanouts.split(",")), args.samples)
+            elif case == "busy-scheduler":
+                rows += bench_busy_producers(variants, args.busy_rounds)
+            elif case == "loop-history":
+                loop_rows, plans = bench_loop(variants, tuple(int(x) for x in args.sizes.split(",")),
+                                              args.loop_samples, args.explain)
+                rows += loop_rows
+            elif case == "loop-cases":
+                rows += bench_loop_cases(variants, tuple(int(x) for x in args.windows.split(",") if x), args.ready,
+                                         args.first_run, args.case_samples)
+            elif case == "busy-dataset":
+                rows += bench_busy_dataset(variants, args.busy_dataset_rates, args.busy_dataset_rounds,
+                                           args.busy_dataset_seconds, args.busy_dataset_history, notes)
+                if args.backend == "sqlite":
+                    notes.append(BUSY_DATASET_ON_SQLITE)
+            elif args.backend == "sqlite":  # stalled-producer
+                notes.append(STALLED_PRODUCER_SKIP)
+            else:
+                rows += bench_stalled_producer(variants, args.stall_seconds, args.stall_rounds)
+            _log(f"case {case}: {time.monotonic() - started:.0f} s")
+        print(render(args.backend, rows, tuple(notes)))
         for plan in plans:
             print(plan)
         if args.json:
             with open(args.json, "w") as handle:
                 json.dump({"backend": args.backend, "airflow_version": version, "rows": rows,
-                           "targets": targets(args.backend, rows), "plans": plans}, handle, indent=2)
+                           "targets": targets(args.backend, rows), "notes": notes, "plans": plans}, handle, indent=2)
     finally:
         from airflow import settings
 
