@@ -48,6 +48,7 @@ import os
 import re
 import sys
 import time
+import warnings
 from dataclasses import asdict
 from datetime import datetime, timedelta, timezone
 from urllib.parse import quote
@@ -224,6 +225,12 @@ def _prepare_airflow_import(db_url: str | None) -> None:
         raise UsageError(f"Apache Airflow is not installed in {sys.executable}: run audit where Airflow runs")
     if "airflow" not in sys.modules:
         os.environ["_AIRFLOW__AS_LIBRARY"] = "1"  # no logging or ORM set-up at import (see the module's docstring)
+        # Airflow's deprecation notices (2.11 prints some at import) are not the audit's output,
+        # whose stderr is one line per error: with a warnings option set, Airflow keeps its own
+        # "show deprecations" filter out.
+        if not sys.warnoptions:
+            sys.warnoptions.append("ignore::DeprecationWarning")
+            warnings.simplefilter("ignore", DeprecationWarning)
     if db_url is None:
         home = os.path.expanduser(os.path.expandvars(os.environ.get("AIRFLOW_HOME", "~/airflow")))
         if not os.path.isdir(home):
