@@ -17,6 +17,9 @@ from airflow_dataset_race_fix.harness.database import ScratchDatabase, configure
 BACKEND = os.environ.get("ADRF_BACKEND", "sqlite")
 # The Airflow release installed here (tox: one env per release), read without importing it.
 AIRFLOW_VERSION = metadata.version("apache-airflow")
+# The fix's sweep for unqueued events runs in every scheduler loop here (default: every 10 s
+# of real time), so that a scenario's loops, not the test's speed, decide when it runs.
+os.environ.setdefault("AIRFLOW__DATASET_RACE_FIX__REQUEUE_INTERVAL_SECONDS", "0")
 _database = ScratchDatabase(BACKEND)
 _database.create()
 _airflow_home = tempfile.TemporaryDirectory(prefix="adrf-airflow-home-")

@@ -254,12 +254,12 @@ def test_a_failed_queue_upsert_keeps_the_rows_for_the_next_commit(world):
     a = w.dataset("a")
     d = w.consumer("d", [a])
     holder, p = w.producer("holder"), w.producer("P")
-    w.emit(holder, a), holder.finish()  # the (a, d) row exists
-    with create_session() as session:
-        before = session.scalar(select(DatasetDagRunQueue.created_at).where(DatasetDagRunQueue.target_dag_id == d))
+    # The holder inserts the (a, d) row and keeps its transaction open: a key with no committed
+    # row is waited for (as in stock), not left out as a busy existing row would be.
     holder.do(lambda session: session.execute(text(
-        "SELECT created_at FROM dataset_dag_run_queue WHERE target_dag_id = :d FOR UPDATE"), {"d": d}).all())
-    holder.finish()  # holds the row lock, transaction open
+        "INSERT INTO dataset_dag_run_queue (dataset_id, target_dag_id, created_at) "
+        "VALUES (:a, :d, TIMESTAMPADD(SECOND, -5, NOW(6)))"), {"a": _dataset_id(a.uri), "d": d}))
+    holder.finish()
 
     def register_and_commit_once(session):
         from airflow.datasets.manager import dataset_manager
@@ -275,13 +275,15 @@ def test_a_failed_queue_upsert_keeps_the_rows_for_the_next_commit(world):
     assert p.do(register_and_commit_once) in (DONE, BLOCKED)  # waits a second on the held row
     assert p.finish() == 1205  # the upsert gave up on the held row
     w.commit(holder), holder.finish()
+    with create_session() as session:
+        before = session.scalar(select(DatasetDagRunQueue.created_at).where(DatasetDagRunQueue.target_dag_id == d))
     w.commit(p), p.finish()  # the caller commits again
     with create_session() as session:
         events = session.scalar(
             select(func.count()).select_from(DatasetEvent).where(DatasetEvent.dataset_id == _dataset_id(a.uri))
         )
         after = session.scalar(select(DatasetDagRunQueue.created_at).where(DatasetDagRunQueue.target_dag_id == d))
-    assert events == 2
+    assert events == 1
     assert after > before  # P's upsert was written at its second COMMIT
 
 
@@ -364,10 +366,13 @@ def test_the_mysql_delete_looks_up_each_key_by_primary_key(world, queued, delete
 def test_a_task_committing_at_the_schedulers_delete_waits_only_for_its_commit(world):
     """
     X on ``a & c`` keeps its row (a, X), waiting for c; Y on ``b | e`` is ready. The
-    scheduler stops just before its DELETE; a task with outlets [a, b] commits. It waits
-    for the scheduler's COMMIT (the scheduler took (b, Y)) and then succeeds; the DELETE
-    must not wait on (a, X), which the task holds (MariaDB scanned the table: 1213).
+    scheduler stops just before its DELETE; a task with outlets [a, b] commits. The
+    scheduler took (b, Y): the task waits for it at most ``queue_row_wait_seconds``, then
+    leaves that row out and commits; the DELETE must not wait on (a, X), which the task
+    holds (MariaDB scanned the table: 1213). The scheduler's delete then removes (b, Y),
+    and the sweep hands Y the task's event in the next loop.
     """
+    import time
     from airflow.datasets import DatasetAll
 
     w = world
@@ -386,10 +391,17 @@ def test_a_task_committing_at_the_schedulers_delete_waits_only_for_its_commit(wo
         dataset_manager.register_dataset_change(dataset=b, session=session)
         session.commit()
 
-    assert task.do(both_outlets) in (DONE, BLOCKED)
+    started = time.monotonic()
+    assert task.do(both_outlets) == DONE
+    task.finish()  # raises if the task's COMMIT failed
+    assert time.monotonic() - started < 3  # queue_row_wait_seconds (1), not the scheduler's pause
     assert s.resume() == DONE
     s.finish()
-    task.finish()  # raises if the task's COMMIT failed
     assert _runs(y) == 1 and _runs(x) == 0
     assert _queued(x) == [_dataset_id(a.uri)]
-    assert _queued(y) == [_dataset_id(b.uri)]  # the task's new (b, Y) row, for the next loop
+    # MySQL took (b, Y) before its DELETE, and the row went with it; PostgreSQL takes it in the
+    # DELETE itself, after the task wrote it, so it skipped the task's row
+    assert _queued(y) == ([] if BACKEND == "mysql" else [_dataset_id(b.uri)])
+    assert w.loop(s) == DONE  # MySQL: the sweep, as Y has an event newer than its run and no row
+    s.finish()
+    assert _runs(y) == 2

@@ -89,10 +89,10 @@ def test_a_producer_clock_a_day_ahead_dates_no_run_in_the_future(world):
     assert [r[2] for r in runs] == [[w.clock.base + timedelta(seconds=1)], [w.clock.base + timedelta(seconds=5)]]
     assert all(r[0] <= w.clock.base + timedelta(seconds=6 + 60) for r in runs)  # never ahead of the clock + 60 s
     assert len([m for m in log.messages if "ahead of the scheduler's clock" in m]) == 1  # once per DAG
-    with create_session() as session:  # the event still has its queue row: it is waiting, not lost
-        assert session.scalar(select(DatasetDagRunQueue.dataset_id).where(DatasetDagRunQueue.target_dag_id == d))
+    with create_session() as session:  # its queue row is gone (it took no slot), the event is waiting
+        assert not session.scalar(select(DatasetDagRunQueue.dataset_id).where(DatasetDagRunQueue.target_dag_id == d))
     assert w.report().by_dag()[d].future_dated == 1
-    w.clock.at(DAY + 10), w.loop(s), s.finish()  # the clock got there: consumed, in order
+    w.clock.at(DAY + 10), w.loop(s), s.finish()  # the clock got there: the sweep takes it, in order
     assert [len(r[2]) for r in _runs(d)] == [1, 1, 1]
     w.drain(s, start=DAY + 20)
     assert w.report().violations() == {}

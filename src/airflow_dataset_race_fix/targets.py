@@ -95,7 +95,20 @@ MEMBERS = (
     Member("airflow.datasets.manager", "DatasetManager", "_database_clock", None),
     Member("airflow.datasets.manager", "DatasetManager", "_database_now", None),
     Member("airflow.datasets.manager", "DatasetManager", "_stamp_events", None),
+    Member("airflow.datasets.manager", "DatasetManager", "_leave_out_busy_queue_rows", None),
     Member("airflow.datasets.manager", "DatasetManager", "_upsert_queue_dagruns", None),
+    Member(
+        "airflow.jobs.scheduler_job_runner",
+        "SchedulerJobRunner",
+        "_create_dagruns_for_dags",
+        "0fba323d00304d90e3fdce7cb5efbd3818bc094c1a2ae4b0fb3a9243bf880881",
+    ),
+    Member(
+        "airflow.jobs.scheduler_job_runner",
+        "SchedulerJobRunner",
+        "_dags_with_unqueued_dataset_events",
+        None,
+    ),
     Member(
         "airflow.jobs.scheduler_job_runner",
         "SchedulerJobRunner",

@@ -75,6 +75,10 @@ class Clock:
             self._travel = None
 
 
+class Aborted(RuntimeError):
+    """Raised into a paused actor by ``Actor.abort``."""
+
+
 @dataclass
 class _Step:
     fn: Callable[[Session], Any]
@@ -92,6 +96,7 @@ class Actor:
         self.connection_id: int | None = None
         self._pause_patterns: list[tuple[str, ...]] = []
         self._pause_after_patterns: list[tuple[str, ...]] = []
+        self._abort_on_resume = False
         self._paused = threading.Event()
         self._resume = threading.Event()
         self._steps: queue.Queue[_Step | None] = queue.Queue()
@@ -131,6 +136,9 @@ class Actor:
                 self._paused.set()
                 if not self._resume.wait(STEP_TIMEOUT):
                     raise TimeoutError(f"{self.name} was never resumed")
+                if self._abort_on_resume:
+                    self._abort_on_resume = False
+                    raise Aborted(f"{self.name} aborted at a pause: its transaction rolls back")
                 return
 
     # -- scenario side ------------------------------------------------------------------
@@ -157,6 +165,11 @@ class Actor:
         self._paused.clear()
         self._resume.set()
         return self._wait()
+
+    def abort(self) -> str:
+        """Resume a paused actor with an error at its pause point: its transaction rolls back."""
+        self._abort_on_resume = True
+        return self.resume()
 
     def finish(self) -> Any:
         """Wait for the current step to complete and return its result (or raise its error)."""

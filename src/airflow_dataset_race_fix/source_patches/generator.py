@@ -90,6 +90,12 @@ PATCHES = (
         dataset (new helpers _database_clock, _database_now, _stamp_events). Queue rows
         are dated on the same clock. With 0002 this lets the scheduler read only new
         events instead of a 900 s window.
+
+        A queue row another transaction holds (another producer's COMMIT of the same
+        row) is waited for at most [dataset_race_fix] queue_row_wait_seconds (default
+        1), polling with SKIP LOCKED, and then left as it is (new helper
+        _leave_out_busy_queue_rows): the committed row keeps the DAG queued, so one
+        stalled producer no longer holds up the other producers of its dataset.
         """,
     ),
     PatchSpec(
@@ -117,7 +123,14 @@ PATCHES = (
         rows exactly as read, for all DAGs of the loop at its end (new helper
         _delete_dataset_queue_rows_as_read): taken FOR UPDATE SKIP LOCKED (PostgreSQL,
         MySQL 8, MariaDB 10.6+) and deleted by primary key, so the scheduler never waits
-        for a producer. Statements are chunked for each backend's limits. Apply with 0001.
+        for a producer. Statements are chunked for each backend's limits.
+
+        Queue rows of events dated ahead of the database's clock are deleted like the
+        others, so that DAGs kept waiting take no slot from DAGs that can run; the
+        sweep (new helper _dags_with_unqueued_dataset_events, called from
+        _create_dagruns_for_dags every [dataset_race_fix] requeue_interval_seconds)
+        adds to the loop's dataset-triggered DAGs those with an event newer than their
+        latest run on a dataset without a queue row for them. Apply with 0001.
         """,
     ),
 )

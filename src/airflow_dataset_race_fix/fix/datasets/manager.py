@@ -372,6 +372,84 @@ class DatasetManager:
                     set_committed_value(dataset_event, "timestamp", stamp)
 
     @classmethod
+    def _leave_out_busy_queue_rows(cls, rows: list[tuple[int, str]], session: Session) -> list[tuple[int, str]]:
+        """
+        Lock the existing queue rows among ``rows`` without waiting; leave out those another transaction holds.
+
+        A row another transaction holds is, nearly always, another producer's COMMIT of the
+        same row (or a scheduler's delete of it, held until that loop's COMMIT). Stock
+        Airflow's ``DO NOTHING`` never waited for an existing row; the forward-only update
+        would wait for the holder's whole transaction, and a stalled one (a frozen worker, a
+        hung synchronous standby) would hold up every producer of that dataset for that DAG.
+        So a busy row is waited for at most ``[dataset_race_fix] queue_row_wait_seconds``
+        (default 1), polling with ``SKIP LOCKED``, and then left out. Nothing is lost by that:
+        the row exists and is committed, so a holder that commits leaves it (with its own
+        newer ``created_at``, which pulls the scheduler's floor down to its own event), and a
+        holder that rolls back leaves it as it was; either way the DAG is queued and its next
+        run reads this transaction's events. The one holder that removes the row, a scheduler
+        whose delete outlasts the wait, is covered by the scheduler's sweep for unqueued
+        events (``SchedulerJobRunner._dags_with_unqueued_dataset_events``).
+
+        Lock order: ``SKIP LOCKED`` never waits, so this adds no lock cycle; the rows it took
+        are locked in key order like the upsert's. A key with no committed row is not checked
+        here: the upsert then waits for a concurrent insert of the same key, as stock Airflow
+        does. SQLite has no row locks (one writer), and MySQL before 8.0.1 and MariaDB before
+        10.6 no ``SKIP LOCKED``: they write every row, waiting as before.
+        """
+        import time
+
+        from sqlalchemy import tuple_
+
+        from airflow.configuration import conf
+
+        dialect = session.bind.dialect
+        version = dialect.server_version_info or ()
+        if dialect.name == "sqlite" or (
+            dialect.name == "mysql" and version < ((10, 6) if dialect.is_mariadb else (8, 0, 1))
+        ):
+            return rows
+        key = tuple_(DatasetDagRunQueue.dataset_id, DatasetDagRunQueue.target_dag_id)
+
+        def busy_among(keys: list[tuple[int, str]]) -> set[tuple[int, str]]:
+            """Keys whose committed row another transaction holds (locks the others)."""
+            busy: set[tuple[int, str]] = set()
+            for start in range(0, len(keys), 500):
+                chunk = keys[start : start + 500]
+                existing = select(DatasetDagRunQueue.dataset_id, DatasetDagRunQueue.target_dag_id).where(
+                    key.in_(chunk)
+                )
+                if dialect.name == "mysql":  # by primary key only: visit no row but those named
+                    existing = existing.with_hint(DatasetDagRunQueue.__table__, "FORCE INDEX (PRIMARY)")
+                taken = set(
+                    map(
+                        tuple,
+                        session.execute(
+                            existing.order_by(DatasetDagRunQueue.dataset_id, DatasetDagRunQueue.target_dag_id)
+                            .with_for_update(skip_locked=True)
+                        ),
+                    )
+                )
+                if len(taken) < len(chunk):  # new keys, or busy rows: tell them apart
+                    busy.update(set(map(tuple, session.execute(existing))) - taken)
+            return busy
+
+        busy = busy_among(rows)
+        deadline = time.monotonic() + max(0.0, conf.getfloat("dataset_race_fix", "queue_row_wait_seconds", fallback=1.0))
+        while busy and time.monotonic() < deadline:
+            time.sleep(0.02)
+            busy = busy_among(sorted(busy))
+        if not busy:
+            return rows
+        Stats.incr("dataset_race_fix.busy_queue_rows_left_out", len(busy))
+        cls.logger().info(
+            "%d dataset queue row(s) held by another transaction past [dataset_race_fix] queue_row_wait_seconds "
+            "left as they are (the DAGs stay queued by them): %s",
+            len(busy),
+            sorted(busy)[:10],
+        )
+        return [row for row in rows if row not in busy]
+
+    @classmethod
     def _upsert_queue_dagruns(cls, rows: list[tuple[int, str]], session: Session) -> None:
         """
         Upsert queue rows ``(dataset_id, target_dag_id)``, given in key order; ``created_at`` only moves forward.
@@ -400,6 +478,7 @@ class DatasetManager:
 
         dialect = session.bind.dialect
         clock = cls._database_clock(dialect.name)
+        rows = cls._leave_out_busy_queue_rows(rows, session)
         if dialect.name == "postgresql":
             session.execute(
                 text(

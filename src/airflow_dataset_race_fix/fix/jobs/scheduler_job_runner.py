@@ -65,7 +65,15 @@ The fixed member selects events by what the DAG has *consumed*, not by time:
   per DAG, metric ``dataset_race_fix.future_events_deferred``) and queue rows dated
   beyond it do not date the run, so one host whose clock runs ahead cannot date this run and, since
   runs stay in order, every later run in the future. The scheduler host's own clock
-  dates nothing;
+  dates nothing. The queue rows of such events are deleted like any other read (a DAG
+  that keeps its rows stays "ready" in every loop and, past
+  ``max_dagruns_to_create_per_loop`` of them, takes the slots of DAGs that can run); the
+  sweep below queues the DAG again once the clock gets there;
+- the sweep (``_dags_with_unqueued_dataset_events``, every ``[dataset_race_fix]
+  requeue_interval_seconds``): a DAG with an event newer than its latest run on a
+  dataset that has no queue row for it joins the loop's dataset-triggered DAGs, so no
+  new event depends on its queue row alone (rows dated ahead and deleted, a busy row a
+  producer left out, a stock producer's row deleted during an upgrade);
 - the data interval starts no earlier than the previous dataset-triggered run's ended,
   so intervals never go backwards or overlap (a late event may lie before its run's
   interval);
@@ -124,6 +132,8 @@ from airflow.models.dataset import (
 from airflow.stats import Stats
 from airflow.timetables.simple import DatasetTriggeredTimetable
 from airflow.utils import timezone
+from airflow.utils.retries import retry_db_transaction
+from airflow.utils.sqlalchemy import with_row_locks
 from airflow.utils.state import DagRunState
 from airflow.utils.types import DagRunType
 
@@ -132,9 +142,145 @@ if TYPE_CHECKING:
 
     from sqlalchemy.orm import Session
 
+    from airflow.utils.sqlalchemy import CommitProhibitorGuard
+
 
 class SchedulerJobRunner:
     """Mirror of ``airflow.jobs.scheduler_job_runner.SchedulerJobRunner``: only the fixed members."""
+
+    @retry_db_transaction
+    def _create_dagruns_for_dags(self, guard: CommitProhibitorGuard, session: Session) -> None:
+        """Find Dag Models needing DagRuns and Create Dag Runs with retries in case of OperationalError."""
+        query, dataset_triggered_dag_info = DagModel.dags_needing_dagruns(session)
+        all_dags_needing_dag_runs = set(query.all())
+        dataset_triggered_dags = [
+            dag for dag in all_dags_needing_dag_runs if dag.dag_id in dataset_triggered_dag_info
+        ]
+        non_dataset_dags = all_dags_needing_dag_runs.difference(dataset_triggered_dags)
+        self._create_dag_runs(non_dataset_dags, session)
+        # and the DAGs whose new events have no queue row (the sweep): decided the same way
+        dataset_triggered_dags += self._dags_with_unqueued_dataset_events(dataset_triggered_dag_info, session)
+        if dataset_triggered_dags:
+            self._create_dag_runs_dataset_triggered(
+                dataset_triggered_dags, dataset_triggered_dag_info, session
+            )
+
+        # commit the session - Release the write lock on DagModel table.
+        guard.commit()
+        # END: create dagruns
+
+    def _dags_with_unqueued_dataset_events(
+        self, dataset_triggered_dag_info: dict[str, tuple[datetime, datetime]], session: Session
+    ) -> list[DagModel]:
+        """
+        The sweep: DAGs that have an event newer than their latest run on a dataset with no queue row for them.
+
+        Queue rows are the fast path; this is the net under them, for new events that have
+        none: a producer left out a busy row that its holder then deleted (a scheduler
+        loop that outlasted ``queue_row_wait_seconds``, see
+        ``DatasetManager._leave_out_busy_queue_rows``), events that waited as dated ahead
+        (their rows are deleted, so that a DAG kept waiting takes no slot from DAGs that
+        can run), and events of a stock producer whose row a scheduler deleted, during an
+        upgrade. An event dated after a DAG's latest dataset-triggered run was consumed by
+        none of its runs (a run is dated after every event it consumes), so index probes
+        find them: per (dataset, DAG) reference without a queue row, the dataset's newest
+        event up to the horizon, against the DAG's latest run (or the reference's creation,
+        for a DAG with no run yet) and no older than ``event_lookback_seconds`` (events of
+        a DAG paused long before stay for its next run, as in stock).
+
+        At most once per ``[dataset_race_fix] requeue_interval_seconds`` (default 10) in
+        each scheduler process (that memory changes how soon, never whether), and at most
+        ``max_dagruns_to_create_per_loop`` DAGs, oldest event first, selected as
+        ``DagModel.dags_needing_dagruns`` selects (active, unpaused, no import errors, below
+        ``max_active_runs``, rows locked ``SKIP LOCKED``: another scheduler's are its own).
+        Nothing is written here: the DAGs join the loop's dataset-triggered DAGs, and
+        ``_create_dag_runs_dataset_triggered`` decides from their events as for any other.
+        """
+        from sqlalchemy import false, true
+
+        from airflow.datasets.manager import DatasetManager
+
+        interval = max(0.0, conf.getfloat("dataset_race_fix", "requeue_interval_seconds", fallback=10))
+        swept_at = self.__dict__.get("_dataset_race_fix_swept_at")
+        if swept_at is not None and time.monotonic() - swept_at < interval:
+            return []
+        self.__dict__["_dataset_race_fix_swept_at"] = time.monotonic()
+        now = DatasetManager._database_now(session)
+        ahead = conf.getint("dataset_race_fix", "max_event_ahead_seconds", fallback=60)
+        lookback = conf.getint("dataset_race_fix", "event_lookback_seconds", fallback=900)
+        reference = DagScheduleDatasetReference
+        newest = (
+            select(func.max(DatasetEvent.timestamp))
+            .where(
+                DatasetEvent.dataset_id == reference.dataset_id,
+                DatasetEvent.timestamp <= now + timedelta(seconds=max(0, ahead)),
+            )
+            .scalar_subquery()
+        )
+        latest_run = (
+            select(func.max(DagRun.execution_date))
+            .where(DagRun.dag_id == reference.dag_id, DagRun.run_type == DagRunType.DATASET_TRIGGERED)
+            .scalar_subquery()
+        )
+        queued = (
+            select(DatasetDagRunQueue.dataset_id)
+            .where(
+                DatasetDagRunQueue.dataset_id == reference.dataset_id,
+                DatasetDagRunQueue.target_dag_id == reference.dag_id,
+            )
+            .exists()
+        )
+        oldest_new: dict[str, datetime] = {}
+        for dag_id, newest_event in session.execute(
+            select(reference.dag_id, newest)
+            .join(DagModel, DagModel.dag_id == reference.dag_id)
+            .where(
+                DagModel.is_paused == false(),
+                DagModel.is_active == true(),
+                ~queued,
+                newest > func.coalesce(latest_run, reference.created_at),
+                newest > now - timedelta(seconds=max(0, lookback)),
+            )
+        ):
+            if dag_id not in dataset_triggered_dag_info:
+                oldest_new[dag_id] = min(oldest_new.get(dag_id, newest_event), newest_event)
+        if not oldest_new:
+            return []
+        limit = DagModel.NUM_DAGS_PER_DAGRUN_QUERY
+        candidates = sorted(oldest_new, key=lambda dag_id: (oldest_new[dag_id], dag_id))[: 2 * limit]
+        active_runs = dict(
+            session.execute(
+                select(DagRun.dag_id, func.count())
+                .where(DagRun.dag_id.in_(candidates), DagRun.state.in_((DagRunState.QUEUED, DagRunState.RUNNING)))
+                .group_by(DagRun.dag_id)
+            ).all()
+        )
+        dag_models = session.scalars(
+            with_row_locks(
+                select(DagModel).where(
+                    DagModel.dag_id.in_(candidates),
+                    DagModel.is_paused == false(),
+                    DagModel.is_active == true(),
+                    DagModel.has_import_errors == false(),
+                ),
+                of=DagModel,
+                session=session,
+                skip_locked=True,
+            )
+        ).all()
+        runnable = sorted(
+            (dm for dm in dag_models if active_runs.get(dm.dag_id, 0) < dm.max_active_runs),
+            key=lambda dm: (oldest_new[dm.dag_id], dm.dag_id),
+        )[:limit]
+        for dag_model in runnable:
+            dataset_triggered_dag_info[dag_model.dag_id] = (oldest_new[dag_model.dag_id],) * 2
+        if runnable:
+            self.log.info(
+                "%d dataset-scheduled DAG(s) have new dataset events without a queue row; deciding their runs: %s",
+                len(runnable),
+                [dm.dag_id for dm in runnable],
+            )
+        return runnable
 
     def _create_dag_runs_dataset_triggered(
         self,
@@ -323,7 +469,6 @@ class SchedulerJobRunner:
                         max(event.timestamp for event in ahead),
                     )
             with_events = {event.dataset_id for event in dataset_events}
-            waiting = {event.dataset_id for event in ahead}
             statuses = {dataset_uris[dataset_id]: True for dataset_id in with_events if dataset_id in dataset_uris}
             try:
                 ready = bool(dataset_events) and dag.timetable.dataset_condition.evaluate(statuses)
@@ -332,11 +477,13 @@ class SchedulerJobRunner:
                 continue
             if not ready:
                 # Nothing new to run on. Queue rows whose datasets have no event left to consume
-                # are stale; drop them (as read) so they do not make this DAG look ready again.
+                # now are stale; drop them (as read) so they do not make this DAG look ready again
+                # and take a slot from DAGs that can run. Events waiting as dated ahead are queued
+                # again by the sweep once the clock gets there.
                 consumed_rows += [
                     (ds_id, dag.dag_id, stored_as_read[(ds_id, dag.dag_id)])
                     for ds_id in queued
-                    if ds_id not in with_events and ds_id not in waiting
+                    if ds_id not in with_events
                 ]
                 Stats.incr("dataset_race_fix.empty_runs_prevented")
                 continue
@@ -399,9 +546,7 @@ class SchedulerJobRunner:
             )
             Stats.incr("dataset.triggered_dagruns")
             dag_run.consumed_dataset_events.extend(dataset_events)
-            consumed_rows += [
-                (ds_id, dag.dag_id, stored_as_read[(ds_id, dag.dag_id)]) for ds_id in queued if ds_id not in waiting
-            ]
+            consumed_rows += [(ds_id, dag.dag_id, stored_as_read[(ds_id, dag.dag_id)]) for ds_id in queued]
         if consumed_rows:
             self._delete_dataset_queue_rows_as_read(consumed_rows, session)
 

@@ -1,0 +1,185 @@
+"""
+Liveness: nothing the fix keeps waiting holds up another DAG or another producer (issues
+"No DAG starves..." item 1 and "One stalled producer must not hold up the other
+producers of its dataset"). Each test drives its interleaving step by step on a real
+database:
+
+- DAGs whose events are dated ahead (a stock producer's host clock, during an upgrade),
+  more of them than ``max_dagruns_to_create_per_loop``, take no slot from a DAG that can
+  run: its run comes in the first or second loop, stock and fixed alike; their own events
+  are consumed once the clock gets there (the sweep);
+- a producer frozen after its queue upsert, just before its COMMIT, holds up neither
+  another producer of the same dataset and DAG (it waits at most
+  ``queue_row_wait_seconds``) nor one of another dataset, and nothing is lost or doubled
+  whether the frozen one then commits or rolls back.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import func, select
+
+from airflow.models.dagrun import DagRun
+from airflow.models.dataset import DatasetDagRunQueue, DatasetEvent, DatasetModel
+from airflow.models.dag import DagModel
+from airflow.utils.session import create_session
+
+from airflow_dataset_race_fix.harness.faults import run_producer
+from airflow_dataset_race_fix.harness.world import BLOCKED, DONE, PAUSED, Aborted, World
+
+from conftest import BACKEND
+
+servers_only = pytest.mark.skipif(BACKEND == "sqlite", reason="needs two open writers (SQLite has one)")
+WAIT_BOUND = 1.0  # [dataset_race_fix] queue_row_wait_seconds, its default
+
+
+def _world(request) -> World:
+    return World(request.node.name[5:25])
+
+
+@pytest.fixture
+def world(request, variant_fixed):
+    w = _world(request)
+    yield w
+    w.close()
+
+
+@pytest.fixture
+def world_stock_or_fixed(request, variant):
+    w = _world(request)
+    yield w
+    w.close()
+
+
+def _runs(dag_id: str) -> list[tuple[object, list[int]]]:
+    """(logical date, consumed event ids) per run, in creation order."""
+    with create_session() as session:
+        return [
+            (r.execution_date, sorted(e.id for e in r.consumed_dataset_events))
+            for r in session.scalars(select(DagRun).where(DagRun.dag_id == dag_id).order_by(DagRun.id))
+        ]
+
+
+def _queued(dag_id: str) -> int:
+    with create_session() as session:
+        return session.scalar(
+            select(func.count()).select_from(DatasetDagRunQueue).where(DatasetDagRunQueue.target_dag_id == dag_id)
+        )
+
+
+def _event_ids(uri: str) -> list[int]:
+    with create_session() as session:
+        return list(
+            session.scalars(
+                select(DatasetEvent.id)
+                .join(DatasetModel, DatasetModel.id == DatasetEvent.dataset_id)
+                .where(DatasetModel.uri == uri)
+                .order_by(DatasetEvent.id)
+            )
+        )
+
+
+def _db_now():
+    from airflow.datasets.manager import DatasetManager
+
+    with create_session() as session:
+        return DatasetManager._database_now(session)
+
+
+@pytest.mark.parametrize("victim_kind", ["cron", "dataset"])
+def test_dags_kept_waiting_take_no_slot_from_a_dag_that_can_run(world_stock_or_fixed, variant, victim_kind, monkeypatch):
+    """
+    Twelve consumers of one event and its queue rows, dated 600 s ahead as a stock producer
+    on a host clock ten minutes ahead writes them; then a victim becomes due. Stock and
+    fixed: the victim runs in loop 1 or 2 (the fix kept the rows of deferred events, so the
+    twelve DAGs took every slot in every loop: never, on MariaDB and PostgreSQL).
+    """
+    w = world_stock_or_fixed
+    slots = DagModel.NUM_DAGS_PER_DAGRUN_QUERY
+    a, v = w.dataset("a"), w.dataset("v")
+    w.clock.at(0)  # SQLite: the DAGs are scheduled on their datasets before the events
+    waiting = [w.consumer(f"w{i:02d}", [a]) for i in range(slots + 2)]
+    victim = w.consumer("victim", timedelta(hours=1) if victim_kind == "cron" else [v])
+    p, s = w.producer("P"), w.scheduler()
+    if BACKEND == "sqlite":  # the host's clock is the database's: a producer ten minutes ahead
+        w.clock.at(600), w.emit(p, a), p.finish()
+        w.clock.at(0)
+    else:
+        w.clock.stop()
+        run_producer(a.uri, fixed=False, clock_offset=600)
+    assert [_queued(dag_id) for dag_id in waiting] == [1] * len(waiting)
+    if victim_kind == "dataset":
+        w.emit(p, v), p.finish()
+    for _ in range(2):
+        w.loop(s), s.finish()
+    assert _runs(victim), "the victim had no run in 2 loops"
+    if variant == "stock":
+        return
+    # Fixed: nothing dated ahead of the database's clock; the twelve runs wait for the clock.
+    assert all(not _runs(dag_id) for dag_id in waiting)
+    assert all(_queued(dag_id) == 0 for dag_id in waiting)  # their rows went: they hold no slot
+    if BACKEND == "sqlite":
+        w.clock.at(700)
+    else:
+        shifted = {"postgres": "(clock_timestamp() + interval '660 seconds')", "mysql": "(NOW(6) + INTERVAL 660 SECOND)"}
+        from airflow.datasets.manager import DatasetManager
+
+        monkeypatch.setattr(DatasetManager, "_database_clock", classmethod(lambda cls, name: shifted[BACKEND]))
+    for _ in range(3):  # the sweep: at most max_dagruns_to_create_per_loop DAGs a loop
+        w.finish_runs()
+        w.loop(s), s.finish()
+    assert [len(_runs(dag_id)) for dag_id in waiting] == [1] * len(waiting)
+    assert w.report().violations() == {}
+
+
+@servers_only
+@pytest.mark.parametrize("outcome", ["commit", "rollback"])
+def test_a_producer_frozen_before_its_commit_holds_up_no_other_producer(world, outcome):
+    """
+    A registers an event on ``a`` and freezes after its queue upsert and its stamp, just
+    before its COMMIT, holding the (a, X) row. B produces on ``a`` for the same DAG three
+    times, C on ``c`` for another: each transaction ends within the bound (the fix used to
+    hold B for A's whole stall: 39.7 s on PostgreSQL, a lock wait timeout on MariaDB) and
+    none fails. Then A commits, or rolls back: every committed event is consumed once, and
+    nothing is left queued for A's rolled back event.
+    """
+    w = world
+    a, c = w.dataset("a"), w.dataset("c")
+    x, z = w.consumer("x", [a]), w.consumer("z", [c])
+    p0, frozen, b_producer, c_producer, s = (
+        w.producer("P0"), w.producer("A"), w.producer("B"), w.producer("C"), w.scheduler()
+    )
+    w.emit(p0, a), p0.finish()  # the (a, X) and (c, Z) rows exist: a row stock never waited for
+    w.emit(p0, c), p0.finish()
+    frozen.pause_after("update dataset_event")  # the stamp: its last statement before COMMIT
+    assert w.emit(frozen, a) == PAUSED
+    slowest = {"B": 0.0, "C": 0.0}
+    for _ in range(3):
+        for name, producer, dataset in (("B", b_producer, a), ("C", c_producer, c)):
+            started = time.monotonic()
+            # (MariaDB's monitor may show a SKIP LOCKED read in LOCK WAIT for an instant: the
+            # time taken is what counts)
+            assert w.emit(producer, dataset) in (DONE, BLOCKED)
+            producer.finish()  # raises if its transaction failed
+            slowest[name] = max(slowest[name], time.monotonic() - started)
+    assert slowest["B"] < WAIT_BOUND + 1.5, slowest
+    assert slowest["C"] < 1.0, slowest
+    assert w.loop(s) == DONE  # while A is frozen: X and Z run on what committed
+    s.finish()
+    assert len(_runs(x)) == 1 and len(_runs(z)) == 1
+    if outcome == "commit":
+        assert frozen.resume() == DONE
+        frozen.finish()
+    else:
+        assert frozen.abort() == DONE
+        with pytest.raises(Aborted):
+            frozen.finish()
+    w.drain(s, start=None)
+    consumed = [event_id for dag_id in (x, z) for _, ids in _runs(dag_id) for event_id in ids]
+    assert sorted(consumed) == sorted(_event_ids(a.uri) + _event_ids(c.uri))  # each once
+    assert len(_event_ids(a.uri)) == (5 if outcome == "commit" else 4)
+    assert _queued(x) == 0 and _queued(z) == 0  # nothing left queued (A's rolled back event has none)
+    assert w.report().violations() == {}
