@@ -96,6 +96,7 @@ MEMBERS = (
     Member("airflow.datasets.manager", "DatasetManager", "_database_now", None),
     Member("airflow.datasets.manager", "DatasetManager", "_stamp_events", None),
     Member("airflow.datasets.manager", "DatasetManager", "_leave_out_busy_queue_rows", None),
+    Member("airflow.datasets.manager", "DatasetManager", "_queue_keys_joined_first", None),
     Member("airflow.datasets.manager", "DatasetManager", "_upsert_queue_dagruns", None),
     Member(
         "airflow.jobs.scheduler_job_runner",

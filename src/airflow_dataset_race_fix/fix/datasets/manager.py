@@ -398,7 +398,7 @@ class DatasetManager:
         """
         import time
 
-        from sqlalchemy import tuple_
+        from sqlalchemy import text, tuple_
 
         from airflow.configuration import conf
 
@@ -410,27 +410,31 @@ class DatasetManager:
             return rows
         key = tuple_(DatasetDagRunQueue.dataset_id, DatasetDagRunQueue.target_dag_id)
 
+        def existing(keys: list[tuple[int, str]], lock: bool) -> set[tuple[int, str]]:
+            """The keys among ``keys`` that have a committed row (``lock``: that this one could lock)."""
+            if dialect.name == "mysql":  # one primary-key lookup per key, at any queue size
+                keys_first, params = cls._queue_keys_joined_first(keys)
+                statement = text(
+                    f"SELECT q.dataset_id, q.target_dag_id FROM {keys_first}" + (" FOR UPDATE SKIP LOCKED" if lock else "")
+                ).bindparams(**params)
+            else:
+                statement = select(DatasetDagRunQueue.dataset_id, DatasetDagRunQueue.target_dag_id).where(
+                    key.in_(keys)
+                )
+                if lock:
+                    statement = statement.order_by(
+                        DatasetDagRunQueue.dataset_id, DatasetDagRunQueue.target_dag_id
+                    ).with_for_update(skip_locked=True)
+            return set(map(tuple, session.execute(statement)))
+
         def busy_among(keys: list[tuple[int, str]]) -> set[tuple[int, str]]:
             """Keys whose committed row another transaction holds (locks the others)."""
             busy: set[tuple[int, str]] = set()
             for start in range(0, len(keys), 500):
                 chunk = keys[start : start + 500]
-                existing = select(DatasetDagRunQueue.dataset_id, DatasetDagRunQueue.target_dag_id).where(
-                    key.in_(chunk)
-                )
-                if dialect.name == "mysql":  # by primary key only: visit no row but those named
-                    existing = existing.with_hint(DatasetDagRunQueue.__table__, "FORCE INDEX (PRIMARY)")
-                taken = set(
-                    map(
-                        tuple,
-                        session.execute(
-                            existing.order_by(DatasetDagRunQueue.dataset_id, DatasetDagRunQueue.target_dag_id)
-                            .with_for_update(skip_locked=True)
-                        ),
-                    )
-                )
+                taken = existing(chunk, lock=True)
                 if len(taken) < len(chunk):  # new keys, or busy rows: tell them apart
-                    busy.update(set(map(tuple, session.execute(existing))) - taken)
+                    busy.update(existing([k for k in chunk if k not in taken], lock=False))
             return busy
 
         busy = busy_among(rows)
@@ -448,6 +452,29 @@ class DatasetManager:
             sorted(busy)[:10],
         )
         return [row for row in rows if row not in busy]
+
+    @staticmethod
+    def _queue_keys_joined_first(keys: list[tuple[int, str]]) -> tuple[str, dict[str, object]]:
+        """
+        MySQL/MariaDB: a FROM clause of queue rows ``q`` by key, and its parameters.
+
+        The keys come as a derived table ``k`` joined first (``STRAIGHT_JOIN``) to the queue
+        by primary key: one ``eq_ref`` lookup per key at any queue size. A ``WHERE
+        (dataset_id, target_dag_id) IN (..)`` is planned as a scan of the primary key once
+        the keys are a fifth of the table or so (MariaDB ignores ``FORCE INDEX`` there), and
+        a locking scan waits on rows it does not name.
+        """
+        derived = " UNION ALL ".join(
+            f"SELECT :dataset_id_{i} AS dataset_id, :dag_id_{i} AS target_dag_id" for i in range(len(keys))
+        )
+        params: dict[str, object] = {}
+        for i, (dataset_id, dag_id) in enumerate(keys):
+            params[f"dataset_id_{i}"], params[f"dag_id_{i}"] = dataset_id, dag_id
+        return (
+            f"({derived}) AS k STRAIGHT_JOIN dataset_dag_run_queue AS q FORCE INDEX (PRIMARY) "
+            "ON q.dataset_id = k.dataset_id AND q.target_dag_id = k.target_dag_id",
+            params,
+        )
 
     @classmethod
     def _upsert_queue_dagruns(cls, rows: list[tuple[int, str]], session: Session) -> None:

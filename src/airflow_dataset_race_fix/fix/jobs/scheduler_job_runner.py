@@ -600,22 +600,8 @@ class SchedulerJobRunner:
                 .with_for_update(skip_locked=version >= ((10, 6) if dialect.is_mariadb else (8, 0, 1)))
             ).all()
             if taken:
-                # The keys as a derived table, joined first (STRAIGHT_JOIN) to the queue by
-                # primary key, one eq_ref lookup each: a multi-table DELETE whose WHERE lists the
-                # keys is planned as a full scan once they are a fifth of the table or so
-                # (MariaDB ignores FORCE INDEX there), and a scan waits on rows it does not name.
-                session.execute(
-                    text(
-                        "DELETE q FROM ("
-                        + " UNION ALL ".join(
-                            f"SELECT :dataset_id_{i} AS dataset_id, :dag_id_{i} AS target_dag_id"
-                            for i in range(len(taken))
-                        )
-                        + ") AS k STRAIGHT_JOIN dataset_dag_run_queue AS q FORCE INDEX (PRIMARY) "
-                        "ON q.dataset_id = k.dataset_id AND q.target_dag_id = k.target_dag_id"
-                    ),
-                    {
-                        **{f"dataset_id_{i}": row[0] for i, row in enumerate(taken)},
-                        **{f"dag_id_{i}": row[1] for i, row in enumerate(taken)},
-                    },
-                )
+                # One primary-key lookup per key taken: a scan would wait on rows it does not name.
+                from airflow.datasets.manager import DatasetManager
+
+                keys_first, params = DatasetManager._queue_keys_joined_first([tuple(row) for row in taken])
+                session.execute(text(f"DELETE q FROM {keys_first}"), params)
