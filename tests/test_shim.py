@@ -24,6 +24,7 @@ from shim_children import (
     child_env,
     count,
     output,
+    readme_local_settings,
     result,
     run_python,
     run_status,
@@ -522,12 +523,11 @@ PLUGIN_NAME = "airflow_dataset_race_fix"
 # (three Pythons, both Airflow releases), for CI time.
 ROUTES_ON_SQLITE = pytest.mark.skipif(BACKEND != "sqlite", reason="route logic, backend-independent: SQLite envs only")
 
-# airflow_local_settings.py that also records which targets were imported when Airflow ran it.
+# The README's airflow_local_settings.py, recording which targets were imported when Airflow ran it.
 LOCAL_SETTINGS = f"""
 import sys
 TARGETS_IMPORTED_BEFORE = [name for name in {TARGETS!r} if name in sys.modules]
-import airflow_dataset_race_fix.auto
-"""
+""" + readme_local_settings()
 
 
 def local_settings_home(tmp_path, body: str = LOCAL_SETTINGS) -> dict[str, str]:
@@ -562,6 +562,19 @@ _report(imported_before=imported_before)
     assert no_import.returncode == 0, output(no_import)
     assert status_json(no_import)["shim"]["activated_by"] == ["airflow_local_settings"]
     assert [t["status"] for t in status_json(no_import)["targets"]] == ["waiting-for-import"] * 2
+
+
+@ROUTES_ON_SQLITE
+def test_airflow_local_settings_without_the_package_leaves_airflow_working_and_says_so(tmp_path):
+    # The package missing (a failed requirements install): the README's file must not stop Airflow.
+    code = REPORT_CODE.replace("def _report", "sys.modules['airflow_dataset_race_fix.auto'] = None\ndef _report") + """
+import airflow.datasets.manager, airflow.jobs.scheduler_job_runner
+_report()
+"""
+    proc = run_python(code, child_env(**local_settings_home(tmp_path)))
+    report = result(proc)
+    assert report["states"] == ALL_ORIGINAL and report["routes"] == []
+    assert "airflow-dataset-race-fix: the fix is NOT in place: " in proc.stderr, output(proc)[-3000:]
 
 
 @ROUTES_ON_SQLITE

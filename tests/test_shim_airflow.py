@@ -47,6 +47,7 @@ from shim_children import (
     child_env,
     count,
     output,
+    readme_local_settings,
     result,
     run_python,
     run_status,
@@ -155,7 +156,7 @@ class AirflowWorld:
         self.route_plugins = os.path.join(home, "route-plugins")
         os.makedirs(self.route_plugins, exist_ok=True)
         with open(os.path.join(self.route_plugins, "airflow_local_settings.py"), "w") as f:
-            f.write("import airflow_dataset_race_fix.auto\n")
+            f.write(readme_local_settings())
 
     def env(
         self, shim: bool, disabled: bool = False, strict: bool = False, site: str | None = None, log_level: str = "INFO",
