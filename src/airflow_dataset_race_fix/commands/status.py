@@ -68,6 +68,7 @@ def collect(import_targets: bool = True) -> dict:
 
     # Importing Airflow logs (our own warnings too) to stdout; keep stdout for the report.
     import_errors: dict[str, str] = {}
+    plugin_error = None
     if import_targets:
         with contextlib.redirect_stdout(sys.stderr):
             for name in TARGET_MODULES:
@@ -82,7 +83,7 @@ def collect(import_targets: bool = True) -> dict:
     version = runtime.airflow_version()
     supported = version in SUPPORTED_AIRFLOW_VERSIONS
     shim = _shim_report(BOOTSTRAP_DIR, activation, bootstrap)
-    if import_targets and plugin_error:
+    if plugin_error:
         shim["notes"].append(f"loading Airflow's plugins failed: {plugin_error}")
     targets = [_target_report(name, import_errors.get(name), shim, runtime) for name in TARGET_MODULES]
     interrupted = _interrupted_source_patches()
@@ -199,7 +200,10 @@ def _target_report(name: str, import_error: str | None, shim: dict, runtime) -> 
         return {"module": name, "status": REFUSED, "detail": state.detail}
     why = _why_inactive(shim)
     if state.state == runtime.PENDING:
-        late_routes = [r for r in shim["activated_by"] if r in ("airflow_local_settings", "plugin")]
+        from airflow_dataset_race_fix.bootstrap import ROUTE_LOCAL_SETTINGS, ROUTE_PLUGIN
+
+        # Routes that start inside Airflow's own start-up: nothing to see before it is imported.
+        late_routes = [r for r in shim["activated_by"] if r in (ROUTE_LOCAL_SETTINGS, ROUTE_PLUGIN)]
         if why and late_routes and "airflow" not in sys.modules:
             detail = f"the shim starts from {' and '.join(late_routes)} once Airflow is imported (not checked: --no-import)"
             return {"module": name, "status": WAITING, "detail": detail}
