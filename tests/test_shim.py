@@ -642,6 +642,15 @@ def test_the_plugin_route_with_the_opt_in_in_the_environment_and_status():
 
 
 @ROUTES_ON_SQLITE
+def test_an_opt_in_that_is_not_a_boolean_leaves_the_process_stock_and_says_so():
+    proc = run_python(LOAD_PLUGINS, child_env(AIRFLOW__DATASET_RACE_FIX__ENABLE_VIA_PLUGIN="yes please"))
+    report = result(proc)
+    assert report["states"] == ALL_ORIGINAL and PLUGIN_NAME not in report["plugins"]
+    warnings = [line for line in output(proc).splitlines() if "WARNING" in line and "airflow-dataset-race-fix" in line]
+    assert len(warnings) == 1 and "the plugin route failed (AirflowConfigException" in warnings[0], output(proc)[-3000:]
+
+
+@ROUTES_ON_SQLITE
 def test_the_disable_switch_wins_over_the_plugin_opt_in():
     env = child_env(switches={"AIRFLOW_DATASET_RACE_FIX_DISABLED": "1"}, **PLUGIN_OPT_IN)
     proc = run_python(LOAD_PLUGINS, env)

@@ -85,20 +85,30 @@ def members_running() -> list[str]:
 
 
 def _load() -> type | None:
-    from airflow_dataset_race_fix import bootstrap, runtime
+    from airflow_dataset_race_fix import bootstrap
 
     try:
         if not opted_in():
-            return None
-        if bootstrap.ROUTE_PLUGIN not in bootstrap.routes:
-            bootstrap.routes.append(bootstrap.ROUTE_PLUGIN)
-        # Another route may have started the shim already; then its hooks own the targets.
-        running = [] if bootstrap.started or bootstrap.env_flag(bootstrap.ENV_DISABLED) else members_running()
+            return None  # installed, not opted in: nothing more is imported, nothing registered
+        _start(bootstrap)
+    except Exception as err:  # a bug of ours, or an opt-in value Airflow cannot read as a boolean
+        _failed(bootstrap, err)
+        return None
+    return _plugin_class()
+
+
+def _start(bootstrap) -> None:
+    from airflow_dataset_race_fix import runtime
+
+    if bootstrap.ROUTE_PLUGIN not in bootstrap.routes:
+        bootstrap.routes.append(bootstrap.ROUTE_PLUGIN)
+    # Another route may have started the shim already; then its hooks own the targets.
+    running = [] if bootstrap.started or bootstrap.env_flag(bootstrap.ENV_DISABLED) else members_running()
+    try:
         if running:
-            module = running[0].rsplit(".", 2)[0]
             runtime.refuse(
                 runtime.ModuleState(
-                    module,
+                    running[0].rsplit(".", 2)[0],
                     runtime.REFUSED,
                     f"Airflow loaded its plugins (the plugin route) while {', '.join(running)} was already running "
                     "in this process: patched then, the rest of that call would run half fixed. Nothing was "
@@ -109,19 +119,22 @@ def _load() -> type | None:
         else:
             bootstrap.start(bootstrap.ROUTE_PLUGIN)
     except runtime.RefusedError as err:
+        # The plugin manager would log and swallow it, and run stock: strict mode exits.
         raise SystemExit(str(err)) from err
-    except Exception as err:  # a bug of ours, or an opt-in value Airflow cannot read as a boolean
-        if bootstrap.strict():
-            raise SystemExit(f"airflow-dataset-race-fix (strict): the plugin route failed: {err}") from err
-        bootstrap.errors.append(f"plugin: {type(err).__name__}: {err}")
-        runtime.log.warning(
-            "airflow-dataset-race-fix: the plugin route failed (%s: %s); this process carries on without the fix",
-            type(err).__name__,
-            err,
-            exc_info=True,
-        )
-        return None
-    return _plugin_class()
+
+
+def _failed(bootstrap, err: Exception) -> None:
+    import logging
+
+    if bootstrap.strict():
+        raise SystemExit(f"airflow-dataset-race-fix (strict): the plugin route failed: {err}") from err
+    bootstrap.errors.append(f"plugin: {type(err).__name__}: {err}")
+    logging.getLogger("airflow_dataset_race_fix").warning(
+        "airflow-dataset-race-fix: the plugin route failed (%s: %s); this process carries on without the fix",
+        type(err).__name__,
+        err,
+        exc_info=True,
+    )
 
 
 def _plugin_class() -> type:
