@@ -565,6 +565,19 @@ _report(imported_before=imported_before)
 
 
 @ROUTES_ON_SQLITE
+def test_strict_airflow_local_settings_makes_a_refused_target_fail_its_import(tmp_path):
+    # Airflow imports airflow_local_settings first (the hooks start), then the user's
+    # sitecustomize reports an unsupported release, then the target's import raises.
+    write_sitecustomize(str(tmp_path / "user"), UNSUPPORTED_AIRFLOW)
+    env = child_env([str(tmp_path / "user")], switches={"AIRFLOW_DATASET_RACE_FIX_STRICT": "1"},
+                    **local_settings_home(tmp_path))
+    proc = run_python("import airflow.jobs.scheduler_job_runner\nprint('RESULT {}')", env)
+    assert proc.returncode == 1 and "RESULT" not in proc.stdout, output(proc)[-3000:]
+    assert "RefusedError: airflow-dataset-race-fix (strict)" in proc.stderr
+    assert f"Airflow {UNSUPPORTED_VERSION} is not a supported release" in proc.stderr
+
+
+@ROUTES_ON_SQLITE
 def test_airflow_local_settings_without_the_package_leaves_airflow_working_and_says_so(tmp_path):
     # The package missing (a failed requirements install): the README's file must not stop Airflow.
     code = REPORT_CODE.replace("def _report", "sys.modules['airflow_dataset_race_fix.auto'] = None\ndef _report") + """
