@@ -106,6 +106,17 @@ def count(text: str, needle: str) -> int:
     return sum(1 for line in text.splitlines() if needle in line)
 
 
+def readme_local_settings() -> str:
+    """The README's ``airflow_local_settings.py`` (Managed platforms), as an operator copies it."""
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    block = re.search(r"```python\n( *# airflow_local_settings\.py.*?)```", readme, re.S)
+    assert block, "README: the airflow_local_settings.py block of 'Managed platforms'"
+    return textwrap.dedent(block[1])
+
+
 def write_sitecustomize(directory: str, body: str) -> str:
     os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, "sitecustomize.py")

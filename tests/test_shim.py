@@ -24,6 +24,7 @@ from shim_children import (
     child_env,
     count,
     output,
+    readme_local_settings,
     result,
     run_python,
     run_status,
@@ -35,7 +36,7 @@ from shim_children import (
 from airflow_dataset_race_fix import BOOTSTRAP_DIR
 from airflow_dataset_race_fix.targets import MEMBERS
 
-from conftest import AIRFLOW_VERSION
+from conftest import AIRFLOW_VERSION, BACKEND
 
 TARGETS = ("airflow.datasets.manager", "airflow.jobs.scheduler_job_runner")
 ALL_PATCHED = {name: "patched" for name in TARGETS}
@@ -511,6 +512,226 @@ def test_install_pth_says_to_remove_it_before_pip_uninstall(fresh_venv):
     assert "Before 'pip uninstall airflow-dataset-race-fix', run 'airflow-dataset-race-fix shim remove-pth'" in proc.stdout
     with open(os.path.join(site_packages, "airflow_dataset_race_fix_shim.pth")) as f:
         assert "before\n# 'pip uninstall airflow-dataset-race-fix'" in f.read()
+
+
+# --- the airflow_local_settings and plugin routes (managed platforms) ----------------------
+
+
+PLUGIN_OPT_IN = {"AIRFLOW__DATASET_RACE_FIX__ENABLE_VIA_PLUGIN": "True"}
+PLUGIN_NAME = "airflow_dataset_race_fix"
+# The routes' logic is the same on every backend: their children run in the SQLite envs only
+# (three Pythons, both Airflow releases), for CI time.
+ROUTES_ON_SQLITE = pytest.mark.skipif(BACKEND != "sqlite", reason="route logic, backend-independent: SQLite envs only")
+
+# The README's airflow_local_settings.py, recording which targets were imported when Airflow ran it.
+LOCAL_SETTINGS = f"""
+import sys
+TARGETS_IMPORTED_BEFORE = [name for name in {TARGETS!r} if name in sys.modules]
+""" + readme_local_settings()
+
+
+def local_settings_home(tmp_path, body: str = LOCAL_SETTINGS) -> dict[str, str]:
+    """An AIRFLOW_HOME whose config/ folder holds ``airflow_local_settings.py`` with ``body``."""
+    home = tmp_path / "airflow-home"
+    (home / "config").mkdir(parents=True)
+    (home / "config" / "airflow_local_settings.py").write_text(body)
+    return {"AIRFLOW_HOME": str(home)}
+
+
+@ROUTES_ON_SQLITE
+def test_airflow_local_settings_turns_the_shim_on_before_any_target_is_imported(tmp_path):
+    code = REPORT_CODE + """
+import airflow, airflow_local_settings
+imported_before = airflow_local_settings.TARGETS_IMPORTED_BEFORE
+import airflow.datasets.manager, airflow.jobs.scheduler_job_runner
+_report(imported_before=imported_before)
+"""
+    env = child_env(**local_settings_home(tmp_path))
+    proc = run_python(code, env)
+    report = result(proc)
+    assert report["imported_before"] == [], "airflow_local_settings runs inside 'import airflow', before any target"
+    assert report["routes"] == ["airflow_local_settings"] and report["states"] == ALL_PATCHED
+    assert count(output(proc), INFO_LINE) == 1 and count(output(proc), "WARNING") == 0
+
+    status = run_status(env)
+    assert status.returncode == 0, output(status)
+    assert "Shim activated by: airflow_local_settings" in status.stdout
+    assert "loaded in this process: yes, via airflow_local_settings" in status.stdout
+    assert "config/airflow_local_settings.py (imports airflow_dataset_race_fix.auto)" in status.stdout
+    no_import = run_status(env, "--no-import", "--json")
+    assert no_import.returncode == 0, output(no_import)
+    assert status_json(no_import)["shim"]["activated_by"] == ["airflow_local_settings"]
+    assert [t["status"] for t in status_json(no_import)["targets"]] == ["waiting-for-import"] * 2
+
+
+@ROUTES_ON_SQLITE
+def test_strict_airflow_local_settings_makes_a_refused_target_fail_its_import(tmp_path):
+    # Airflow imports airflow_local_settings first (the hooks start), then the user's
+    # sitecustomize reports an unsupported release, then the target's import raises.
+    write_sitecustomize(str(tmp_path / "user"), UNSUPPORTED_AIRFLOW)
+    env = child_env([str(tmp_path / "user")], switches={"AIRFLOW_DATASET_RACE_FIX_STRICT": "1"},
+                    **local_settings_home(tmp_path))
+    proc = run_python("import airflow.jobs.scheduler_job_runner\nprint('RESULT {}')", env)
+    assert proc.returncode == 1 and "RESULT" not in proc.stdout, output(proc)[-3000:]
+    assert "RefusedError: airflow-dataset-race-fix (strict)" in proc.stderr
+    assert f"Airflow {UNSUPPORTED_VERSION} is not a supported release" in proc.stderr
+
+
+@ROUTES_ON_SQLITE
+def test_airflow_local_settings_without_the_package_leaves_airflow_working_and_says_so(tmp_path):
+    # The package missing (a failed requirements install): the README's file must not stop Airflow.
+    code = REPORT_CODE.replace("def _report", "sys.modules['airflow_dataset_race_fix.auto'] = None\ndef _report") + """
+import airflow.datasets.manager, airflow.jobs.scheduler_job_runner
+_report()
+"""
+    proc = run_python(code, child_env(**local_settings_home(tmp_path)))
+    report = result(proc)
+    assert report["states"] == ALL_ORIGINAL and report["routes"] == []
+    assert "airflow-dataset-race-fix: the fix is NOT in place: " in proc.stderr, output(proc)[-3000:]
+
+
+@ROUTES_ON_SQLITE
+def test_status_tells_an_airflow_local_settings_that_does_not_import_the_fix(tmp_path):
+    env = child_env(**local_settings_home(tmp_path, "# import airflow_dataset_race_fix.auto\n"))
+    status = run_status(env)
+    assert status.returncode == 1
+    assert "Shim activated by: nothing (not activated)" in status.stdout
+    assert "config/airflow_local_settings.py (does not import airflow_dataset_race_fix.auto)" in status.stdout
+
+
+LOAD_PLUGINS = REPORT_CODE + """
+import airflow.datasets.manager, airflow.jobs.scheduler_job_runner
+from airflow_dataset_race_fix import runtime
+before = {name: runtime.module_state(name).state for name in ("airflow.datasets.manager", "airflow.jobs.scheduler_job_runner")}
+from airflow import plugins_manager
+plugins_manager.ensure_plugins_loaded()
+_report(
+    before=before,
+    plugins=[plugin.name for plugin in plugins_manager.plugins],
+    plugin_errors=dict(plugins_manager.import_errors),
+    entry_point_loaded="airflow_dataset_race_fix.plugin" in sys.modules,
+)
+"""
+
+
+@ROUTES_ON_SQLITE
+@pytest.mark.parametrize("opt_in", [None, "False"], ids=["unset", "False"])
+def test_the_installed_plugin_entry_point_changes_nothing_without_the_opt_in(opt_in):
+    extra = {} if opt_in is None else {"AIRFLOW__DATASET_RACE_FIX__ENABLE_VIA_PLUGIN": opt_in}
+    proc = run_python(LOAD_PLUGINS, child_env(**extra))
+    report = result(proc)
+    assert report["entry_point_loaded"], "Airflow loaded the entry point"
+    assert report["states"] == ALL_ORIGINAL and report["routes"] == [] and not report["started"]
+    assert PLUGIN_NAME not in report["plugins"] and report["plugin_errors"] == {}
+    assert count(output(proc), "airflow-dataset-race-fix") == 0
+
+
+@ROUTES_ON_SQLITE
+def test_the_plugin_route_with_the_opt_in_in_airflow_cfg(tmp_path):
+    config = tmp_path / "airflow.cfg"
+    config.write_text("[dataset_race_fix]\nenable_via_plugin = True\n")
+    proc = run_python(LOAD_PLUGINS, child_env(AIRFLOW_CONFIG=str(config)))
+    report = result(proc)
+    assert report["before"] == ALL_ORIGINAL and report["states"] == ALL_PATCHED
+    assert report["routes"] == ["plugin"] and PLUGIN_NAME in report["plugins"]
+    assert count(output(proc), INFO_LINE) == 1 and count(output(proc), "WARNING") == 0
+
+
+@ROUTES_ON_SQLITE
+def test_the_plugin_route_with_the_opt_in_in_the_environment_and_status():
+    env = child_env(**PLUGIN_OPT_IN)
+    report = result(run_python(LOAD_PLUGINS, env))
+    assert report["routes"] == ["plugin"] and report["states"] == ALL_PATCHED
+
+    status = run_status(env)
+    assert status.returncode == 0, output(status)
+    assert "Shim activated by: plugin" in status.stdout
+    assert "loaded in this process: yes, via plugin" in status.stdout
+    assert "enable_via_plugin: on (read from Airflow's configuration)" in status.stdout
+    no_import = run_status(env, "--no-import")
+    assert no_import.returncode == 0 and no_import.stdout.count("waiting-for-import") == 2, output(no_import)
+    off = run_status(child_env(AIRFLOW__DATASET_RACE_FIX__ENABLE_VIA_PLUGIN="False"))
+    assert off.returncode == 1 and "enable_via_plugin: off" in off.stdout
+
+
+@ROUTES_ON_SQLITE
+def test_an_opt_in_that_is_not_a_boolean_leaves_the_process_stock_and_says_so():
+    proc = run_python(LOAD_PLUGINS, child_env(AIRFLOW__DATASET_RACE_FIX__ENABLE_VIA_PLUGIN="yes please"))
+    report = result(proc)
+    assert report["states"] == ALL_ORIGINAL and PLUGIN_NAME not in report["plugins"]
+    warnings = [line for line in output(proc).splitlines() if "WARNING" in line and "airflow-dataset-race-fix" in line]
+    assert len(warnings) == 1 and "the plugin route failed (AirflowConfigException" in warnings[0], output(proc)[-3000:]
+
+
+@ROUTES_ON_SQLITE
+def test_the_disable_switch_wins_over_the_plugin_opt_in():
+    env = child_env(switches={"AIRFLOW_DATASET_RACE_FIX_DISABLED": "1"}, **PLUGIN_OPT_IN)
+    proc = run_python(LOAD_PLUGINS, env)
+    report = result(proc)
+    assert report["disabled"] and not report["started"] and report["states"] == ALL_ORIGINAL
+    assert count(output(proc), "airflow-dataset-race-fix") == 0
+
+
+@ROUTES_ON_SQLITE
+@pytest.mark.parametrize("strict", [False, True], ids=["warn", "strict"])
+def test_the_plugin_route_refuses_a_changed_target_all_or_nothing(strict):
+    switches = {"AIRFLOW_DATASET_RACE_FIX_STRICT": "1"} if strict else {}
+    proc = run_python(OTHER_PATCH + LOAD_PLUGINS, child_env(switches=switches, **PLUGIN_OPT_IN))
+    if strict:
+        # The plugin manager swallows a plugin's exceptions: strict mode exits instead.
+        assert proc.returncode == 1 and "RESULT" not in proc.stdout, output(proc)[-3000:]
+        assert "airflow-dataset-race-fix (strict): airflow.datasets.manager refused" in proc.stderr
+        return
+    report = result(proc)
+    assert report["states"] == {name: "refused" for name in TARGETS}
+    warnings = [line for line in output(proc).splitlines() if "WARNING" in line and "airflow-dataset-race-fix" in line]
+    assert len(warnings) == 1 and "DatasetManager._postgres_queue_dagruns is not the Airflow" in warnings[0]
+
+
+# A program that registers a dataset event without having loaded Airflow's plugins: the
+# listener hook inside register_dataset_change loads them, in the middle of that call.
+MID_CALL = REPORT_CODE + """
+from sqlalchemy import func, select
+from airflow.datasets import Dataset
+from airflow.datasets.manager import DatasetManager
+from airflow.models.dataset import DatasetEvent, DatasetModel
+from airflow.utils.session import create_session
+
+URI = "adrf://plugin-route/mid-call"
+
+def events():
+    with create_session() as session:
+        dataset_id = session.scalar(select(DatasetModel.id).where(DatasetModel.uri == URI))
+        return session.scalar(select(func.count()).select_from(DatasetEvent).where(DatasetEvent.dataset_id == dataset_id))
+
+with create_session() as session:
+    if session.scalar(select(DatasetModel.id).where(DatasetModel.uri == URI)) is None:
+        session.add(DatasetModel(uri=URI))
+before = events()
+try:
+    with create_session() as session:
+        DatasetManager.register_dataset_change(dataset=Dataset(URI), session=session)
+finally:
+    _report(new_events=events() - before)
+"""
+
+
+@ROUTES_ON_SQLITE
+@pytest.mark.parametrize("strict", [False, True], ids=["warn", "strict"])
+def test_plugins_loaded_during_a_targeted_call_leave_the_process_stock(strict):
+    switches = {"AIRFLOW_DATASET_RACE_FIX_STRICT": "1"} if strict else {}
+    proc = run_python(MID_CALL, child_env(switches=switches, **PLUGIN_OPT_IN))
+    text = output(proc)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert lines, text[-3000:]
+    report = json.loads(lines[-1][len("RESULT "):])
+    assert "DatasetManager.register_dataset_change was already running" in text, text[-3000:]
+    assert report["states"] == {name: "refused" for name in TARGETS}
+    if strict:
+        assert proc.returncode == 1 and report["new_events"] == 0, "strict: the process exits, the event is not committed"
+    else:
+        assert proc.returncode == 0 and report["new_events"] == 1, "the stock call finishes, wholly stock"
+        assert count(text, "WARNING") == 1 and count(text, INFO_LINE) == 0
 
 
 @pytest.mark.parametrize(

@@ -14,24 +14,40 @@ the difference by behaviour in the tables and by the shim's INFO line:
 
 And with one changed byte in a targeted member (in a symlinked copy of Airflow put first
 on PYTHONPATH): no target is patched in the process, and in strict mode the commands stop.
+
+The managed platforms' routes (no PYTHONPATH): ``airflow_local_settings.py`` in the plugins
+folder (MWAA's and Cloud Composer 2's layout), and the plugin's opt-in
+``AIRFLOW__DATASET_RACE_FIX__ENABLE_VIA_PLUGIN=True``, in each process type that registers
+dataset events or creates dataset-triggered runs: the same behaviour checks show whether
+the fix was in place before the process first used a target.
 """
 
 from __future__ import annotations
 
+import base64
+import contextlib
+import json
 import os
 import shutil
+import signal
+import socket
 import subprocess
+import sys
 import textwrap
+import time
+import urllib.request
 
 import pytest
 from shim_children import (
     INFO_LINE,
     PYTHON,
+    WARNING_MARK,
     airflow_shadow,
     change_one_byte,
     child_env,
     count,
     output,
+    readme_local_settings,
     result,
     run_python,
     run_status,
@@ -40,9 +56,29 @@ from shim_children import (
 
 from airflow_dataset_race_fix.harness.database import DatabaseUnavailable, ScratchDatabase
 
-from conftest import BACKEND
+from conftest import AIRFLOW_VERSION, BACKEND
 
 AIRFLOW = os.path.join(os.path.dirname(PYTHON), "airflow")
+
+# The managed platforms' routes (README, "Managed platforms"), and the PYTHONPATH route.
+PYTHONPATH_ROUTE = "PYTHONPATH"
+LOCAL_SETTINGS_ROUTE = "airflow_local_settings"
+PLUGIN_ROUTE = "plugin"
+MANAGED_ROUTES = (LOCAL_SETTINGS_ROUTE, PLUGIN_ROUTE)
+PLUGIN_OPT_IN = {"AIRFLOW__DATASET_RACE_FIX__ENABLE_VIA_PLUGIN": "True"}
+# When each process type loads airflow_local_settings or its plugins is Airflow's doing, not
+# the database's or the Python's: the routes' real-process tests run in the 3.11 SQLite env of
+# each Airflow release, for CI time (about 40 s); the servers, 'tasks run', 'tasks test' and the
+# quiet commands (about 55 s) only in the quick start's env (Airflow 2.10.4), like
+# test_install.py's quick start.
+ROUTES_ENV = pytest.mark.skipif(
+    (BACKEND, sys.version_info[:2]) != ("sqlite", (3, 11)),
+    reason="the managed platforms' routes in real Airflow processes: in the 3.11 SQLite envs only, for CI time",
+)
+ROUTES_SERVERS_ENV = pytest.mark.skipif(
+    (BACKEND, sys.version_info[:2], AIRFLOW_VERSION) != ("sqlite", (3, 11), "2.10.4"),
+    reason="webserver, triggerer, 'tasks run' and 'tasks test' per route: in the quick start's env only, for CI time",
+)
 
 DAGS = '''
 import pendulum
@@ -117,22 +153,34 @@ class AirflowWorld:
             # The DAGs are serialized once by 'dags reserialize': no parsing in the scheduler.
             "AIRFLOW__SCHEDULER__STANDALONE_DAG_PROCESSOR": "True",
         }
+        # The plugins folder of the airflow_local_settings route, as MWAA and Cloud Composer 2 sync it.
+        self.route_plugins = os.path.join(home, "route-plugins")
+        os.makedirs(self.route_plugins, exist_ok=True)
+        with open(os.path.join(self.route_plugins, "airflow_local_settings.py"), "w") as f:
+            f.write(readme_local_settings())
 
     def env(
-        self, shim: bool, disabled: bool = False, strict: bool = False, site: str | None = None, log_level: str = "INFO"
+        self, shim: bool, disabled: bool = False, strict: bool = False, site: str | None = None, log_level: str = "INFO",
+        route: str | None = None,
     ) -> dict[str, str]:
+        """``route``: None (``shim`` says PYTHONPATH or nothing), or one of MANAGED_ROUTES."""
         switches = {"AIRFLOW_DATASET_RACE_FIX_DISABLED": "1"} if disabled else {}
         if strict:
             switches["AIRFLOW_DATASET_RACE_FIX_STRICT"] = "1"
-        if shim:
-            return shim_env(*([site] if site else []), switches=switches, log_level=log_level, **self.airflow_env)
-        return child_env([site] if site else [], switches=switches, log_level=log_level, **self.airflow_env)
+        airflow_env = dict(self.airflow_env)
+        if route == LOCAL_SETTINGS_ROUTE:
+            airflow_env["AIRFLOW__CORE__PLUGINS_FOLDER"] = self.route_plugins
+        elif route == PLUGIN_ROUTE:
+            airflow_env.update(PLUGIN_OPT_IN)
+        if shim and route in (None, PYTHONPATH_ROUTE):
+            return shim_env(*([site] if site else []), switches=switches, log_level=log_level, **airflow_env)
+        return child_env([site] if site else [], switches=switches, log_level=log_level, **airflow_env)
 
     def airflow(
         self, *args: str, shim: bool = True, disabled: bool = False, strict: bool = False, site: str | None = None,
-        succeed: bool = True, log_level: str = "INFO",
+        succeed: bool = True, log_level: str = "INFO", route: str | None = None,
     ) -> subprocess.CompletedProcess:
-        env = self.env(shim, disabled, strict, site, log_level)
+        env = self.env(shim, disabled, strict, site, log_level, route)
         proc = subprocess.run([AIRFLOW, *args], env=env, capture_output=True, text=True, timeout=300)
         if succeed:
             assert proc.returncode == 0, f"airflow {' '.join(args)} failed:\n{output(proc)[-4000:]}"
@@ -253,3 +301,193 @@ def test_strict_mode_stops_the_airflow_command_when_a_target_is_refused(world, c
     assert "DatasetManager._slow_path_queue_dagruns is not the Airflow" in text
     assert "ADRF TASK RAN" not in text and count(text, INFO_LINE) == 0
     assert world.probe(f"state({key})")["runs"] == before["runs"], "no scheduler loop ran"
+
+
+# --- the managed platforms' routes: airflow_local_settings.py and the plugin's opt-in -----------
+#
+# Each test shows, by the same behaviour as above, that the route had the fix in place before
+# the process first used a target: a task's first event moves the stale queue row forward, the
+# scheduler's first loop creates no empty run.
+
+
+@ROUTES_ENV
+@pytest.mark.parametrize(
+    "route,logical_date",
+    [(LOCAL_SETTINGS_ROUTE, "2026-04-01T00:00:00+00:00"), (PLUGIN_ROUTE, "2026-04-02T00:00:00+00:00")],
+)
+def test_dags_test_on_a_managed_route_runs_the_fixed_producer(world, route, logical_date):
+    key = "'adrf://shim-e2e/task', 'adrf_shim_task_consumer'"
+    world.probe(f"queue_row({key}, {STALE}); state({key})")
+
+    run = world.airflow("dags", "test", "adrf_shim_producer", logical_date, route=route)
+
+    assert count(output(run), INFO_LINE) == 1, output(run)[-3000:]
+    assert world.probe(f"state({key})")["queue_created_at"] > "2026", "the fixed producer moved the row forward"
+
+
+@ROUTES_ENV
+@pytest.mark.parametrize("route", MANAGED_ROUTES)
+def test_a_scheduler_on_a_managed_route_runs_the_fixed_scheduler(world, route):
+    key = "'adrf://shim-e2e/scheduler', 'adrf_shim_scheduler_consumer'"
+    before = world.probe(f"queue_row({key}, {NOW}); state({key})")
+
+    run = world.airflow("scheduler", "--num-runs", "1", route=route)
+
+    after = world.probe(f"state({key})")
+    assert count(output(run), INFO_LINE) == 1, output(run)[-3000:]
+    assert after["runs"] == before["runs"], "no run without an event (S5)"
+    assert after["queue_created_at"] is None, "the queue row without events is dropped"
+
+
+@ROUTES_ENV
+@pytest.mark.parametrize(
+    "route,command",
+    [
+        # The plugin route fails closed by SystemExit: from Job() in the scheduler, and inside
+        # the task runner's own try (it fails the task before the task's code runs).
+        # (airflow_local_settings starts the hooks before any target's import, which then fails
+        # as with PYTHONPATH above: test_shim.py shows it in a child.)
+        (PLUGIN_ROUTE, ("scheduler", "--num-runs", "1")),
+        (PLUGIN_ROUTE, ("tasks", "test", "adrf_shim_marker", "mark", "2026-03-02")),
+    ],
+    ids=["plugin-scheduler", "plugin-tasks-test"],
+)
+def test_strict_mode_stops_the_airflow_command_on_a_managed_route(world, changed_manager, command, route):
+    key = "'adrf://shim-e2e/scheduler', 'adrf_shim_scheduler_consumer'"
+    before = world.probe(f"queue_row({key}, {NOW}); state({key})")
+
+    run = world.airflow(*command, site=changed_manager, strict=True, succeed=False, route=route)
+
+    text = output(run)
+    assert run.returncode != 0, text[-3000:]
+    assert "airflow-dataset-race-fix (strict): airflow.datasets.manager refused" in text
+    assert "DatasetManager._slow_path_queue_dagruns is not the Airflow" in text
+    assert "ADRF TASK RAN" not in text and count(text, INFO_LINE) == 0
+    assert world.probe(f"state({key})")["runs"] == before["runs"], "no scheduler loop ran"
+
+
+@ROUTES_SERVERS_ENV
+def test_short_cli_commands_stay_quiet_on_the_managed_routes(world):
+    # 'airflow plugins' loads the plugins: the plugin route itself prints nothing, and is listed.
+    plugins = world.airflow("plugins", "--output", "json", route=PLUGIN_ROUTE)
+    assert count(output(plugins), WARNING_MARK) == 0, output(plugins)[-3000:]
+    listed = [line for line in plugins.stdout.splitlines() if line.startswith("[")]
+    assert "airflow_dataset_race_fix" in [plugin["name"] for plugin in json.loads(listed[-1])]
+    # 'dags list' imports the dataset manager: patched (the line at DEBUG), and quiet at INFO.
+    debug = world.airflow("dags", "list", route=LOCAL_SETTINGS_ROUTE, log_level="DEBUG")
+    assert "DEBUG - airflow-dataset-race-fix: fix in place" in output(debug), output(debug)[-3000:]
+    quiet = world.airflow("dags", "list", route=LOCAL_SETTINGS_ROUTE)
+    assert count(output(quiet), WARNING_MARK) == 0, output(quiet)[-3000:]
+
+
+@ROUTES_SERVERS_ENV
+@pytest.mark.parametrize("route", MANAGED_ROUTES)
+def test_tasks_run_on_a_managed_route_runs_the_fixed_producer(world, route):
+    """'airflow tasks run --local', the command the Local and Sequential executors run (the task
+    itself in a process forked from it)."""
+    key = "'adrf://shim-e2e/task', 'adrf_shim_task_consumer'"
+    run_id = f"adrf_tasks_run_{route}"
+    world.airflow("dags", "trigger", "adrf_shim_producer", "--run-id", run_id, "--exec-date",
+                  {LOCAL_SETTINGS_ROUTE: "2026-06-01", PLUGIN_ROUTE: "2026-06-02"}[route], shim=False)
+    world.probe(f"queue_row({key}, {STALE}); state({key})")
+
+    run = world.airflow("tasks", "run", "adrf_shim_producer", "emit", run_id, "--local", route=route)
+
+    assert count(output(run), INFO_LINE) == 1, output(run)[-3000:]
+    assert world.probe(f"state({key})")["queue_created_at"] > "2026", "the fixed producer moved the row forward"
+
+
+@ROUTES_SERVERS_ENV
+@pytest.mark.parametrize("route,date", [(LOCAL_SETTINGS_ROUTE, "2026-05-01"), (PLUGIN_ROUTE, "2026-05-02")])
+def test_tasks_test_on_a_managed_route_has_the_fix_before_the_task_runs(world, route, date):
+    # 'tasks test' registers no dataset event (test mode): the fix is in place before the task runs.
+    run = world.airflow("tasks", "test", "adrf_shim_marker", "mark", date, route=route)
+    assert count(run.stdout, INFO_LINE) == 1, output(run)[-3000:]
+    assert run.stdout.index(INFO_LINE) < run.stdout.index("ADRF TASK RAN")
+
+
+@contextlib.contextmanager
+def _server(args: list[str], env: dict[str, str], log_path):
+    """An Airflow server in a session of its own, stopped with everything it started."""
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen([AIRFLOW, *args], env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        yield proc
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)  # gunicorn workers still shutting down
+            proc.wait()
+
+
+def _wait_for(predicate, what: str, log_path, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"no {what} after {timeout} s:\n{log_path.read_text()[-3000:]}"
+        time.sleep(0.5)
+
+
+@ROUTES_SERVERS_ENV
+@pytest.mark.parametrize("route", MANAGED_ROUTES)
+def test_a_triggerer_on_a_managed_route_has_the_fix_before_its_loop(world, route, tmp_path):
+    # The triggerer registers no dataset event on 2.10/2.11; all or nothing holds it to the rest.
+    log_path = tmp_path / "triggerer.log"
+    with _server(["triggerer", "--skip-serve-logs"], world.env(shim=False, route=route), log_path):
+        _wait_for(lambda: "Starting the triggerer" in log_path.read_text(), "triggerer loop", log_path)
+    text = log_path.read_text()
+    assert count(text, INFO_LINE) == 1, text[-3000:]
+    assert text.index(INFO_LINE) < text.index("Starting the triggerer")
+
+
+@pytest.fixture(scope="module")
+def api_user(world):
+    world.airflow("users", "create", "--username", "adrf", "--password", "adrf", "--role", "Admin",
+                  "--email", "adrf@example.invalid", "--firstname", "a", "--lastname", "b", shim=False)
+    return "adrf", "adrf"
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@ROUTES_SERVERS_ENV
+@pytest.mark.parametrize("route", MANAGED_ROUTES)
+def test_the_rest_api_on_a_managed_route_runs_the_fixed_producer(world, api_user, route, tmp_path):
+    """POST /api/v1/datasets/events on 'airflow webserver' (gunicorn, the app preloaded)."""
+    key = "'adrf://shim-e2e/task', 'adrf_shim_task_consumer'"
+    world.probe(f"queue_row({key}, {STALE}); state({key})")
+    port = _free_port()
+    env = world.env(shim=False, route=route)
+    env.update(AIRFLOW__API__AUTH_BACKENDS="airflow.api.auth.backend.basic_auth", AIRFLOW__WEBSERVER__WORKERS="1")
+    log_path = tmp_path / "webserver.log"
+    base = f"http://127.0.0.1:{port}"
+
+    def healthy() -> bool:
+        try:
+            with urllib.request.urlopen(f"{base}/health", timeout=5) as response:
+                return response.status == 200
+        except OSError:
+            return False
+
+    with _server(["webserver", "--port", str(port)], env, log_path):
+        _wait_for(healthy, "healthy webserver", log_path)
+        request = urllib.request.Request(
+            f"{base}/api/v1/datasets/events",
+            data=json.dumps({"dataset_uri": "adrf://shim-e2e/task"}).encode(),
+            headers={
+                "Content-Type": "application/json",
+                "Authorization": "Basic " + base64.b64encode(":".join(api_user).encode()).decode(),
+            },
+            method="POST",
+        )
+        with urllib.request.urlopen(request, timeout=60) as response:
+            assert response.status == 200 and json.load(response)["dataset_uri"] == "adrf://shim-e2e/task"
+
+    text = log_path.read_text()
+    assert count(text, INFO_LINE) >= 1 and not _our_warnings(text), text[-3000:]
+    assert world.probe(f"state({key})")["queue_created_at"] > "2026", "the fixed producer moved the row forward"

@@ -1,5 +1,6 @@
 """
-How the shim is (or can be) activated in an environment: PYTHONPATH, a ``.pth`` file.
+How the shim is (or can be) activated in an environment: PYTHONPATH, a ``.pth`` file,
+``airflow_local_settings.py``, the plugin's opt-in.
 
 Used by ``status`` and ``shim install-pth`` / ``remove-pth``; never at interpreter start.
 
@@ -12,6 +13,7 @@ uninstall`` does not remove a file it did not install).
 
 from __future__ import annotations
 
+import ast
 import os
 import sys
 import sysconfig
@@ -102,3 +104,61 @@ def next_sitecustomize() -> str | None:
     path = [e for e in sys.path if not _same_directory(e or os.curdir, BOOTSTRAP_DIR)]
     spec = PathFinder.find_spec("sitecustomize", path)
     return spec.origin if spec is not None else None
+
+
+def local_settings_file() -> str | None:
+    """The ``airflow_local_settings.py`` that Airflow imports (or would) in this environment."""
+    module = sys.modules.get("airflow_local_settings")
+    if module is not None:
+        return getattr(module, "__file__", None)
+    from importlib.machinery import PathFinder
+
+    # Before importing it, Airflow appends $AIRFLOW_HOME/config and the plugins folder to sys.path.
+    settings = sys.modules.get("airflow.settings")
+    home = getattr(settings, "AIRFLOW_HOME", None) or os.path.expanduser(os.environ.get("AIRFLOW_HOME", "~/airflow"))
+    plugins = getattr(settings, "PLUGINS_FOLDER", None) or os.environ.get(
+        "AIRFLOW__CORE__PLUGINS_FOLDER", os.path.join(home, "plugins")
+    )
+    spec = PathFinder.find_spec("airflow_local_settings", [*sys.path, os.path.join(home, "config"), plugins])
+    return spec.origin if spec is not None and spec.has_location else None
+
+
+def imports_the_fix(path: str) -> bool:
+    """Whether the Python file at ``path`` has ``import airflow_dataset_race_fix.auto`` (or
+    ``from airflow_dataset_race_fix import auto``) in its code, not in a comment."""
+    try:
+        with open(path, encoding="utf-8") as source:
+            tree = ast.parse(source.read(), path)
+    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+        return False
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import) and any(a.name == "airflow_dataset_race_fix.auto" for a in node.names):
+            return True
+        if isinstance(node, ast.ImportFrom) and node.module == "airflow_dataset_race_fix":
+            if any(a.name == "auto" for a in node.names):
+                return True
+    return False
+
+
+def plugin_opt_in() -> tuple[bool, str]:
+    """Whether ``[dataset_race_fix] enable_via_plugin`` is on, and where that was read: from
+    Airflow's configuration once Airflow is imported, else from the environment variable."""
+    from airflow_dataset_race_fix import plugin
+
+    if "airflow.configuration" in sys.modules:
+        try:
+            return plugin.opted_in(), "Airflow's configuration"
+        except Exception as err:  # a value Airflow cannot read as a boolean: the plugin stays off too
+            return False, f"Airflow's configuration ({type(err).__name__}: {err})"
+    value = os.environ.get(plugin.OPT_IN_ENV, "")
+    return value.strip().lower() in ("t", "true", "1"), f"{plugin.OPT_IN_ENV}; airflow.cfg is read only with Airflow imported"
+
+
+def plugin_entry_point() -> str | None:
+    """This package's ``airflow.plugins`` entry point as installed (None: not in its metadata)."""
+    from importlib.metadata import entry_points
+
+    for entry_point in entry_points(group="airflow.plugins"):
+        if entry_point.value.startswith("airflow_dataset_race_fix."):
+            return f"{entry_point.name} = {entry_point.value}"
+    return None

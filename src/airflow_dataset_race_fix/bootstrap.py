@@ -1,12 +1,16 @@
 """
 The start-up shim's logic: register post-import hooks that put the fix in place.
 
-Reached in three ways (the *routes*), each calling :func:`start` once per interpreter:
+Reached in these ways (the *routes*), each calling :func:`start` once per interpreter:
 
 - ``sitecustomize``: ``PYTHONPATH=<airflow_dataset_race_fix.BOOTSTRAP_DIR>``; the
   boilerplate ``_bootstrap/sitecustomize.py`` chains any other sitecustomize first;
 - ``pth``: a ``.pth`` line in site-packages (``airflow-dataset-race-fix shim install-pth``);
-- ``import``: ``import airflow_dataset_race_fix.auto`` in the user's own code.
+- ``import``: ``import airflow_dataset_race_fix.auto`` in the user's own code;
+- ``airflow_local_settings``: the same import in ``airflow_local_settings.py``, which
+  Airflow imports while ``import airflow`` runs, in every Airflow process;
+- ``plugin``: Airflow's plugin manager loads this package's ``airflow.plugins`` entry point
+  (``plugin.py``), opted in with ``[dataset_race_fix] enable_via_plugin = True``.
 
 Nothing here imports Airflow, and at interpreter start nothing but ``os`` and ``sys``:
 the target list (``targets.py``, which needs ``inspect``) is only read when ``airflow``
@@ -35,6 +39,8 @@ SWITCHES = (ENV_DISABLED, ENV_STRICT)
 ROUTE_SITECUSTOMIZE = "sitecustomize"
 ROUTE_PTH = "pth"
 ROUTE_IMPORT = "import"
+ROUTE_LOCAL_SETTINGS = "airflow_local_settings"
+ROUTE_PLUGIN = "plugin"
 
 # What happened in this interpreter, for ``status`` and for tests.
 routes: list[str] = []  # every route that called start(), first one first

@@ -406,6 +406,14 @@ def on_import(module: ModuleType, strict: bool = False) -> ModuleState:
     return state
 
 
+def refuse(state: ModuleState, strict: bool = False) -> None:
+    """Keep every target of this process unpatched for a reason found outside an import
+    hook (the plugin route, loaded too late), then report it like any refusal."""
+    if _refusal is None:
+        _refuse_all(state, strict)
+    report(_refusal or state, strict)
+
+
 def apply(strict: bool = False) -> list[ModuleState]:
     """Import the target modules and patch them now, all or nothing; a refusal is logged
     (raised if strict)."""

@@ -2,12 +2,14 @@
 ``status``: is the fix active in this environment, and if not, why.
 
 Reports the Airflow version and whether it is supported, how the shim is activated
-(PYTHONPATH, a .pth file, loaded in this very process or not), the sitecustomize it
-chains, the switches, and per target module: fixed by the shim, fixed by a source patch,
-waiting for import, refused (why), or not fixed. The status process is itself a Python
-process of this environment, so it imports the target modules (unless --no-import) and
-looks at what actually happened to them here. An apply or revert of the source patches
-that was killed half way is reported too.
+(PYTHONPATH, a .pth file, airflow_local_settings.py, the plugin's opt-in; loaded in this
+very process or not), the sitecustomize it chains, the switches, and per target module:
+fixed by the shim, fixed by a source patch, waiting for import, refused (why), or not
+fixed. The status process is itself a Python process of this environment, so it imports
+the target modules (unless --no-import), and loads Airflow's plugins when the plugin's
+opt-in is on, as Airflow's processes do before they use a target; then it looks at what
+actually happened to them here. An apply or revert of the source patches that was killed
+half way is reported too.
 
 Exit code: 0 when the fix is active for every target, 1 when it is not.
 
@@ -66,6 +68,7 @@ def collect(import_targets: bool = True) -> dict:
 
     # Importing Airflow logs (our own warnings too) to stdout; keep stdout for the report.
     import_errors: dict[str, str] = {}
+    plugin_error = None
     if import_targets:
         with contextlib.redirect_stdout(sys.stderr):
             for name in TARGET_MODULES:
@@ -73,12 +76,15 @@ def collect(import_targets: bool = True) -> dict:
                     importlib.import_module(name)
                 except Exception as err:  # RefusedError in strict mode, or a broken install
                     import_errors[name] = f"{type(err).__name__}: {err}"
+            plugin_error = _load_plugins_if_opted_in()
 
     from airflow_dataset_race_fix import runtime
 
     version = runtime.airflow_version()
     supported = version in SUPPORTED_AIRFLOW_VERSIONS
     shim = _shim_report(BOOTSTRAP_DIR, activation, bootstrap)
+    if plugin_error:
+        shim["notes"].append(f"loading Airflow's plugins failed: {plugin_error}")
     targets = [_target_report(name, import_errors.get(name), shim, runtime) for name in TARGET_MODULES]
     interrupted = _interrupted_source_patches()
     if interrupted:
@@ -99,6 +105,24 @@ def collect(import_targets: bool = True) -> dict:
     }
 
 
+def _load_plugins_if_opted_in() -> str | None:
+    """With the plugin's opt-in on, load Airflow's plugins as every Airflow process does before
+    it uses a target, so that this process shows what the plugin route does; why it failed."""
+    from airflow_dataset_race_fix import activation
+
+    if not activation.plugin_opt_in()[0]:
+        return None
+    try:
+        from airflow import plugins_manager
+
+        plugins_manager.ensure_plugins_loaded()
+    except SystemExit as err:  # strict mode: the plugin route fails closed
+        return f"SystemExit: {err}"
+    except Exception as err:
+        return f"{type(err).__name__}: {err}"
+    return None
+
+
 def _interrupted_source_patches() -> str | None:
     """Why the source patches are mid-change (an apply or revert was killed), or None."""
     from airflow_dataset_race_fix.source_patches import applier, wheels
@@ -115,8 +139,22 @@ def _interrupted_source_patches() -> str | None:
 def _shim_report(bootstrap_dir: str, activation, bootstrap) -> dict:
     on_pythonpath = activation.pythonpath_entries()
     pth_files = activation.installed_pth_files()
-    activated_by = (["PYTHONPATH"] if on_pythonpath else []) + ([".pth"] if pth_files else [])
+    local_settings = activation.local_settings_file()
+    local_settings_imports = local_settings is not None and activation.imports_the_fix(local_settings)
+    plugin_on, plugin_read_from = activation.plugin_opt_in()
+    entry_point = activation.plugin_entry_point()
+    activated_by = (
+        (["PYTHONPATH"] if on_pythonpath else [])
+        + ([".pth"] if pth_files else [])
+        + ([bootstrap.ROUTE_LOCAL_SETTINGS] if local_settings_imports else [])
+        + ([bootstrap.ROUTE_PLUGIN] if plugin_on and entry_point else [])
+    )
     notes = []
+    if plugin_on and not entry_point:
+        notes.append(
+            "[dataset_race_fix] enable_via_plugin is on, but the installed package has no airflow.plugins "
+            "entry point: reinstall airflow-dataset-race-fix"
+        )
     if on_pythonpath and bootstrap.ROUTE_SITECUSTOMIZE not in bootstrap.routes and not bootstrap.disabled:
         hiding = getattr(sys.modules.get("sitecustomize"), "__file__", None)
         notes.append(
@@ -131,6 +169,11 @@ def _shim_report(bootstrap_dir: str, activation, bootstrap) -> dict:
         "activated_by": activated_by,
         "pythonpath_entries": on_pythonpath,
         "pth_files": pth_files,
+        "local_settings_file": local_settings,
+        "local_settings_imports_fix": local_settings_imports,
+        "plugin_opt_in": plugin_on,
+        "plugin_opt_in_read_from": plugin_read_from,
+        "plugin_entry_point": entry_point,
         "loaded_in_this_process": bootstrap.started,
         "routes_in_this_process": list(bootstrap.routes),
         "disabled": bootstrap.disabled,
@@ -157,6 +200,13 @@ def _target_report(name: str, import_error: str | None, shim: dict, runtime) -> 
         return {"module": name, "status": REFUSED, "detail": state.detail}
     why = _why_inactive(shim)
     if state.state == runtime.PENDING:
+        from airflow_dataset_race_fix.bootstrap import ROUTE_LOCAL_SETTINGS, ROUTE_PLUGIN
+
+        # Routes that start inside Airflow's own start-up: nothing to see before it is imported.
+        late_routes = [r for r in shim["activated_by"] if r in (ROUTE_LOCAL_SETTINGS, ROUTE_PLUGIN)]
+        if why and late_routes and "airflow" not in sys.modules:
+            detail = f"the shim starts from {' and '.join(late_routes)} once Airflow is imported (not checked: --no-import)"
+            return {"module": name, "status": WAITING, "detail": detail}
         if why:
             return {"module": name, "status": NOT_FIXED, "detail": f"not imported; {why}"}
         detail = "the shim patches it when it is imported (fingerprints not checked: --no-import)"
@@ -170,7 +220,8 @@ def _why_inactive(shim: dict) -> str:
     if not shim["loaded_in_this_process"]:
         return (
             "the shim is not active in this environment: put the bootstrap directory on PYTHONPATH, "
-            "or run 'airflow-dataset-race-fix shim install-pth'"
+            "run 'airflow-dataset-race-fix shim install-pth', import airflow_dataset_race_fix.auto in "
+            "airflow_local_settings.py, or set [dataset_race_fix] enable_via_plugin = True"
         )
     return ""
 
@@ -189,6 +240,13 @@ def render(report: dict) -> str:
         f"  bootstrap directory: {shim['bootstrap_dir']}",
     ]
     lines += [f"  .pth file: {path}" for path in shim["pth_files"]]
+    if shim["local_settings_file"]:
+        imports = "imports" if shim["local_settings_imports_fix"] else "does not import"
+        lines.append(f"  airflow_local_settings: {shim['local_settings_file']} ({imports} airflow_dataset_race_fix.auto)")
+    lines.append(
+        f"  plugin opt-in [dataset_race_fix] enable_via_plugin: {'on' if shim['plugin_opt_in'] else 'off'} "
+        f"(read from {shim['plugin_opt_in_read_from']})"
+    )
     lines += [
         f"  loaded in this process: {loaded}",
         "  switches: " + ", ".join(f"{k}={v if v is not None else '(unset)'}" for k, v in shim["switches"].items()),
