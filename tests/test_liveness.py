@@ -33,7 +33,7 @@ from airflow_dataset_race_fix.harness.world import BLOCKED, DONE, PAUSED, Aborte
 from conftest import BACKEND
 
 servers_only = pytest.mark.skipif(BACKEND == "sqlite", reason="needs two open writers (SQLite has one)")
-WAIT_BOUND = 0.5  # [dataset_race_fix] queue_row_wait_seconds, its default
+WAIT_BOUND = 0.05  # [dataset_race_fix] queue_row_wait_seconds, its default
 
 
 def _world(request) -> World:

@@ -720,6 +720,14 @@ def add_history(
                      "clear_number": 0}
                     for b in batches
                 ]
+                # A run the scheduler made in an earlier round may hold one of these dates already.
+                taken = set(session.scalars(select(DagRun.execution_date).where(
+                    DagRun.dag_id == dag_id, DagRun.execution_date >= part[0],
+                    DagRun.execution_date <= part[-1] + timedelta(milliseconds=1))))
+                for run in runs:
+                    while run["execution_date"] in taken:
+                        run["execution_date"] += timedelta(microseconds=1)
+                    taken.add(run["execution_date"])
                 session.execute(insert(DagRun), runs)
                 run_ids = dict(
                     session.execute(

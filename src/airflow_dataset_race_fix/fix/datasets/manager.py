@@ -382,9 +382,11 @@ class DatasetManager:
         would wait for the holder's whole transaction, and a stalled one (a frozen worker, a
         hung synchronous standby) would hold up every producer of that dataset for that DAG.
         So a busy row is waited for at most ``[dataset_race_fix] queue_row_wait_seconds``
-        (default 0.5), polling with ``SKIP LOCKED`` (after 1, 2, 4, 8 and then every 16 ms:
-        on a busy dataset the holder is another producer's COMMIT of milliseconds), and
-        then left out. Polling, not a lock wait with a timeout: a lock wait can close a
+        (default 0.05), polling with ``SKIP LOCKED`` (after 1, 2, 4, then every 8 ms), and
+        then left out. The wait is only for a scheduler's delete, held from its last
+        statement to its COMMIT (milliseconds); another producer's hold is left at once in
+        effect, and must be: on a dataset fed hundreds of events a second the row is
+        nearly always some producer's, and waiting longer serialised them all. Polling, not a lock wait with a timeout: a lock wait can close a
         cycle with a producer that took its rows out of key order here, and InnoDB would
         resolve it by rolling a whole producer transaction back (1213). Nothing is lost by that:
         the row exists and is committed, so a holder that commits leaves it (with its own
@@ -442,11 +444,11 @@ class DatasetManager:
             return busy
 
         busy = busy_among(rows)
-        deadline = time.monotonic() + max(0.0, conf.getfloat("dataset_race_fix", "queue_row_wait_seconds", fallback=0.5))
+        deadline = time.monotonic() + max(0.0, conf.getfloat("dataset_race_fix", "queue_row_wait_seconds", fallback=0.05))
         pause = 0.001  # a producer's COMMIT holds a row for milliseconds: look again soon, then less often
         while busy and time.monotonic() + pause < deadline:
             time.sleep(pause)
-            pause = min(2 * pause, 0.016)
+            pause = min(2 * pause, 0.008)
             busy = busy_among(sorted(busy))
         if not busy:
             return rows
