@@ -9,8 +9,8 @@ database:
   run: its run comes in the first or second loop, stock and fixed alike; their own events
   are consumed once the clock gets there (the sweep);
 - a producer frozen after its queue upsert, just before its COMMIT, holds up neither
-  another producer of the same dataset and DAG (it waits at most
-  ``queue_row_wait_seconds``) nor one of another dataset, and nothing is lost or doubled
+  another producer of the same dataset and DAG (it leaves the row, after
+  ``queue_row_wait_seconds`` if set) nor one of another dataset, and nothing is lost or doubled
   whether the frozen one then commits or rolls back.
 """
 
@@ -33,7 +33,6 @@ from airflow_dataset_race_fix.harness.world import BLOCKED, DONE, PAUSED, Aborte
 from conftest import BACKEND
 
 servers_only = pytest.mark.skipif(BACKEND == "sqlite", reason="needs two open writers (SQLite has one)")
-WAIT_BOUND = 0.05  # [dataset_race_fix] queue_row_wait_seconds, its default
 
 
 def _world(request) -> World:
@@ -137,15 +136,18 @@ def test_dags_kept_waiting_take_no_slot_from_a_dag_that_can_run(world_stock_or_f
 
 @servers_only
 @pytest.mark.parametrize("outcome", ["commit", "rollback"])
-def test_a_producer_frozen_before_its_commit_holds_up_no_other_producer(world, outcome):
+@pytest.mark.parametrize("wait", [0, 0.2], ids=["no-wait", "wait-0.2s"])
+def test_a_producer_frozen_before_its_commit_holds_up_no_other_producer(world, outcome, wait, monkeypatch):
     """
     A registers an event on ``a`` and freezes after its queue upsert and its stamp, just
     before its COMMIT, holding the (a, X) row. B produces on ``a`` for the same DAG three
     times, C on ``c`` for another: each transaction ends within the bound (the fix used to
     hold B for A's whole stall: 39.7 s on PostgreSQL, a lock wait timeout on MariaDB) and
     none fails. Then A commits, or rolls back: every committed event is consumed once, and
-    nothing is left queued for A's rolled back event.
+    nothing is left queued for A's rolled back event. With ``queue_row_wait_seconds`` at
+    its default (0) and at 0.2 s (B polls that long, then leaves the row).
     """
+    monkeypatch.setenv("AIRFLOW__DATASET_RACE_FIX__QUEUE_ROW_WAIT_SECONDS", str(wait))
     w = world
     a, c = w.dataset("a"), w.dataset("c")
     x, z = w.consumer("x", [a]), w.consumer("z", [c])
@@ -165,7 +167,7 @@ def test_a_producer_frozen_before_its_commit_holds_up_no_other_producer(world, o
             assert w.emit(producer, dataset) in (DONE, BLOCKED)
             producer.finish()  # raises if its transaction failed
             slowest[name] = max(slowest[name], time.monotonic() - started)
-    assert slowest["B"] < WAIT_BOUND + 1.5, slowest
+    assert wait <= slowest["B"] < wait + 1.0, slowest
     assert slowest["C"] < 1.0, slowest
     assert w.loop(s) == DONE  # while A is frozen: X and Z run on what committed
     s.finish()
