@@ -315,6 +315,22 @@ def test_deleting_a_consumer_dag_before_the_commit_fails_no_producer(world):
         ) == 1
 
 
+def _queue_of_size(w: World, queued: int) -> tuple[str, list[int]]:
+    """A consumer DAG with ``queued`` queue rows (a dataset each: foreign key), statistics fresh."""
+    dag_id = w.consumer("d", [w.dataset("a")])
+    with create_session() as session:
+        session.add_all(DatasetModel(uri=f"race://{w.prefix}/plan{i}") for i in range(queued))
+        session.flush()
+        ids = sorted(session.scalars(select(DatasetModel.id).where(DatasetModel.uri.like(f"race://{w.prefix}/plan%"))))
+        session.execute(
+            DatasetDagRunQueue.__table__.insert(),
+            [{"dataset_id": i, "target_dag_id": dag_id, "created_at": w.clock.base} for i in ids],
+        )
+    with create_session() as session:
+        session.execute(text("ANALYZE TABLE dataset_dag_run_queue"))
+    return dag_id, ids
+
+
 @pytest.mark.skipif(BACKEND != "mysql", reason="the MySQL/MariaDB DELETE statement")
 @pytest.mark.parametrize("queued, deleted", [(4, 2), (10, 3), (50, 20), (1000, 300), (300, 300)])
 def test_the_mysql_delete_looks_up_each_key_by_primary_key(world, queued, deleted):
@@ -327,17 +343,8 @@ def test_the_mysql_delete_looks_up_each_key_by_primary_key(world, queued, delete
     from airflow.jobs.scheduler_job_runner import SchedulerJobRunner
 
     w = world
-    dag_id = w.consumer("d", [w.dataset("a")])
-    with create_session() as session:  # a queue row needs a dataset (foreign key): one each
-        session.add_all(DatasetModel(uri=f"race://{w.prefix}/plan{i}") for i in range(queued))
-        session.flush()
-        ids = sorted(session.scalars(select(DatasetModel.id).where(DatasetModel.uri.like(f"race://{w.prefix}/plan%"))))
-        session.execute(
-            DatasetDagRunQueue.__table__.insert(),
-            [{"dataset_id": i, "target_dag_id": dag_id, "created_at": w.clock.base} for i in ids],
-        )
+    dag_id, _ = _queue_of_size(w, queued)
     with create_session() as session:
-        session.execute(text("ANALYZE TABLE dataset_dag_run_queue"))
         rows = session.execute(
             select(DatasetDagRunQueue.dataset_id, DatasetDagRunQueue.target_dag_id, DatasetDagRunQueue.created_at)
             .where(DatasetDagRunQueue.target_dag_id == dag_id)
@@ -373,17 +380,7 @@ def test_the_producers_busy_row_check_reads_only_the_keys_it_names(world, queued
     from airflow.datasets.manager import DatasetManager
 
     w = world
-    dag_id = w.consumer("d", [w.dataset("a")])
-    with create_session() as session:
-        session.add_all(DatasetModel(uri=f"race://{w.prefix}/plan{i}") for i in range(queued))
-        session.flush()
-        ids = sorted(session.scalars(select(DatasetModel.id).where(DatasetModel.uri.like(f"race://{w.prefix}/plan%"))))
-        session.execute(
-            DatasetDagRunQueue.__table__.insert(),
-            [{"dataset_id": i, "target_dag_id": dag_id, "created_at": w.clock.base} for i in ids],
-        )
-    with create_session() as session:
-        session.execute(text("ANALYZE TABLE dataset_dag_run_queue"))
+    dag_id, ids = _queue_of_size(w, queued)
     plans: list[tuple] = []
 
     def explain(conn, cursor, statement, parameters, context, executemany):
