@@ -376,33 +376,29 @@ class DatasetManager:
         """
         Lock the existing queue rows among ``rows`` without waiting; leave out those another transaction holds.
 
-        A row another transaction holds is, nearly always, another producer's COMMIT of the
-        same row (or a scheduler's delete of it, held until that loop's COMMIT). Stock
-        Airflow's ``DO NOTHING`` never waited for an existing row; the forward-only update
-        would wait for the holder's whole transaction, and a stalled one (a frozen worker, a
-        hung synchronous standby) would hold up every producer of that dataset for that DAG.
-        So a busy row is left out at once, or after ``[dataset_race_fix]
-        queue_row_wait_seconds`` (default 0) of polling with ``SKIP LOCKED`` (after 1, 2, 4,
-        then every 8 ms). Waiting helps only against a scheduler's delete, held from its
-        last statement to its COMMIT (milliseconds); on a dataset fed hundreds of events a
-        second the row is nearly always another producer's, and any wait serialises them
-        (MariaDB, 200 events/s: 184 events/s committed with no wait, 152 with 10 ms, 95
-        with 50 ms, against stock's 200). Polling, not a lock wait with a timeout: a lock wait can close a
-        cycle with a producer that took its rows out of key order here, and InnoDB would
-        resolve it by rolling a whole producer transaction back (1213). Nothing is lost by that:
-        the row exists and is committed, so a holder that commits leaves it (with its own
-        newer ``created_at``, which pulls the scheduler's floor down to its own event), and a
-        holder that rolls back leaves it as it was; either way the DAG is queued and its next
-        run reads this transaction's events. The one holder that removes the row, a scheduler
-        deleting it at that instant, is covered by the scheduler's sweep for unqueued events
-        (``SchedulerJobRunner._dags_with_unqueued_dataset_events``), or sooner by the
-        dataset's next event.
+        Stock Airflow's ``DO NOTHING`` never waited for an existing row. The forward-only
+        update waits for the row's holder to end, so one stalled producer (a frozen worker,
+        a hung synchronous standby) held up every producer of its dataset for that DAG.
+        Here a busy row is left as it is: at once, or after polling it with ``SKIP LOCKED``
+        for ``[dataset_race_fix] queue_row_wait_seconds`` (default 0; after 1, 2, 4, then
+        every 8 ms). Any wait serialises the producers of a busy dataset, whose row is
+        nearly always another producer's (MariaDB, 200 events/s: 184 committed a second
+        with no wait, 152 with 10 ms, 95 with 50 ms; stock 200).
 
-        Lock order: ``SKIP LOCKED`` never waits, so this adds no lock cycle; the rows it took
-        are locked in key order like the upsert's. A key with no committed row is not checked
-        here: the upsert then waits for a concurrent insert of the same key, as stock Airflow
-        does. SQLite has no row locks (one writer), and MySQL before 8.0.1 and MariaDB before
-        10.6 no ``SKIP LOCKED``: they write every row, waiting as before.
+        Nothing is lost: a busy row is a committed row. A holder that commits leaves it
+        with a newer ``created_at`` (which pulls the scheduler's floor down to the holder's
+        event), one that rolls back leaves it as it was: the DAG stays queued, and its next
+        run reads this transaction's events. The one holder that removes the row, a
+        scheduler deleting it at that instant, is covered by the dataset's next event or
+        the scheduler's sweep (``SchedulerJobRunner._dags_with_unqueued_dataset_events``).
+
+        Lock order: ``SKIP LOCKED`` never waits, so this adds no lock cycle, and the rows it
+        takes are taken in key order. Polling rather than a lock wait with a timeout: rows
+        taken out of key order could then close a cycle, which InnoDB breaks by rolling a
+        whole producer transaction back (1213). A key with no committed row is left to the
+        upsert, which waits for a concurrent insert of the same key as stock Airflow did.
+        SQLite has no row locks (one writer); MySQL before 8.0.1 and MariaDB before 10.6
+        have no ``SKIP LOCKED``: every row is written, waiting as before.
         """
         import time
 
