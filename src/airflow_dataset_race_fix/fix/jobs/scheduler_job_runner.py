@@ -16,9 +16,10 @@
 # specific language governing permissions and limitations
 # under the License.
 #
-# Modified by the airflow-dataset-race-fix project: the member below is
-# airflow.jobs.scheduler_job_runner.SchedulerJobRunner._create_dag_runs_dataset_triggered
-# (Airflow 2.10.4), kept as a small diff of the original.
+# Modified by the airflow-dataset-race-fix project: the members below are
+# airflow.jobs.scheduler_job_runner.SchedulerJobRunner._create_dagruns_for_dags and
+# _create_dag_runs_dataset_triggered (Airflow 2.10.4), kept as small diffs of the
+# originals, and members the fix adds.
 """
 The scheduler side of the fix: which events a dataset-triggered run consumes.
 
