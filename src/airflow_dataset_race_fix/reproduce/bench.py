@@ -32,7 +32,11 @@
 - a producer beside a stalled producer (issue 21): producer A stalls right before its
   COMMIT (after the fix's queue upsert and stamp) while producer B commits on the same
   dataset and DAG every 0.5 s and producer C on another; B's and C's p50, p99 and slowest
-  transactions, B's commits and the failed transactions. Not on SQLite (one writer).
+  transactions, B's commits and the failed transactions. Not on SQLite (one writer);
+- the upgrade's mixed state (``mixed-upgrade``): fixed producers beside a stock scheduler,
+  against all stock and all fixed; tasks with two outlets in either order, no retries:
+  failed producer transactions, and events lost or doubled after the drain (the mixed
+  state also after a fixed scheduler's drain). About 25 seconds a round.
 
 ``--cases``/``--skip`` choose cases by name (``--help`` lists them). With default sizes the
 busy-dataset case takes about 1.5 minutes (PostgreSQL, MariaDB, quiet machine) and the
@@ -582,6 +586,112 @@ BUSY_DATASET_ON_SQLITE = ("busy dataset on sqlite: one writer, so the producers 
                           "(the rate may not be reached: see the events committed)")
 
 
+# -- mixed versions during an upgrade ---------------------------------------------------
+MIXED_STATES = ("stock", "fixed producers, stock scheduler", "fixed")
+
+
+def _use_state(variants: Variants, state: str) -> None:
+    """Stock, fixed, or the fix in the producers' module only (a stock scheduler beside fixed producers)."""
+    import importlib
+
+    from airflow_dataset_race_fix import runtime
+
+    variants.use("stock" if state == "stock" else "fixed")
+    if state == "fixed producers, stock scheduler":
+        runtime.unpatch_module(importlib.import_module("airflow.jobs.scheduler_job_runner"))
+
+
+def bench_mixed_upgrade(variants: Variants, rounds: int, notes: list[str], producers: int = 4,
+                        commits: int = 50) -> None:
+    """
+    The mixed state of the upgrade procedure's shortcut: fixed producers beside a stock
+    scheduler, against all stock and all fixed. Each state has its own DAGs (on ``a``, on
+    ``b``, on ``a | b``); ``producers`` threads commit ``commits`` tasks each with outlets
+    ``[a, b]`` or ``[b, a]`` (random order, no retries) while a scheduler thread loops. Then
+    the state's scheduler drains the queue, and the invariant checker counts lost and doubled
+    events; for the mixed state a fixed scheduler then drains again (the upgrade finished:
+    its sweep). Failed producer transactions and scheduler errors are counted.
+    """
+    import random
+    import threading
+
+    from airflow import settings
+    from airflow.datasets import Dataset, DatasetAny
+    from airflow.datasets.manager import dataset_manager
+
+    from airflow_dataset_race_fix import invariant
+
+    for round_no in range(rounds):
+        for state in MIXED_STATES:
+            tag = f"r{round_no}_{MIXED_STATES.index(state)}"
+            a, b = Dataset(f"bench://mixed/{tag}/a"), Dataset(f"bench://mixed/{tag}/b")
+            names = make_consumers(f"bench_mixed_{tag}", {"on_a": [a], "on_b": [b], "a_or_b": DatasetAny(a, b)})
+            quiet_other_dags(names)
+            _use_state(variants, state)
+            since = datetime.now(timezone.utc) - timedelta(seconds=1)
+            runner = new_scheduler_runner()
+            failed: list[str] = []
+            scheduler_errors: list[str] = []
+            slowest = [0.0]
+            stop = threading.Event()
+
+            def scheduler() -> None:
+                session = settings.Session.session_factory()
+                while not stop.is_set():
+                    finish_runs(names)
+                    if error := scheduler_pass(runner, session):
+                        scheduler_errors.append(error)
+                session.close()
+
+            def producer(seed: int) -> None:
+                rng = random.Random(seed)
+                for _ in range(commits):
+                    outlets = [a, b] if rng.random() < 0.5 else [b, a]
+                    session = settings.Session.session_factory()
+                    started = time.perf_counter()
+                    try:
+                        for dataset in outlets:
+                            dataset_manager.register_dataset_change(dataset=dataset, session=session)
+                        session.commit()
+                    except Exception as err:  # counted: producers here have no retries
+                        session.rollback()
+                        failed.append(_first_line(err))
+                    finally:
+                        session.close()
+                    slowest[0] = max(slowest[0], time.perf_counter() - started)
+                    time.sleep(rng.uniform(0, 0.01))
+
+            busy = threading.Thread(target=scheduler)
+            busy.start()
+            threads = [threading.Thread(target=producer, args=(round_no * 100 + n,)) for n in range(producers)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            stop.set()
+            busy.join()
+            scheduler_errors += drain(runner, names)
+
+            def judged() -> str:
+                with settings.Session() as session:
+                    report = invariant.check(session, names, since=since)
+                return f"lost {report.total('lost')}, doubled {report.total('doubled')}"
+
+            outcome = judged()
+            if state == "fixed producers, stock scheduler":
+                _use_state(variants, "fixed")
+                drain(new_scheduler_runner(), names)
+                outcome += f"; after a fixed scheduler's drain: {judged()}"
+            line = (f"mixed upgrade, {state}, round {round_no + 1}: {producers * commits} producer transactions "
+                    f"(2 outlets), failed {len(failed)}, slowest {slowest[0]:.2f} s, scheduler errors "
+                    f"{len(scheduler_errors)}; {outcome}")
+            _log(f"  {line}")
+            if failed or scheduler_errors:
+                _log(f"    e.g. {(failed + scheduler_errors)[:3]}")
+            notes.append(line)
+    variants.use("stock")
+
+
 # -- a stalled producer -----------------------------------------------------------------
 STEADY_PRODUCER_PERIOD = 0.5  # seconds between the commits of producers B and C
 STALLED_PRODUCER_SKIP = ("producer beside a stalled producer: skipped on sqlite (one writer: a stalled "
@@ -1097,7 +1207,8 @@ def render(backend: str, rows: list[dict[str, Any]], notes: tuple[str, ...] = ()
     return "\n".join(lines + [""] + targets(backend, rows) + list(notes))
 
 
-CASES = ("producer", "busy-scheduler", "loop-history", "loop-cases", "busy-dataset", "stalled-producer")
+CASES = ("producer", "busy-scheduler", "loop-history", "loop-cases", "busy-dataset", "stalled-producer",
+         "mixed-upgrade")
 
 
 def _case_names(text: str) -> list[str]:
@@ -1159,6 +1270,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="stalled producer: how long producer A holds its transaction open (default %(default)s)")
     parser.add_argument("--stall-rounds", type=_positive(int), default=2, metavar="N",
                         help="stalled producer: rounds per variant (default %(default)s)")
+    parser.add_argument("--mixed-rounds", type=_positive(int), default=1, metavar="N",
+                        help="mixed upgrade: rounds of the three states (default %(default)s)")
     parser.add_argument("--explain", action="store_true", help="print the query plans of the event selection")
     parser.add_argument("--json", metavar="FILE")
     args = parser.parse_args(argv)
@@ -1206,6 +1319,8 @@ def main(argv: list[str] | None = None) -> int:
                                            args.busy_dataset_seconds, args.busy_dataset_history, notes)
                 if args.backend == "sqlite":
                     notes.append(BUSY_DATASET_ON_SQLITE)
+            elif case == "mixed-upgrade":
+                bench_mixed_upgrade(variants, args.mixed_rounds, notes)
             elif args.backend == "sqlite":  # stalled-producer
                 notes.append(STALLED_PRODUCER_SKIP)
             else:
