@@ -33,8 +33,8 @@
   COMMIT (after the fix's queue upsert and stamp) while producer B commits on the same
   dataset and DAG every 0.5 s and producer C on another; B's and C's p50, p99 and slowest
   transactions, B's commits and the failed transactions. Not on SQLite (one writer);
-- the upgrade's mixed state (``mixed-upgrade``): fixed producers beside a stock scheduler,
-  against all stock and all fixed; tasks with two outlets in either order, no retries:
+- the upgrade's mixed states (``mixed-upgrade``): fixed producers beside a stock scheduler
+  and the reverse, against all stock and all fixed; tasks with two outlets in either order, no retries:
   failed producer transactions, and events lost or doubled after the drain (the mixed
   state also after a fixed scheduler's drain). About 25 seconds a round.
 
@@ -587,37 +587,53 @@ BUSY_DATASET_ON_SQLITE = ("busy dataset on sqlite: one writer, so the producers 
 
 
 # -- mixed versions during an upgrade ---------------------------------------------------
-MIXED_STATES = ("stock", "fixed producers, stock scheduler", "fixed")
+MIXED_STATES = ("stock", "fixed producers, stock scheduler", "stock producers, fixed scheduler", "fixed")
 
 
-def _use_state(variants: Variants, state: str) -> None:
-    """Stock, fixed, or the fix in the producers' module only (a stock scheduler beside fixed producers)."""
+def _use_state(variants: Variants, state: str):
+    """
+    Put ``state``'s code in place; returns the dataset manager its producers call.
+
+    A stock scheduler beside fixed producers: the scheduler's module unpatched. Stock
+    producers beside a fixed scheduler: everything fixed (a fixed scheduler process has
+    the fixed manager too), and the producers call a subclass that carries the stock
+    members, as a producer process without the fix runs them.
+    """
     import importlib
 
+    from airflow.datasets.manager import DatasetManager, dataset_manager
+
     from airflow_dataset_race_fix import runtime
+    from airflow_dataset_race_fix.targets import members_of
 
     variants.use("stock" if state == "stock" else "fixed")
     if state == "fixed producers, stock scheduler":
         runtime.unpatch_module(importlib.import_module("airflow.jobs.scheduler_job_runner"))
+    if state != "stock producers, fixed scheduler":
+        return dataset_manager
+    stock = type("StockDatasetManager", (DatasetManager,), {})
+    for member in members_of("airflow.datasets.manager"):
+        original = runtime._originals.get((member.module, member.owner, member.name))
+        if original is not None and original is not runtime._MISSING:
+            setattr(stock, member.name, original)
+    return stock
 
 
 def bench_mixed_upgrade(variants: Variants, rounds: int, notes: list[str], producers: int = 4,
                         commits: int = 50) -> None:
     """
-    The mixed state of the upgrade procedure's shortcut: fixed producers beside a stock
-    scheduler, against all stock and all fixed. Each state has its own DAGs (on ``a``, on
+    The mixed states of the upgrade procedure's shortcuts: fixed producers beside a stock
+    scheduler and the reverse, against all stock and all fixed. Each state has its own DAGs (on ``a``, on
     ``b``, on ``a | b``); ``producers`` threads commit ``commits`` tasks each with outlets
     ``[a, b]`` or ``[b, a]`` (random order, no retries) while a scheduler thread loops. Then
     the state's scheduler drains the queue, and the invariant checker counts lost and doubled
-    events; for the mixed state a fixed scheduler then drains again (the upgrade finished:
-    its sweep). Failed producer transactions and scheduler errors are counted.
+    events; for a mixed state, a new fixed scheduler then drains again (the upgrade finished). Failed producer transactions and scheduler errors are counted.
     """
     import random
     import threading
 
     from airflow import settings
     from airflow.datasets import Dataset, DatasetAny
-    from airflow.datasets.manager import dataset_manager
 
     from airflow_dataset_race_fix import invariant
 
@@ -627,7 +643,7 @@ def bench_mixed_upgrade(variants: Variants, rounds: int, notes: list[str], produ
             a, b = Dataset(f"bench://mixed/{tag}/a"), Dataset(f"bench://mixed/{tag}/b")
             names = make_consumers(f"bench_mixed_{tag}", {"on_a": [a], "on_b": [b], "a_or_b": DatasetAny(a, b)})
             quiet_other_dags(names)
-            _use_state(variants, state)
+            manager = _use_state(variants, state)
             since = datetime.now(timezone.utc) - timedelta(seconds=1)
             runner = new_scheduler_runner()
             failed: list[str] = []
@@ -651,7 +667,7 @@ def bench_mixed_upgrade(variants: Variants, rounds: int, notes: list[str], produ
                     started = time.perf_counter()
                     try:
                         for dataset in outlets:
-                            dataset_manager.register_dataset_change(dataset=dataset, session=session)
+                            manager.register_dataset_change(dataset=dataset, session=session)
                         session.commit()
                     except Exception as err:  # counted: producers here have no retries
                         session.rollback()
@@ -678,7 +694,7 @@ def bench_mixed_upgrade(variants: Variants, rounds: int, notes: list[str], produ
                 return f"lost {report.total('lost')}, doubled {report.total('doubled')}"
 
             outcome = judged()
-            if state == "fixed producers, stock scheduler":
+            if state in MIXED_STATES[1:3]:
                 _use_state(variants, "fixed")
                 drain(new_scheduler_runner(), names)
                 outcome += f"; after a fixed scheduler's drain: {judged()}"
