@@ -232,6 +232,22 @@ def scheduler_pass(runner, session) -> str | None:
         return _first_line(err)
 
 
+def run_beside_a_scheduler(scheduler: Callable[[Any], None], producers: list[Callable[[], None]]) -> None:
+    """Run ``producers`` to their end, each on a thread, while ``scheduler(stop)`` loops on another."""
+    import threading
+
+    stop = threading.Event()
+    busy = threading.Thread(target=scheduler, args=(stop,))
+    busy.start()
+    threads = [threading.Thread(target=producer) for producer in producers]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    stop.set()
+    busy.join()
+
+
 def bench_busy_producers(variants: Variants, rounds: int, producers: int = 4, commits: int = 30) -> list[dict[str, Any]]:
     """Producer transaction latency (median, p99) while a scheduler thread creates runs for the same DAGs."""
     import threading
@@ -270,16 +286,10 @@ def bench_busy_producers(variants: Variants, rounds: int, producers: int = 4, co
     for i in range(rounds * 2):
         variant = VARIANTS[(i + i // 2) % 2]  # stock, fixed, fixed, stock, ...
         variants.use(variant)
-        stop = threading.Event()
-        busy = threading.Thread(target=scheduler, args=(stop, errors))
-        busy.start()
-        threads = [threading.Thread(target=producer, args=(variant, i * 100 + n, errors)) for n in range(producers)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        stop.set()
-        busy.join()
+        run_beside_a_scheduler(
+            lambda stop: scheduler(stop, errors),
+            [lambda seed=i * 100 + n: producer(variant, seed, errors) for n in range(producers)],
+        )
     variants.use("stock")
     rows = []
     for name, pick in (("median", statistics.median), ("p99", _p99)):
@@ -649,9 +659,8 @@ def bench_mixed_upgrade(variants: Variants, rounds: int, notes: list[str], produ
             failed: list[str] = []
             scheduler_errors: list[str] = []
             slowest = [0.0]
-            stop = threading.Event()
 
-            def scheduler() -> None:
+            def scheduler(stop: threading.Event) -> None:
                 session = settings.Session.session_factory()
                 while not stop.is_set():
                     finish_runs(names)
@@ -677,15 +686,7 @@ def bench_mixed_upgrade(variants: Variants, rounds: int, notes: list[str], produ
                     slowest[0] = max(slowest[0], time.perf_counter() - started)
                     time.sleep(rng.uniform(0, 0.01))
 
-            busy = threading.Thread(target=scheduler)
-            busy.start()
-            threads = [threading.Thread(target=producer, args=(round_no * 100 + n,)) for n in range(producers)]
-            for thread in threads:
-                thread.start()
-            for thread in threads:
-                thread.join()
-            stop.set()
-            busy.join()
+            run_beside_a_scheduler(scheduler, [lambda seed=round_no * 100 + n: producer(seed) for n in range(producers)])
             scheduler_errors += drain(runner, names)
 
             def judged() -> str:
