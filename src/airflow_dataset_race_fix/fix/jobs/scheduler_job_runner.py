@@ -177,8 +177,7 @@ class SchedulerJobRunner:
         The sweep: DAGs that have an event newer than their latest run on a dataset with no queue row for them.
 
         Queue rows are the fast path; this is the net under them, for new events that have
-        none: a producer left out a busy row that its holder then deleted (a scheduler
-        loop that outlasted ``queue_row_wait_seconds``, see
+        none: a producer left a busy row that a scheduler's delete then removed (see
         ``DatasetManager._leave_out_busy_queue_rows``), events that waited as dated ahead
         (their rows are deleted, so that a DAG kept waiting takes no slot from DAGs that
         can run), and events of a stock producer whose row a scheduler deleted, during an
@@ -195,7 +194,9 @@ class SchedulerJobRunner:
         ``DagModel.dags_needing_dagruns`` selects (active, unpaused, no import errors, below
         ``max_active_runs``, rows locked ``SKIP LOCKED``: another scheduler's are its own).
         Nothing is written here: the DAGs join the loop's dataset-triggered DAGs, and
-        ``_create_dag_runs_dataset_triggered`` decides from their events as for any other.
+        ``_create_dag_runs_dataset_triggered`` decides from their events as for any other
+        (a DAG whose condition still waits for another dataset is looked at again at the
+        next sweep: one DAG's selection per interval).
         """
         from sqlalchemy import false, true
 
