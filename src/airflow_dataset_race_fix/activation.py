@@ -158,7 +158,10 @@ def plugin_entry_point() -> str | None:
     """This package's ``airflow.plugins`` entry point as installed (None: not in its metadata)."""
     from importlib.metadata import entry_points
 
-    for entry_point in entry_points(group="airflow.plugins"):
+    found = entry_points()
+    # Python 3.10+ selects by group; 3.9 returns a dict of groups
+    group = found.select(group="airflow.plugins") if hasattr(found, "select") else found.get("airflow.plugins", ())
+    for entry_point in group:
         if entry_point.value.startswith("airflow_dataset_race_fix."):
             return f"{entry_point.name} = {entry_point.value}"
     return None
