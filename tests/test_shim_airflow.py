@@ -290,14 +290,19 @@ def test_one_changed_byte_in_the_manager_leaves_the_scheduler_stock_too(world, c
     ids=["tasks-test", "scheduler"],
 )
 def test_strict_mode_stops_the_airflow_command_when_a_target_is_refused(world, changed_manager, command):
+    _assert_strict_mode_stops(world, changed_manager, command, "RefusedError: airflow-dataset-race-fix (strict)")
+
+
+def _assert_strict_mode_stops(world, changed_manager, command, refusal: str, route: str | None = None) -> None:
+    """The command fails on the refused manager, runs no task code and no scheduler loop."""
     key = "'adrf://shim-e2e/scheduler', 'adrf_shim_scheduler_consumer'"
     before = world.probe(f"queue_row({key}, {NOW}); state({key})")
 
-    run = world.airflow(*command, site=changed_manager, strict=True, succeed=False)
+    run = world.airflow(*command, site=changed_manager, strict=True, succeed=False, **({"route": route} if route else {}))
 
     text = output(run)
     assert run.returncode != 0, text[-3000:]
-    assert "RefusedError: airflow-dataset-race-fix (strict)" in text
+    assert refusal in text
     assert "DatasetManager._slow_path_queue_dagruns is not the Airflow" in text
     assert "ADRF TASK RAN" not in text and count(text, INFO_LINE) == 0
     assert world.probe(f"state({key})")["runs"] == before["runs"], "no scheduler loop ran"
@@ -353,17 +358,8 @@ def test_a_scheduler_on_a_managed_route_runs_the_fixed_scheduler(world, route):
     ids=["plugin-scheduler", "plugin-tasks-test"],
 )
 def test_strict_mode_stops_the_airflow_command_on_a_managed_route(world, changed_manager, command, route):
-    key = "'adrf://shim-e2e/scheduler', 'adrf_shim_scheduler_consumer'"
-    before = world.probe(f"queue_row({key}, {NOW}); state({key})")
-
-    run = world.airflow(*command, site=changed_manager, strict=True, succeed=False, route=route)
-
-    text = output(run)
-    assert run.returncode != 0, text[-3000:]
-    assert "airflow-dataset-race-fix (strict): airflow.datasets.manager refused" in text
-    assert "DatasetManager._slow_path_queue_dagruns is not the Airflow" in text
-    assert "ADRF TASK RAN" not in text and count(text, INFO_LINE) == 0
-    assert world.probe(f"state({key})")["runs"] == before["runs"], "no scheduler loop ran"
+    refusal = "airflow-dataset-race-fix (strict): airflow.datasets.manager refused"
+    _assert_strict_mode_stops(world, changed_manager, command, refusal, route=route)
 
 
 @ROUTES_SERVERS_ENV
