@@ -139,6 +139,49 @@ def test_a_producer_does_not_wait_for_the_schedulers_run_creation(world):
     assert w.report().violations() == {}
 
 
+@pytest.mark.skipif(BACKEND != "postgres", reason="PostgreSQL's producer statements")
+def test_a_postgres_producer_commit_adds_one_statement_to_stocks(world):
+    """
+    Stock PostgreSQL sends one queue statement per event (``INSERT .. ON CONFLICT DO
+    NOTHING``). The fix sends, at COMMIT, one queue statement for the whole transaction (the
+    SKIP LOCKED take, the check for held rows and the upsert) and one stamp statement for
+    all its events, whatever the number of outlets and DAGs, and whether a row is new,
+    existing or held by another transaction.
+    """
+    w = world
+    a, b = w.dataset("a"), w.dataset("b")
+    x, y = w.consumer("x", [a, b]), w.consumer("y", [a])
+    held = w.producer("held")
+    assert w.emit(held, a) == DONE
+    held.finish()  # (a, x) and (a, y) exist now
+    sent: list[str] = []
+
+    def record(conn, cursor, statement, parameters, context, executemany):
+        sent.append(" ".join(statement.split()).lower())
+
+    with create_session() as other:  # holds (a, y) as a committing producer does
+        other.execute(
+            text("SELECT 1 FROM dataset_dag_run_queue WHERE target_dag_id = :d FOR UPDATE"), {"d": y}
+        )
+        event.listen(settings.engine, "before_cursor_execute", record)
+        try:
+            with create_session() as session:
+                from airflow.datasets.manager import dataset_manager
+
+                dataset_manager.register_dataset_change(dataset=b, session=session)
+                dataset_manager.register_dataset_change(dataset=a, session=session)
+                session.flush()
+                sent.clear()  # what stock sends too is behind us: the lookups and the event rows
+        finally:
+            event.remove(settings.engine, "before_cursor_execute", record)
+        other.rollback()
+    writes = [s for s in sent if not s.startswith(("commit", "release", "savepoint"))]
+    assert len(writes) == 2, writes
+    assert "insert into dataset_dag_run_queue" in writes[0] and "for update of q skip locked" in writes[0]
+    assert writes[1].startswith("with clock") and "update dataset_event" in writes[1]
+    assert _queued(x) == sorted((_dataset_id(a.uri), _dataset_id(b.uri))) and _queued(y) == [_dataset_id(a.uri)]
+
+
 def test_rows_are_written_at_commit_in_key_order_in_one_statement(world):
     """Both outlets of one transaction go out as one upsert, in (dataset_id, target_dag_id) order."""
     w = world
@@ -147,7 +190,7 @@ def test_rows_are_written_at_commit_in_key_order_in_one_statement(world):
     statements: list[tuple[str, object]] = []
 
     def record(conn, cursor, statement, parameters, context, executemany):
-        if "dataset_dag_run_queue" in statement.lower() and statement.lstrip().upper().startswith("INSERT"):
+        if "insert into dataset_dag_run_queue" in statement.lower():  # PostgreSQL's starts with its WITH
             statements.append((statement, parameters))
 
     event.listen(settings.engine, "before_cursor_execute", record)
@@ -393,7 +436,7 @@ def test_the_producers_busy_row_check_reads_only_the_keys_it_names(world, queued
     event.listen(settings.engine, "before_cursor_execute", explain)
     try:
         with create_session() as session:
-            assert DatasetManager._leave_out_busy_queue_rows(keys, session) == keys
+            assert DatasetManager._busy_queue_rows(keys, session) == set()
             session.rollback()
     finally:
         event.remove(settings.engine, "before_cursor_execute", explain)

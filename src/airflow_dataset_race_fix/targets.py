@@ -95,9 +95,10 @@ MEMBERS = (
     Member("airflow.datasets.manager", "DatasetManager", "_database_clock", None),
     Member("airflow.datasets.manager", "DatasetManager", "_database_now", None),
     Member("airflow.datasets.manager", "DatasetManager", "_stamp_events", None),
-    Member("airflow.datasets.manager", "DatasetManager", "_leave_out_busy_queue_rows", None),
+    Member("airflow.datasets.manager", "DatasetManager", "_busy_queue_rows", None),
     Member("airflow.datasets.manager", "DatasetManager", "_queue_keys_joined_first", None),
     Member("airflow.datasets.manager", "DatasetManager", "_upsert_queue_dagruns", None),
+    Member("airflow.datasets.manager", "DatasetManager", "_upsert_queue_rows_not_held", None),
     Member(
         "airflow.jobs.scheduler_job_runner",
         "SchedulerJobRunner",

@@ -92,10 +92,11 @@ PATCHES = (
         events instead of a 900 s window.
 
         A queue row another transaction holds (another producer's COMMIT of the same
-        row) is left as it is (after [dataset_race_fix] queue_row_wait_seconds of polling
-        with SKIP LOCKED, default 0; new helper _leave_out_busy_queue_rows): the committed
-        row keeps the DAG queued, so one stalled producer no longer holds up the other
-        producers of its dataset.
+        row) is left as it is (after [dataset_race_fix] queue_row_wait_seconds of trying
+        again with SKIP LOCKED, default 0; new helpers _upsert_queue_rows_not_held,
+        _busy_queue_rows): the committed row keeps the DAG queued, so one stalled producer
+        no longer holds up the other producers of its dataset. On PostgreSQL the take, the
+        check and the upsert are one statement, and the stamp another.
         """,
     ),
     PatchSpec(

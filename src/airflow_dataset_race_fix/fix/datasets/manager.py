@@ -319,8 +319,10 @@ class DatasetManager:
         """
         Date this transaction's events on the database's clock, forward-only per dataset.
 
-        One SELECT reads the clock and, per dataset, its newest other event (an index probe
-        on ``(dataset_id, timestamp)``, read backwards); then one UPDATE per dataset. An
+        Per dataset, the stamp is the clock, or one microsecond past the dataset's newest
+        other event (an index probe on ``(dataset_id, timestamp)``, read backwards). On
+        PostgreSQL one ``UPDATE .. RETURNING`` does it all, the clock read once; elsewhere
+        one SELECT reads the clock and the newest events, then one UPDATE per dataset. An
         event whose SAVEPOINT was rolled back is no longer in the session and is skipped.
         """
         from collections import defaultdict
@@ -339,6 +341,32 @@ class DatasetManager:
                 by_dataset[dataset_event.dataset_id].append(dataset_event)
         ahead = timedelta(seconds=max(0, conf.getint("dataset_race_fix", "max_event_ahead_seconds", fallback=60)))
         clock = cls._database_clock(session.bind.dialect.name)
+        if session.bind.dialect.name == "postgresql" and by_dataset:
+            from sqlalchemy import Integer, text
+
+            stamped = session.execute(
+                text(
+                    f"WITH clock AS MATERIALIZED (SELECT {clock} AS now), "
+                    "stamps AS MATERIALIZED (SELECT d.dataset_id, CASE WHEN newest.timestamp + interval "
+                    "'1 microsecond' BETWEEN clock.now AND clock.now + :ahead THEN newest.timestamp + interval "
+                    "'1 microsecond' ELSE clock.now END AS stamp "
+                    "FROM unnest(CAST(:dataset_ids AS INTEGER[])) AS d(dataset_id) CROSS JOIN clock "
+                    "LEFT JOIN LATERAL (SELECT timestamp FROM dataset_event WHERE dataset_id = d.dataset_id "
+                    "AND id <> ALL(CAST(:event_ids AS INTEGER[])) ORDER BY timestamp DESC LIMIT 1) AS newest ON true) "
+                    "UPDATE dataset_event SET timestamp = stamps.stamp FROM stamps "
+                    "WHERE dataset_event.dataset_id = stamps.dataset_id AND dataset_event.id = ANY(CAST(:event_ids AS INTEGER[])) "
+                    "RETURNING dataset_event.id, dataset_event.timestamp"
+                ).columns(id=Integer, timestamp=UtcDateTime),
+                {
+                    "ahead": ahead,
+                    "dataset_ids": sorted(by_dataset),
+                    "event_ids": [e.id for events_of in by_dataset.values() for e in events_of],
+                },
+            )
+            stamp_of = dict(stamped.all())
+            for dataset_event in (e for events_of in by_dataset.values() for e in events_of):
+                set_committed_value(dataset_event, "timestamp", stamp_of[dataset_event.id])
+            return
         dataset_ids = sorted(by_dataset)
         for start in range(0, len(dataset_ids), 100):
             chunk = dataset_ids[start : start + 100]
@@ -372,92 +400,37 @@ class DatasetManager:
                     set_committed_value(dataset_event, "timestamp", stamp)
 
     @classmethod
-    def _leave_out_busy_queue_rows(cls, rows: list[tuple[int, str]], session: Session) -> list[tuple[int, str]]:
+    def _busy_queue_rows(cls, rows: list[tuple[int, str]], session: Session) -> set[tuple[int, str]]:
         """
-        Lock the existing queue rows among ``rows`` without waiting; leave out those another transaction holds.
+        MySQL/MariaDB: lock the existing queue rows among ``rows`` without waiting; return those another transaction holds.
 
-        Stock Airflow's ``DO NOTHING`` never waited for an existing row. The forward-only
-        update waits for the row's holder to end, so one stalled producer (a frozen worker,
-        a hung synchronous standby) held up every producer of its dataset for that DAG.
-        Here a busy row is left as it is: at once, or after polling it with ``SKIP LOCKED``
-        for ``[dataset_race_fix] queue_row_wait_seconds`` (default 0; after 1, 2, 4, then
-        every 8 ms). Any wait serialises the producers of a busy dataset, whose row is
-        nearly always another producer's (MariaDB, 200 events/s: 184 committed a second
-        with no wait, 152 with 10 ms, 95 with 50 ms; stock 200).
-
-        Nothing is lost: a busy row is a committed row. A holder that commits leaves it
-        with a newer ``created_at`` (which pulls the scheduler's floor down to the holder's
-        event), one that rolls back leaves it as it was: the DAG stays queued, and its next
-        run reads this transaction's events. The one holder that removes the row, a
-        scheduler deleting it at that instant, is covered by the dataset's next event or
-        the scheduler's sweep (``SchedulerJobRunner._dags_with_unqueued_dataset_events``).
-
-        Lock order: ``SKIP LOCKED`` never waits, so this adds no lock cycle, and the rows it
-        takes are taken in key order. Polling rather than a lock wait with a timeout: rows
-        taken out of key order could then close a cycle, which InnoDB breaks by rolling a
-        whole producer transaction back (1213). A key with no committed row is left to the
-        upsert, which waits for a concurrent insert of the same key as stock Airflow did.
-        SQLite has no row locks (one writer); MySQL before 8.0.1 and MariaDB before 10.6
-        have no ``SKIP LOCKED``: every row is written, waiting as before.
+        A key that has a committed row which ``FOR UPDATE SKIP LOCKED`` did not take is
+        busy. A key with no committed row is not: the upsert inserts it, waiting for a
+        concurrent insert of the same key as stock Airflow did. MySQL before 8.0.1 and
+        MariaDB before 10.6 have no ``SKIP LOCKED``: nothing is busy, every row is written,
+        waiting as before.
         """
-        import time
-
-        from sqlalchemy import text, tuple_
-
-        from airflow.configuration import conf
+        from sqlalchemy import text
 
         dialect = session.bind.dialect
-        version = dialect.server_version_info or ()
-        if dialect.name == "sqlite" or (
-            dialect.name == "mysql" and version < ((10, 6) if dialect.is_mariadb else (8, 0, 1))
-        ):
-            return rows
-        key = tuple_(DatasetDagRunQueue.dataset_id, DatasetDagRunQueue.target_dag_id)
+        if (dialect.server_version_info or ()) < ((10, 6) if dialect.is_mariadb else (8, 0, 1)):
+            return set()
 
         def existing(keys: list[tuple[int, str]], lock: bool) -> set[tuple[int, str]]:
             """The keys among ``keys`` that have a committed row (``lock``: that this one could lock)."""
-            if dialect.name == "mysql":  # one primary-key lookup per key, at any queue size
-                keys_first, params = cls._queue_keys_joined_first(keys)
-                statement = text(
-                    f"SELECT q.dataset_id, q.target_dag_id FROM {keys_first}" + (" FOR UPDATE SKIP LOCKED" if lock else "")
-                ).bindparams(**params)
-            else:
-                statement = select(DatasetDagRunQueue.dataset_id, DatasetDagRunQueue.target_dag_id).where(
-                    key.in_(keys)
-                )
-                if lock:
-                    statement = statement.order_by(
-                        DatasetDagRunQueue.dataset_id, DatasetDagRunQueue.target_dag_id
-                    ).with_for_update(skip_locked=True)
+            keys_first, params = cls._queue_keys_joined_first(keys)  # one primary-key lookup per key
+            statement = text(
+                f"SELECT q.dataset_id, q.target_dag_id FROM {keys_first}" + (" FOR UPDATE SKIP LOCKED" if lock else "")
+            ).bindparams(**params)
             return set(map(tuple, session.execute(statement)))
 
-        def busy_among(keys: list[tuple[int, str]]) -> set[tuple[int, str]]:
-            """Keys whose committed row another transaction holds (locks the others)."""
-            busy: set[tuple[int, str]] = set()
-            for start in range(0, len(keys), 500):
-                chunk = keys[start : start + 500]
-                taken = existing(chunk, lock=True)
-                if len(taken) < len(chunk):  # new keys, or busy rows: tell them apart
-                    busy.update(existing([k for k in chunk if k not in taken], lock=False))
-            return busy
-
-        busy = busy_among(rows)
-        deadline = time.monotonic() + max(0.0, conf.getfloat("dataset_race_fix", "queue_row_wait_seconds", fallback=0))
-        pause = 0.001  # a producer's COMMIT holds a row for milliseconds: look again soon, then less often
-        while busy and time.monotonic() + pause < deadline:
-            time.sleep(pause)
-            pause = min(2 * pause, 0.008)
-            busy = busy_among(sorted(busy))
-        if not busy:
-            return rows
-        Stats.incr("dataset_race_fix.busy_queue_rows_left_out", len(busy))
-        cls.logger().info(
-            "%d dataset queue row(s) held by another transaction past [dataset_race_fix] queue_row_wait_seconds "
-            "left as they are (the DAGs stay queued by them): %s",
-            len(busy),
-            sorted(busy)[:10],
-        )
-        return [row for row in rows if row not in busy]
+        busy: set[tuple[int, str]] = set()
+        for start in range(0, len(rows), 500):
+            chunk = rows[start : start + 500]
+            taken = existing(chunk, lock=True)
+            if len(taken) < len(chunk):  # new keys, or busy rows: tell them apart
+                busy.update(existing([k for k in chunk if k not in taken], lock=False))
+        return busy
 
     @staticmethod
     def _queue_keys_joined_first(keys: list[tuple[int, str]]) -> tuple[str, dict[str, object]]:
@@ -482,10 +455,59 @@ class DatasetManager:
             params,
         )
 
+
     @classmethod
     def _upsert_queue_dagruns(cls, rows: list[tuple[int, str]], session: Session) -> None:
         """
-        Upsert queue rows ``(dataset_id, target_dag_id)``, given in key order; ``created_at`` only moves forward.
+        Upsert queue rows ``(dataset_id, target_dag_id)``, given in key order, leaving out those another transaction holds.
+
+        Stock Airflow's ``DO NOTHING`` never waited for an existing row. The forward-only
+        update waits for the row's holder to end, so one stalled producer (a frozen worker,
+        a hung synchronous standby) would hold up every producer of its dataset for that
+        DAG. Here a busy row is left as it is: at once, or after trying it again with
+        ``SKIP LOCKED`` for ``[dataset_race_fix] queue_row_wait_seconds`` (default 0; after
+        1, 2, 4, then every 8 ms). Any wait serialises the producers of a busy dataset,
+        whose row is nearly always another producer's (MariaDB, 200 events/s: 184
+        committed a second with no wait, 152 with 10 ms, 95 with 50 ms; stock 200).
+
+        Nothing is lost: a busy row is a committed row. A holder that commits leaves it
+        with a newer ``created_at`` (which pulls the scheduler's floor down to the holder's
+        event), one that rolls back leaves it as it was: the DAG stays queued, and its next
+        run reads this transaction's events. The one holder that removes the row, a
+        scheduler deleting it at that instant, is covered by the dataset's next event or
+        the scheduler's sweep (``SchedulerJobRunner._dags_with_unqueued_dataset_events``).
+
+        Lock order: ``SKIP LOCKED`` never waits, so taking existing rows adds no lock
+        cycle. The only wait left is the insert of a new key that another producer is
+        inserting too, and new keys are inserted in key order, so two producers cannot
+        each wait for the other's. Trying again rather than a lock wait with a timeout:
+        rows taken out of key order could then close a cycle, which InnoDB breaks by
+        rolling a whole producer transaction back (1213).
+        """
+        import time
+
+        from airflow.configuration import conf
+
+        busy = cls._upsert_queue_rows_not_held(rows, session)
+        deadline = time.monotonic() + max(0.0, conf.getfloat("dataset_race_fix", "queue_row_wait_seconds", fallback=0))
+        pause = 0.001  # a producer's COMMIT holds a row for milliseconds: look again soon, then less often
+        while busy and time.monotonic() + pause < deadline:
+            time.sleep(pause)
+            pause = min(2 * pause, 0.008)
+            busy = cls._upsert_queue_rows_not_held(sorted(busy), session)
+        if busy:
+            Stats.incr("dataset_race_fix.busy_queue_rows_left_out", len(busy))
+            cls.logger().info(
+                "%d dataset queue row(s) held by another transaction past [dataset_race_fix] queue_row_wait_seconds "
+                "left as they are (the DAGs stay queued by them): %s",
+                len(busy),
+                sorted(busy)[:10],
+            )
+
+    @classmethod
+    def _upsert_queue_rows_not_held(cls, rows: list[tuple[int, str]], session: Session) -> set[tuple[int, str]]:
+        """
+        Upsert the queue rows among ``rows`` that no other transaction holds; return the keys of those it holds.
 
         An existing row gets ``max(now, stored + 1 microsecond)``, now on the database's
         clock (``_database_clock``): never older than the stored value (the guard), and
@@ -497,13 +519,18 @@ class DatasetManager:
         only rows of DAGs that still exist are written, instead of failing the COMMIT on
         the foreign key. The DAG rows are read without a lock (a ``FOR KEY SHARE`` would
         make the producer wait for a scheduler loop holding them ``FOR UPDATE``); a delete
-        committing during this very statement can still fail it, as in stock. SQLite: a
-        writer excludes the others.
+        committing during this very statement can still fail it, as in stock.
 
-        Statement size per backend: PostgreSQL binds two arrays (constant text, so
-        SQLAlchemy compiles it once); MySQL gets 500 rows a statement (far below
-        max_allowed_packet); SQLite 300 rows, 3 variables each (below the 999 variables of
-        builds before 3.32).
+        Per backend:
+        - PostgreSQL: one statement, as stock's one ``INSERT .. ON CONFLICT DO NOTHING``.
+          It takes the existing rows ``FOR UPDATE SKIP LOCKED``, reads which of the others
+          exist (those are held), and upserts the rest; both arrays are bound, so the text
+          is constant and SQLAlchemy compiles it once. All of it reads one snapshot: a row
+          a scheduler deleted just before is held too, and left to its sweep.
+        - MySQL/MariaDB: the take and the existence check (``_busy_queue_rows``), the live
+          DAGs, then the upsert, 500 rows a statement (far below max_allowed_packet).
+        - SQLite: a writer excludes the others, so no row is held; 300 rows a statement,
+          3 variables each (below the 999 variables of builds before 3.32).
         """
         from sqlalchemy import func, literal_column, text
 
@@ -511,21 +538,34 @@ class DatasetManager:
 
         dialect = session.bind.dialect
         clock = cls._database_clock(dialect.name)
-        rows = cls._leave_out_busy_queue_rows(rows, session)
         if dialect.name == "postgresql":
-            session.execute(
-                text(
-                    "INSERT INTO dataset_dag_run_queue (dataset_id, target_dag_id, created_at) "
-                    f"SELECT q.dataset_id, q.target_dag_id, {clock} "
-                    "FROM unnest(CAST(:dataset_ids AS INTEGER[]), CAST(:dag_ids AS VARCHAR[])) "
-                    "AS q(dataset_id, target_dag_id) JOIN dag ON dag.dag_id = q.target_dag_id "
-                    "ORDER BY q.dataset_id, q.target_dag_id "
-                    "ON CONFLICT (dataset_id, target_dag_id) DO UPDATE SET created_at = GREATEST("
-                    "excluded.created_at, dataset_dag_run_queue.created_at + interval '1 microsecond')"
-                ),
-                {"dataset_ids": [r[0] for r in rows], "dag_ids": [r[1] for r in rows]},
+            keys = "k.dataset_id = {0}.dataset_id AND k.target_dag_id = {0}.target_dag_id"
+            return set(
+                map(
+                    tuple,
+                    session.execute(
+                        text(
+                            "WITH k AS MATERIALIZED (SELECT * FROM unnest(CAST(:dataset_ids AS INTEGER[]), "
+                            "CAST(:dag_ids AS VARCHAR[])) AS k(dataset_id, target_dag_id)), "
+                            "taken AS MATERIALIZED (SELECT q.dataset_id, q.target_dag_id "
+                            f"FROM dataset_dag_run_queue AS q JOIN k ON {keys.format('q')} "
+                            "ORDER BY q.dataset_id, q.target_dag_id FOR UPDATE OF q SKIP LOCKED), "
+                            "held AS MATERIALIZED (SELECT q.dataset_id, q.target_dag_id "
+                            f"FROM dataset_dag_run_queue AS q JOIN k ON {keys.format('q')} "
+                            "EXCEPT SELECT dataset_id, target_dag_id FROM taken), "
+                            "written AS (INSERT INTO dataset_dag_run_queue (dataset_id, target_dag_id, created_at) "
+                            f"SELECT k.dataset_id, k.target_dag_id, {clock} "
+                            "FROM k JOIN dag ON dag.dag_id = k.target_dag_id "
+                            f"WHERE NOT EXISTS (SELECT FROM held WHERE {keys.format('held')}) "
+                            "ORDER BY k.dataset_id, k.target_dag_id "
+                            "ON CONFLICT (dataset_id, target_dag_id) DO UPDATE SET created_at = GREATEST("
+                            "excluded.created_at, dataset_dag_run_queue.created_at + interval '1 microsecond')) "
+                            "SELECT dataset_id, target_dag_id FROM held"
+                        ),
+                        {"dataset_ids": [r[0] for r in rows], "dag_ids": [r[1] for r in rows]},
+                    ),
+                )
             )
-            return
 
         if dialect.name == "mysql":
             # MySQL 8.0.19+ names the new row with an alias; VALUES() is deprecated there
@@ -534,11 +574,12 @@ class DatasetManager:
             new_created_at = "new.created_at" if alias else "VALUES(created_at)"
             from airflow.models.dag import DagModel
 
+            busy = cls._busy_queue_rows(rows, session)
             dag_ids = sorted({dag_id for _, dag_id in rows})
             live: set[str] = set()
             for start in range(0, len(dag_ids), 500):
                 live.update(session.scalars(select(DagModel.dag_id).where(DagModel.dag_id.in_(dag_ids[start : start + 500]))))
-            rows = [row for row in rows if row[1] in live]
+            rows = [row for row in rows if row[1] in live and row not in busy]
             for start in range(0, len(rows), 500):
                 chunk = rows[start : start + 500]
                 session.execute(
@@ -554,7 +595,7 @@ class DatasetManager:
                         **{f"dag_id_{i}": row[1] for i, row in enumerate(chunk)},
                     },
                 )
-            return
+            return busy
 
         from sqlalchemy.dialects.sqlite import insert
 
@@ -584,3 +625,4 @@ class DatasetManager:
                 set_={"created_at": func.max(stmt.excluded.created_at, successor)},
             )
             session.execute(stmt)
+        return set()

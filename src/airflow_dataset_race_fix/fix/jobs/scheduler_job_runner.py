@@ -178,7 +178,7 @@ class SchedulerJobRunner:
 
         Queue rows are the fast path; this is the net under them, for new events that have
         none: a producer left a busy row that a scheduler's delete then removed (see
-        ``DatasetManager._leave_out_busy_queue_rows``), events that waited as dated ahead
+        ``DatasetManager._upsert_queue_dagruns``), events that waited as dated ahead
         (their rows are deleted, so that a DAG kept waiting takes no slot from DAGs that
         can run), and events of a stock producer whose row a scheduler deleted, during an
         upgrade. An event dated after a DAG's latest dataset-triggered run was consumed by
