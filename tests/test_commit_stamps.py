@@ -35,7 +35,7 @@ from airflow.models.dataset import DatasetDagRunQueue, DatasetEvent, DatasetMode
 from airflow.utils.session import create_session
 
 from airflow_dataset_race_fix.harness.faults import run_producer
-from airflow_dataset_race_fix.harness.world import DONE, PAUSED, World
+from airflow_dataset_race_fix.harness.world import BLOCKED, DONE, PAUSED, World
 
 from conftest import BACKEND
 
@@ -168,6 +168,32 @@ def test_a_commit_paused_after_its_stamp_is_consumed_by_the_next_run(world, monk
     first, second, late, third = [event_id for event_id, _ in _events(w)]
     assert [consumed for _, consumed in _runs(d)] == [[first], [second, third], [late]]
     assert w.report().violations() == {}
+
+
+@servers_only
+def test_a_producer_that_waits_for_a_new_queue_row_stamps_after_the_wait(world):
+    """
+    The floor's argument needs the stamp taken once the queue rows are locked. A and B
+    produce the first event on ``a`` for X: both insert the new (a, X) row. A stops after
+    its write, before its COMMIT; B's insert waits for A's. A commits 0.5 s later: B's stamp
+    must come after that wait, not from before it (on PostgreSQL the rows and the stamp
+    are one statement, whose clock is read only after its upsert).
+    """
+    w = world
+    a = w.dataset("a")
+    x = w.consumer("x", [a])
+    first, second, s = w.producer("A"), w.producer("B"), w.scheduler()
+    w.clock.stop()  # real time: the server's clock dates everything
+    first.pause_after("update dataset_event")
+    assert w.emit(first, a) == PAUSED
+    assert w.emit(second, a) == BLOCKED  # on A's uncommitted insert of (a, X)
+    time.sleep(0.5)
+    assert first.resume() == DONE
+    first.finish(), second.finish()
+    (_, a_stamp), (_, b_stamp) = _events(w)
+    assert b_stamp - a_stamp >= timedelta(seconds=0.5), (a_stamp, b_stamp)
+    w.drain(s, start=None)
+    assert [consumed for _, consumed in _runs(x)] and w.report().violations() == {}
 
 
 @servers_only

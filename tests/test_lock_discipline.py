@@ -140,13 +140,13 @@ def test_a_producer_does_not_wait_for_the_schedulers_run_creation(world):
 
 
 @pytest.mark.skipif(BACKEND != "postgres", reason="PostgreSQL's producer statements")
-def test_a_postgres_producer_commit_adds_one_statement_to_stocks(world):
+def test_a_postgres_producer_commit_sends_one_statement_as_stock_did(world):
     """
     Stock PostgreSQL sends one queue statement per event (``INSERT .. ON CONFLICT DO
-    NOTHING``). The fix sends, at COMMIT, one queue statement for the whole transaction (the
-    SKIP LOCKED take, the check for held rows and the upsert) and one stamp statement for
-    all its events, whatever the number of outlets and DAGs, and whether a row is new,
-    existing or held by another transaction.
+    NOTHING``). The fix sends one statement at COMMIT for the whole transaction (the SKIP
+    LOCKED take, the check for held rows, the upsert, then the stamps of all its events),
+    whatever the number of outlets and DAGs, and whether a row is new, existing or held by
+    another transaction.
     """
     w = world
     a, b = w.dataset("a"), w.dataset("b")
@@ -176,9 +176,9 @@ def test_a_postgres_producer_commit_adds_one_statement_to_stocks(world):
             event.remove(settings.engine, "before_cursor_execute", record)
         other.rollback()
     writes = [s for s in sent if not s.startswith(("commit", "release", "savepoint"))]
-    assert len(writes) == 2, writes
-    assert "insert into dataset_dag_run_queue" in writes[0] and "for update of q skip locked" in writes[0]
-    assert writes[1].startswith("with clock") and "update dataset_event" in writes[1]
+    assert len(writes) == 1, writes
+    assert "for update of q skip locked" in writes[0] and "insert into dataset_dag_run_queue" in writes[0]
+    assert "(select count(*) from written)" in writes[0] and "update dataset_event" in writes[0]
     assert _queued(x) == sorted((_dataset_id(a.uri), _dataset_id(b.uri))) and _queued(y) == [_dataset_id(a.uri)]
 
 

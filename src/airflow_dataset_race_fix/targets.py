@@ -95,6 +95,7 @@ MEMBERS = (
     Member("airflow.datasets.manager", "DatasetManager", "_database_clock", None),
     Member("airflow.datasets.manager", "DatasetManager", "_database_now", None),
     Member("airflow.datasets.manager", "DatasetManager", "_stamp_events", None),
+    Member("airflow.datasets.manager", "DatasetManager", "_postgres_write", None),
     Member("airflow.datasets.manager", "DatasetManager", "_busy_queue_rows", None),
     Member("airflow.datasets.manager", "DatasetManager", "_queue_keys_joined_first", None),
     Member("airflow.datasets.manager", "DatasetManager", "_upsert_queue_dagruns", None),

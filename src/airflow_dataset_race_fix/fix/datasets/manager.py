@@ -266,12 +266,12 @@ class DatasetManager:
         if not deferred and not events:
             return
         session.flush()  # the transaction's other writes first: these are its last
-        if deferred:
-            cls._upsert_queue_dagruns(sorted(deferred), session)
-            session.info.pop("airflow_dataset_race_fix.deferred_queue_rows", None)
-        if events:
+        if deferred:  # the stamps go with the rows' last write (one statement on PostgreSQL)
+            cls._upsert_queue_dagruns(sorted(deferred), events or [], session)
+        elif events:
             cls._stamp_events(events, session)
-            session.info.pop("airflow_dataset_race_fix.events_to_stamp", None)
+        session.info.pop("airflow_dataset_race_fix.deferred_queue_rows", None)
+        session.info.pop("airflow_dataset_race_fix.events_to_stamp", None)
 
     @classmethod
     def _forget_rolled_back_queue_rows(cls, session: Session, previous_transaction: SessionTransaction) -> None:
@@ -321,7 +321,7 @@ class DatasetManager:
 
         Per dataset, the stamp is the clock, or one microsecond past the dataset's newest
         other event (an index probe on ``(dataset_id, timestamp)``, read backwards). On
-        PostgreSQL one ``UPDATE .. RETURNING`` does it all, the clock read once; elsewhere
+        PostgreSQL one ``UPDATE .. RETURNING`` does it all (``_postgres_write``); elsewhere
         one SELECT reads the clock and the newest events, then one UPDATE per dataset. An
         event whose SAVEPOINT was rolled back is no longer in the session and is skipped.
         """
@@ -335,38 +335,15 @@ class DatasetManager:
         from airflow.utils import timezone
         from airflow.utils.sqlalchemy import UtcDateTime
 
+        if session.bind.dialect.name == "postgresql":
+            cls._postgres_write([], events, session)
+            return
         by_dataset: dict[int, list[DatasetEvent]] = defaultdict(list)
         for dataset_event in events:
             if inspect(dataset_event).persistent:
                 by_dataset[dataset_event.dataset_id].append(dataset_event)
         ahead = timedelta(seconds=max(0, conf.getint("dataset_race_fix", "max_event_ahead_seconds", fallback=60)))
         clock = cls._database_clock(session.bind.dialect.name)
-        if session.bind.dialect.name == "postgresql" and by_dataset:
-            from sqlalchemy import Integer, text
-
-            stamped = session.execute(
-                text(
-                    f"WITH clock AS MATERIALIZED (SELECT {clock} AS now), "
-                    "stamps AS MATERIALIZED (SELECT d.dataset_id, CASE WHEN newest.timestamp + interval "
-                    "'1 microsecond' BETWEEN clock.now AND clock.now + :ahead THEN newest.timestamp + interval "
-                    "'1 microsecond' ELSE clock.now END AS stamp "
-                    "FROM unnest(CAST(:dataset_ids AS INTEGER[])) AS d(dataset_id) CROSS JOIN clock "
-                    "LEFT JOIN LATERAL (SELECT timestamp FROM dataset_event WHERE dataset_id = d.dataset_id "
-                    "AND id <> ALL(CAST(:event_ids AS INTEGER[])) ORDER BY timestamp DESC LIMIT 1) AS newest ON true) "
-                    "UPDATE dataset_event SET timestamp = stamps.stamp FROM stamps "
-                    "WHERE dataset_event.dataset_id = stamps.dataset_id AND dataset_event.id = ANY(CAST(:event_ids AS INTEGER[])) "
-                    "RETURNING dataset_event.id, dataset_event.timestamp"
-                ).columns(id=Integer, timestamp=UtcDateTime),
-                {
-                    "ahead": ahead,
-                    "dataset_ids": sorted(by_dataset),
-                    "event_ids": [e.id for events_of in by_dataset.values() for e in events_of],
-                },
-            )
-            stamp_of = dict(stamped.all())
-            for dataset_event in (e for events_of in by_dataset.values() for e in events_of):
-                set_committed_value(dataset_event, "timestamp", stamp_of[dataset_event.id])
-            return
         dataset_ids = sorted(by_dataset)
         for start in range(0, len(dataset_ids), 100):
             chunk = dataset_ids[start : start + 100]
@@ -398,6 +375,98 @@ class DatasetManager:
                 )
                 for dataset_event in by_dataset[dataset_id]:
                     set_committed_value(dataset_event, "timestamp", stamp)
+
+    @classmethod
+    def _postgres_write(
+        cls, rows: list[tuple[int, str]], events: list[DatasetEvent], session: Session
+    ) -> set[tuple[int, str]]:
+        """
+        PostgreSQL: upsert the queue rows no other transaction holds and stamp ``events``, in one statement; return the held keys.
+
+        Stock Airflow sent one statement per event here (``INSERT .. ON CONFLICT DO
+        NOTHING``); this is one per transaction, whatever its outlets and DAGs. Its parts:
+        - ``taken``: the existing rows among ``rows``, locked ``FOR UPDATE SKIP LOCKED`` in
+          key order (never waits); ``held``: those that exist but were not taken;
+        - ``written``: the upsert of the others (``_upsert_queue_rows_not_held``), new keys
+          inserted in key order;
+        - ``clock``: read only once ``written`` is done (it counts ``written``'s rows, so
+          every queue row is locked first: the floor's argument in the module docstring);
+          ``stamped``: the events' stamps (``_stamp_events``), per dataset the clock or one
+          microsecond past its newest other event.
+        The arrays are bound, so the text depends only on which parts are present, and
+        SQLAlchemy compiles each form once. All parts read one snapshot: a row a scheduler
+        deleted just before this statement is held too, and is left to the sweep.
+        """
+        from datetime import timedelta
+
+        from sqlalchemy import Integer, String, inspect, text
+        from sqlalchemy.orm.attributes import set_committed_value
+
+        from airflow.configuration import conf
+        from airflow.utils.sqlalchemy import UtcDateTime
+
+        clock = cls._database_clock("postgresql")
+        events = [dataset_event for dataset_event in events if inspect(dataset_event).persistent]
+        key = "k.dataset_id = {0}.dataset_id AND k.target_dag_id = {0}.target_dag_id"
+        parts, results, params = [], [], {}
+        if rows:
+            parts += [
+                "k AS MATERIALIZED (SELECT * FROM unnest(CAST(:dataset_ids AS INTEGER[]), "
+                "CAST(:dag_ids AS VARCHAR[])) AS k(dataset_id, target_dag_id))",
+                "taken AS MATERIALIZED (SELECT q.dataset_id, q.target_dag_id "
+                f"FROM dataset_dag_run_queue AS q JOIN k ON {key.format('q')} "
+                "ORDER BY q.dataset_id, q.target_dag_id FOR UPDATE OF q SKIP LOCKED)",
+                "held AS MATERIALIZED (SELECT q.dataset_id, q.target_dag_id "
+                f"FROM dataset_dag_run_queue AS q JOIN k ON {key.format('q')} "
+                "EXCEPT SELECT dataset_id, target_dag_id FROM taken)",
+                "written AS (INSERT INTO dataset_dag_run_queue (dataset_id, target_dag_id, created_at) "
+                f"SELECT k.dataset_id, k.target_dag_id, {clock} FROM k JOIN dag ON dag.dag_id = k.target_dag_id "
+                f"WHERE NOT EXISTS (SELECT FROM held WHERE {key.format('held')}) "
+                "ORDER BY k.dataset_id, k.target_dag_id "
+                "ON CONFLICT (dataset_id, target_dag_id) DO UPDATE SET created_at = GREATEST("
+                "excluded.created_at, dataset_dag_run_queue.created_at + interval '1 microsecond') RETURNING 1)",
+            ]
+            results.append("SELECT dataset_id, target_dag_id, NULL::INTEGER AS event_id, NULL::TIMESTAMPTZ AS stamp FROM held")
+            params.update(dataset_ids=[r[0] for r in rows], dag_ids=[r[1] for r in rows])
+        if events:
+            after_written = " FROM (SELECT count(*) FROM written) AS w" if rows else ""
+            parts += [
+                f"clock AS MATERIALIZED (SELECT {clock} AS now{after_written})",
+                "stamps AS MATERIALIZED (SELECT d.dataset_id, CASE WHEN newest.timestamp + interval "
+                "'1 microsecond' BETWEEN clock.now AND clock.now + :ahead THEN newest.timestamp + interval "
+                "'1 microsecond' ELSE clock.now END AS stamp "
+                "FROM unnest(CAST(:event_dataset_ids AS INTEGER[])) AS d(dataset_id) CROSS JOIN clock "
+                "LEFT JOIN LATERAL (SELECT timestamp FROM dataset_event WHERE dataset_id = d.dataset_id "
+                "AND id <> ALL(CAST(:event_ids AS INTEGER[])) ORDER BY timestamp DESC LIMIT 1) AS newest ON true)",
+                "stamped AS (UPDATE dataset_event SET timestamp = stamps.stamp FROM stamps "
+                "WHERE dataset_event.dataset_id = stamps.dataset_id "
+                "AND dataset_event.id = ANY(CAST(:event_ids AS INTEGER[])) "
+                "RETURNING dataset_event.id, dataset_event.timestamp)",
+            ]
+            results.append("SELECT NULL::INTEGER AS dataset_id, NULL::VARCHAR AS target_dag_id, id AS event_id, timestamp AS stamp "
+                "FROM stamped")
+            params.update(
+                ahead=timedelta(seconds=max(0, conf.getint("dataset_race_fix", "max_event_ahead_seconds", fallback=60))),
+                event_dataset_ids=sorted({e.dataset_id for e in events}),
+                event_ids=[e.id for e in events],
+            )
+        if not parts:
+            return set()
+        held: set[tuple[int, str]] = set()
+        stamp_of = {}
+        for dataset_id, dag_id, event_id, stamp in session.execute(
+            text("WITH " + ", ".join(parts) + " " + " UNION ALL ".join(results)).columns(
+                dataset_id=Integer, target_dag_id=String, event_id=Integer, stamp=UtcDateTime
+            ),
+            params,
+        ):
+            if event_id is None:
+                held.add((dataset_id, dag_id))
+            else:
+                stamp_of[event_id] = stamp
+        for dataset_event in events:
+            set_committed_value(dataset_event, "timestamp", stamp_of[dataset_event.id])
+        return held
 
     @classmethod
     def _busy_queue_rows(cls, rows: list[tuple[int, str]], session: Session) -> set[tuple[int, str]]:
@@ -457,9 +526,9 @@ class DatasetManager:
 
 
     @classmethod
-    def _upsert_queue_dagruns(cls, rows: list[tuple[int, str]], session: Session) -> None:
+    def _upsert_queue_dagruns(cls, rows: list[tuple[int, str]], events: list[DatasetEvent], session: Session) -> None:
         """
-        Upsert queue rows ``(dataset_id, target_dag_id)``, given in key order, leaving out those another transaction holds.
+        Upsert queue rows ``(dataset_id, target_dag_id)``, given in key order, leaving out those another transaction holds; then stamp ``events``.
 
         Stock Airflow's ``DO NOTHING`` never waited for an existing row. The forward-only
         update waits for the row's holder to end, so one stalled producer (a frozen worker,
@@ -488,13 +557,13 @@ class DatasetManager:
 
         from airflow.configuration import conf
 
-        busy = cls._upsert_queue_rows_not_held(rows, session)
+        busy = cls._upsert_queue_rows_not_held(rows, events, session)
         deadline = time.monotonic() + max(0.0, conf.getfloat("dataset_race_fix", "queue_row_wait_seconds", fallback=0))
         pause = 0.001  # a producer's COMMIT holds a row for milliseconds: look again soon, then less often
         while busy and time.monotonic() + pause < deadline:
             time.sleep(pause)
             pause = min(2 * pause, 0.008)
-            busy = cls._upsert_queue_rows_not_held(sorted(busy), session)
+            busy = cls._upsert_queue_rows_not_held(sorted(busy), events, session)
         if busy:
             Stats.incr("dataset_race_fix.busy_queue_rows_left_out", len(busy))
             cls.logger().info(
@@ -505,9 +574,11 @@ class DatasetManager:
             )
 
     @classmethod
-    def _upsert_queue_rows_not_held(cls, rows: list[tuple[int, str]], session: Session) -> set[tuple[int, str]]:
+    def _upsert_queue_rows_not_held(
+        cls, rows: list[tuple[int, str]], events: list[DatasetEvent], session: Session
+    ) -> set[tuple[int, str]]:
         """
-        Upsert the queue rows among ``rows`` that no other transaction holds; return the keys of those it holds.
+        Upsert the queue rows among ``rows`` that no other transaction holds, then stamp ``events``; return the held keys.
 
         An existing row gets ``max(now, stored + 1 microsecond)``, now on the database's
         clock (``_database_clock``): never older than the stored value (the guard), and
@@ -522,11 +593,8 @@ class DatasetManager:
         committing during this very statement can still fail it, as in stock.
 
         Per backend:
-        - PostgreSQL: one statement, as stock's one ``INSERT .. ON CONFLICT DO NOTHING``.
-          It takes the existing rows ``FOR UPDATE SKIP LOCKED``, reads which of the others
-          exist (those are held), and upserts the rest; both arrays are bound, so the text
-          is constant and SQLAlchemy compiles it once. All of it reads one snapshot: a row
-          a scheduler deleted just before is held too, and left to its sweep.
+        - PostgreSQL: one statement with the stamps, as stock's one ``INSERT .. ON
+          CONFLICT DO NOTHING`` (``_postgres_write``).
         - MySQL/MariaDB: the take and the existence check (``_busy_queue_rows``), the live
           DAGs, then the upsert, 500 rows a statement (far below max_allowed_packet).
         - SQLite: a writer excludes the others, so no row is held; 300 rows a statement,
@@ -539,33 +607,7 @@ class DatasetManager:
         dialect = session.bind.dialect
         clock = cls._database_clock(dialect.name)
         if dialect.name == "postgresql":
-            keys = "k.dataset_id = {0}.dataset_id AND k.target_dag_id = {0}.target_dag_id"
-            return set(
-                map(
-                    tuple,
-                    session.execute(
-                        text(
-                            "WITH k AS MATERIALIZED (SELECT * FROM unnest(CAST(:dataset_ids AS INTEGER[]), "
-                            "CAST(:dag_ids AS VARCHAR[])) AS k(dataset_id, target_dag_id)), "
-                            "taken AS MATERIALIZED (SELECT q.dataset_id, q.target_dag_id "
-                            f"FROM dataset_dag_run_queue AS q JOIN k ON {keys.format('q')} "
-                            "ORDER BY q.dataset_id, q.target_dag_id FOR UPDATE OF q SKIP LOCKED), "
-                            "held AS MATERIALIZED (SELECT q.dataset_id, q.target_dag_id "
-                            f"FROM dataset_dag_run_queue AS q JOIN k ON {keys.format('q')} "
-                            "EXCEPT SELECT dataset_id, target_dag_id FROM taken), "
-                            "written AS (INSERT INTO dataset_dag_run_queue (dataset_id, target_dag_id, created_at) "
-                            f"SELECT k.dataset_id, k.target_dag_id, {clock} "
-                            "FROM k JOIN dag ON dag.dag_id = k.target_dag_id "
-                            f"WHERE NOT EXISTS (SELECT FROM held WHERE {keys.format('held')}) "
-                            "ORDER BY k.dataset_id, k.target_dag_id "
-                            "ON CONFLICT (dataset_id, target_dag_id) DO UPDATE SET created_at = GREATEST("
-                            "excluded.created_at, dataset_dag_run_queue.created_at + interval '1 microsecond')) "
-                            "SELECT dataset_id, target_dag_id FROM held"
-                        ),
-                        {"dataset_ids": [r[0] for r in rows], "dag_ids": [r[1] for r in rows]},
-                    ),
-                )
-            )
+            return cls._postgres_write(rows, events, session)
 
         if dialect.name == "mysql":
             # MySQL 8.0.19+ names the new row with an alias; VALUES() is deprecated there
@@ -595,6 +637,7 @@ class DatasetManager:
                         **{f"dag_id_{i}": row[1] for i, row in enumerate(chunk)},
                     },
                 )
+            cls._stamp_events(events, session)
             return busy
 
         from sqlalchemy.dialects.sqlite import insert
@@ -625,4 +668,5 @@ class DatasetManager:
                 set_={"created_at": func.max(stmt.excluded.created_at, successor)},
             )
             session.execute(stmt)
+        cls._stamp_events(events, session)
         return set()
