@@ -245,7 +245,7 @@ def test_half_applied_patch_is_refused(tmp_path, capsys):
     "edit, message",
     [
         (lambda t: t.replace("# deleted at the end, as read", "# deleted at the end"), "differs from the fix"),
-        (lambda t: t.replace("\n             dag = self.dagbag.get_dag(", "\n             dag = self.dagbag.get_dag2(", 1), "does not fit"),
+        (lambda t: t.replace("\n         self._create_dag_runs(non_dataset_dags", "\n         self._create_dag_runs2(non_dataset_dags", 1), "does not fit"),
         (lambda t: t.replace("+            Stats.incr(\"dataset.triggered_dagruns\")\n", "", 1), "cannot be read as a patch"),
     ],
     ids=["added-line", "context-line", "line-counts"],

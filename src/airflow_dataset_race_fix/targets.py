@@ -115,6 +115,12 @@ MEMBERS = (
     Member(
         "airflow.jobs.scheduler_job_runner",
         "SchedulerJobRunner",
+        "_decide_dataset_triggered_runs",
+        None,
+    ),
+    Member(
+        "airflow.jobs.scheduler_job_runner",
+        "SchedulerJobRunner",
         "_create_dag_runs_dataset_triggered",
         "ec956aa0e0cf165798c17c1e9c1db02142430e8f90f9955cef46b9efc0cce846",
     ),

@@ -284,13 +284,24 @@ class SchedulerJobRunner:
             )
         return runnable
 
-    def _create_dag_runs_dataset_triggered(
+    def _decide_dataset_triggered_runs(
         self,
         dag_models: Collection[DagModel],
         dataset_triggered_dag_info: dict[str, tuple[datetime, datetime]],
         session: Session,
-    ) -> None:
-        """For DAGs that are triggered by datasets, create dag runs."""
+    ) -> tuple[list[dict[str, Any]], list[tuple[int, str, Any]]]:
+        """
+        The runs this loop creates for these DAGs, and the queue rows it then deletes (as read); writes nothing.
+
+        One decision per DAG, in dag_id order: ``dag_id``, ``dag``, ``events`` (what its run
+        would consume), ``deferred`` (events dated beyond the horizon), ``late`` (events
+        dated before its latest run), ``queued`` (its queue rows), ``floors`` (per dataset,
+        where the read started; absent: the whole history, for a first run), ``full_read``,
+        and ``run`` (``execution_date``, ``data_interval``, ``run_id``) or None when it
+        waits; ``skipped`` names why a DAG was not decided at all. Split from
+        ``_create_dag_runs_dataset_triggered`` so that ``airflow-dataset-race-fix explain``
+        gives the verdict of this very code, read-only.
+        """
         from sqlalchemy import Text, cast
 
         dag_ids = sorted(dm.dag_id for dm in dag_models)
@@ -385,11 +396,15 @@ class SchedulerJobRunner:
             seconds=max(0, conf.getint("dataset_race_fix", "max_event_ahead_seconds", fallback=60))
         )
         consumed_rows: list[tuple[int, str, Any]] = []  # deleted at the end, as read
+        decisions: list[dict[str, Any]] = []
 
         for dag_model in sorted(dag_models, key=lambda dm: dm.dag_id):
+            decision: dict[str, Any] = {"dag_id": dag_model.dag_id, "run": None, "skipped": None}
+            decisions.append(decision)
             dag = self.dagbag.get_dag(dag_model.dag_id, session=session)
             if not dag:
                 self.log.error("DAG '%s' not found in serialized_dag table", dag_model.dag_id)
+                decision["skipped"] = "not found in the serialized_dag table"
                 continue
 
             if not isinstance(dag.timetable, DatasetTriggeredTimetable):
@@ -397,15 +412,15 @@ class SchedulerJobRunner:
                     "DAG '%s' was dataset-scheduled, but didn't have a DatasetTriggeredTimetable!",
                     dag_model.dag_id,
                 )
+                decision["skipped"] = "not dataset-scheduled (no DatasetTriggeredTimetable)"
                 continue
-
-            dag_hash = self.dagbag.dags_hash.get(dag.dag_id)
 
             queued = queued_rows.get(dag.dag_id, {})
             latest_run_date, latest_interval_end, latest_any_run_date, _ = latest_runs.get(dag.dag_id, (None,) * 4)
             dataset_ids = sorted(dataset_ids_of[dag.dag_id])
             floors: dict[int, datetime] = {}
             consumed = None
+            full_read = True
             if latest_run_date:  # else no run of this DAG has consumed anything yet
                 # The floor per dataset: the newest event of it that the latest run consumed,
                 # or the oldest queue row of it if older, minus commit_latency_seconds; the
@@ -455,27 +470,20 @@ class SchedulerJobRunner:
                     chosen = select(DatasetEvent).where(DatasetEvent.id.in_(chosen.with_only_columns(DatasetEvent.id)))
                 dataset_events += session.scalars(chosen)
 
-            if ahead := [event for event in dataset_events if event.timestamp > horizon]:
-                # Consumed once the clock reaches them: a run is never dated before its events.
-                dataset_events = [event for event in dataset_events if event.timestamp <= horizon]
-                Stats.incr("dataset_race_fix.future_events_deferred", len(ahead))
-                warned = self.__dict__.setdefault("_dataset_race_fix_warned_ahead", set())
-                if dag.dag_id not in warned:
-                    warned.add(dag.dag_id)
-                    self.log.warning(
-                        "DAG '%s': %d dataset event(s) dated up to %s, ahead of the scheduler's clock by more "
-                        "than [dataset_race_fix] max_event_ahead_seconds; they wait until the clock gets there "
-                        "(a producer host's clock runs ahead)",
-                        dag.dag_id,
-                        len(ahead),
-                        max(event.timestamp for event in ahead),
-                    )
+            # Events dated beyond the horizon wait: a run is never dated before its events.
+            ahead = [event for event in dataset_events if event.timestamp > horizon]
+            dataset_events = [event for event in dataset_events if event.timestamp <= horizon]
+            decision.update(
+                dag=dag, events=dataset_events, deferred=ahead, queued=queued, floors=floors, full_read=full_read,
+                late=[event for event in dataset_events if latest_run_date and event.timestamp <= latest_run_date],
+            )
             with_events = {event.dataset_id for event in dataset_events}
             statuses = {dataset_uris[dataset_id]: True for dataset_id in with_events if dataset_id in dataset_uris}
             try:
                 ready = bool(dataset_events) and dag.timetable.dataset_condition.evaluate(statuses)
             except AttributeError:  # serialized before 2.9, as in DagModel.dags_needing_dagruns
                 self.log.warning("dag '%s' has old serialization; skipping DAG run creation.", dag.dag_id)
+                decision["skipped"] = "serialized before Airflow 2.9"
                 continue
             if not ready:
                 # Nothing new to run on. Queue rows whose datasets have no event left to consume
@@ -487,7 +495,6 @@ class SchedulerJobRunner:
                     for ds_id in queued
                     if ds_id not in with_events
                 ]
-                Stats.incr("dataset_race_fix.empty_runs_prevented")
                 continue
 
             # Dated by its events and by its queue rows, but by none dated beyond the horizon
@@ -501,14 +508,6 @@ class SchedulerJobRunner:
             )
             if latest_run_date:
                 exec_date = max(exec_date, latest_run_date + timedelta(microseconds=1))
-                if late := sum(1 for event in dataset_events if event.timestamp <= latest_run_date):
-                    Stats.incr("dataset_race_fix.late_events_consumed", late)
-                    self.log.info(
-                        "DAG '%s': the new run consumes %d event(s) dated before its latest run: late "
-                        "commits, or events of a deleted run (deleting a run gives its events back)",
-                        dag.dag_id,
-                        late,
-                    )
             # Explicitly check if a DagRun already exists at this date (a manual run, say):
             # move past it rather than fail on the unique key or leave the queue rows behind.
             if latest_any_run_date and exec_date <= latest_any_run_date:
@@ -534,12 +533,54 @@ class SchedulerJobRunner:
                 session=session,
                 events=dataset_events,
             )
+            decision["run"] = {"execution_date": exec_date, "data_interval": data_interval, "run_id": run_id}
+            consumed_rows += [(ds_id, dag.dag_id, stored_as_read[(ds_id, dag.dag_id)]) for ds_id in queued]
+        return decisions, consumed_rows
 
+    def _create_dag_runs_dataset_triggered(
+        self,
+        dag_models: Collection[DagModel],
+        dataset_triggered_dag_info: dict[str, tuple[datetime, datetime]],
+        session: Session,
+    ) -> None:
+        """For DAGs that are triggered by datasets, create dag runs."""
+        decisions, consumed_rows = self._decide_dataset_triggered_runs(
+            dag_models, dataset_triggered_dag_info, session
+        )
+        for decision in decisions:
+            if decision["skipped"]:
+                continue
+            dag = decision["dag"]
+            if ahead := decision["deferred"]:
+                Stats.incr("dataset_race_fix.future_events_deferred", len(ahead))
+                warned = self.__dict__.setdefault("_dataset_race_fix_warned_ahead", set())
+                if dag.dag_id not in warned:
+                    warned.add(dag.dag_id)
+                    self.log.warning(
+                        "DAG '%s': %d dataset event(s) dated up to %s, ahead of the scheduler's clock by more "
+                        "than [dataset_race_fix] max_event_ahead_seconds; they wait until the clock gets there "
+                        "(a producer host's clock runs ahead)",
+                        dag.dag_id,
+                        len(ahead),
+                        max(event.timestamp for event in ahead),
+                    )
+            if decision["run"] is None:
+                Stats.incr("dataset_race_fix.empty_runs_prevented")
+                continue
+            if late := len(decision["late"]):
+                Stats.incr("dataset_race_fix.late_events_consumed", late)
+                self.log.info(
+                    "DAG '%s': the new run consumes %d event(s) dated before its latest run: late "
+                    "commits, or events of a deleted run (deleting a run gives its events back)",
+                    dag.dag_id,
+                    late,
+                )
+            dag_hash = self.dagbag.dags_hash.get(dag.dag_id)
             dag_run = dag.create_dagrun(
-                run_id=run_id,
+                run_id=decision["run"]["run_id"],
                 run_type=DagRunType.DATASET_TRIGGERED,
-                execution_date=exec_date,
-                data_interval=data_interval,
+                execution_date=decision["run"]["execution_date"],
+                data_interval=decision["run"]["data_interval"],
                 state=DagRunState.QUEUED,
                 external_trigger=False,
                 session=session,
@@ -547,8 +588,7 @@ class SchedulerJobRunner:
                 creating_job_id=self.job.id,
             )
             Stats.incr("dataset.triggered_dagruns")
-            dag_run.consumed_dataset_events.extend(dataset_events)
-            consumed_rows += [(ds_id, dag.dag_id, stored_as_read[(ds_id, dag.dag_id)]) for ds_id in queued]
+            dag_run.consumed_dataset_events.extend(decision["events"])
         if consumed_rows:
             self._delete_dataset_queue_rows_as_read(consumed_rows, session)
 
