@@ -16,7 +16,7 @@ import sys
 from airflow_dataset_race_fix import __version__
 
 # Subcommand modules, in the order --help lists them.
-COMMAND_MODULES = ("status", "shim", "source_patches", "reproduce", "audit")
+COMMAND_MODULES = ("status", "shim", "source_patches", "reproduce", "audit", "explain")
 
 
 class UsageError(Exception):

@@ -462,19 +462,33 @@ class _Scan:
             self.reports[dag_id].empty_runs += 1
             self.lists["empty_runs"].add((dag_id, date, run_id), RunFinding(dag_id, run_id, date))
         latest: dict[str, datetime] = {}  # running max of logical dates, per DAG
-        runs = self.session.execute(_runs_in_creation_order(dag_ids).execution_options(stream_results=True))
+        # With ``since``, only runs dated from it on: one dated before can make none of them
+        # out of order (its date is below theirs), and none of them is reported.
+        in_order = _runs_in_creation_order(dag_ids)
+        if self.since is not None:
+            in_order = in_order.where(DagRun.execution_date >= self.since)
+        runs = self.session.execute(in_order.execution_options(stream_results=True))
         for dag_id, run_id, date in runs:
             date, earlier = _utc(date), latest.get(dag_id)
             if earlier is not None and earlier > date and (self.since is None or date >= self.since):
                 self.reports[dag_id].out_of_order += 1
                 self.lists["out_of_order"].add((dag_id, date, run_id), RunFinding(dag_id, run_id, date, earlier))
             latest[dag_id] = date if earlier is None else max(earlier, date)
-        previous_end: dict[str, datetime | None] = {}  # by logical date: the previous run's interval end
+        previous_end: dict[str, datetime | None] = {}  # by logical date: the previous runs' latest interval end
         intervals = (
             select(DagRun.dag_id, DagRun.execution_date, DagRun.data_interval_start, DagRun.data_interval_end)
             .where(DagRun.dag_id.in_(dag_ids), _dataset_triggered())
             .order_by(DagRun.dag_id, DagRun.execution_date)
         )
+        if self.since is not None:  # the runs before ``since`` only as the latest end they leave
+            for dag_id, end in self.session.execute(
+                select(DagRun.dag_id, func.max(DagRun.data_interval_end))
+                .where(DagRun.dag_id.in_(dag_ids), _dataset_triggered(), DagRun.execution_date < self.since)
+                .group_by(DagRun.dag_id)
+            ):
+                if end is not None:
+                    previous_end[dag_id] = _utc(end)
+            intervals = intervals.where(DagRun.execution_date >= self.since)
         for dag_id, date, start, end in self.session.execute(intervals.execution_options(stream_results=True)):
             before = previous_end.get(dag_id)
             if before is not None and start is not None and _utc(start) < before:

@@ -1,0 +1,174 @@
+"""
+``airflow-dataset-race-fix explain DAG_ID``: why a dataset-triggered DAG runs next, or waits.
+
+The verdict is the fixed scheduler's own code run read-only (``airflow_dataset_race_fix.explain``).
+This command loads the fixed members into this process if the shim did not (nothing outside
+this process changes) and says whether the fix was active here before. It reads the
+metadata database as ``audit`` does: Airflow imported as a library, the database opened
+read-only (SQLite) or in a read-only transaction (PostgreSQL, MySQL), never written.
+
+Exit status: 0 nothing to report, 1 ``audit`` has findings for this DAG, 2 bad input (an
+unknown DAG, with close matches; a DAG that is not dataset-scheduled; a database that is
+not Airflow 2.10/2.11's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+import time
+
+from airflow_dataset_race_fix.cli import UsageError, print_result
+from airflow_dataset_race_fix.commands import audit as audit_command
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "explain",
+        help="why a dataset-triggered DAG runs in the next scheduler loop, or waits (read-only)",
+        description=(
+            "Explain one dataset-triggered DAG: its condition, queue rows and pending events, the "
+            "fixed scheduler's verdict for its next loop, its last runs and their events, and what "
+            "audit finds for it. Read-only. Exit status: 0 nothing to report, 1 audit findings, 2 bad input."
+        ),
+    )
+    parser.add_argument("dag_id", metavar="DAG_ID")
+    parser.add_argument("--db-url", metavar="URL", help="SQLAlchemy URL (default: Airflow's sql_alchemy_conn)")
+    parser.add_argument("--runs", type=int, default=10, metavar="N", help="last runs to show (default %(default)s)")
+    parser.add_argument("--json", action="store_true", help="print the explanation as JSON (docs/explain.md)")
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.runs < 0:
+        raise UsageError("--runs must be 0 or more")
+    audit_command._prepare_airflow_import(args.db_url)
+    with contextlib.redirect_stdout(sys.stderr):  # Airflow may log to stdout; stdout is the result's
+        found, seconds = _explain(args)
+    found["fix"] = {"active_in_this_process": found.pop("_fix_was_active"), "seconds": round(seconds, 3)}
+    if args.json:
+        print_result(json.dumps(found, indent=2))
+    else:
+        print_result(render(found))
+    return 1 if found["audit"]["findings"] else 0
+
+
+def _load_fixed_scheduler() -> bool:
+    """Make the scheduler's members the fixed ones in this process; whether they already were."""
+    import importlib
+
+    from airflow_dataset_race_fix import runtime
+    from airflow_dataset_race_fix.requeue import SCHEDULER_MODULE
+
+    importlib.import_module(SCHEDULER_MODULE)
+    active = runtime.module_state(SCHEDULER_MODULE).state in (runtime.PATCHED, runtime.SOURCE_PATCHED)
+    if not active:
+        states = runtime.apply()
+        refused = [s for s in states if s.state not in (runtime.PATCHED, runtime.SOURCE_PATCHED)]
+        if refused:
+            raise UsageError(
+                "cannot run the fixed scheduler's code on this Airflow: "
+                + "; ".join(f"{s.module}: {s.state}{', ' + s.detail if s.detail else ''}" for s in refused)
+            )
+    return active
+
+
+def _explain(args: argparse.Namespace):
+    try:
+        from sqlalchemy import text
+        from sqlalchemy.exc import SQLAlchemyError
+
+        from airflow_dataset_race_fix.explain import ExplainError, explain
+    except ImportError as err:
+        raise UsageError(f"cannot import Airflow here: {audit_command._first_line(err)}") from None
+    audit_command._finish_airflow_library_set_up()
+    was_active = _load_fixed_scheduler()
+    engine, where = audit_command.open_database(args.db_url, read_only=True)
+    started = time.monotonic()
+    try:
+        with audit_command._snapshot(engine) as session:
+            if engine.dialect.name in ("postgresql", "mysql"):  # a write or a row lock would fail here
+                session.execute(text("SET TRANSACTION READ ONLY"))
+            found = explain(session, args.dag_id, runs=args.runs)
+    except ExplainError as err:
+        raise UsageError(str(err)) from None
+    except SQLAlchemyError as err:
+        raise UsageError(f"reading {where} failed: {audit_command._first_line(err)}") from None
+    found["_fix_was_active"] = was_active
+    return found, time.monotonic() - started
+
+
+def render(found: dict) -> str:
+    """The explanation as text for a terminal."""
+    verdict = found["verdict"]
+    lines = [f"DAG {found['dag_id']}  (database clock {found['database_now']})"]
+    if not found["fix"]["active_in_this_process"]:
+        lines.append(
+            "  the fix is not active in this process: the verdict is the fixed scheduler's (loaded here to "
+            "explain); a stock scheduler decides otherwise"
+        )
+    dag = found["dag"]
+    lines.append(
+        f"  paused: {'yes' if dag['is_paused'] else 'no'}; runs queued or running: {dag['active_runs']} "
+        f"of max_active_runs {dag['max_active_runs']}"
+    )
+    lines += ["", "Condition:"]
+    lines += _tree_lines(found["condition"], {d["uri"]: d for d in found["datasets"]}, "  ")
+    lines += ["", "Verdict for the next scheduler loop:"]
+    if verdict["creates_run"]:
+        run = verdict["run"]
+        when = "the next loop" if verdict["when"] == "next loop" else "the scheduler's next sweep (its events have no queue row)"
+        lines.append(f"  RUNS at {when}: logical date {run['logical_date']}, {len(run['event_ids'])} event(s)")
+    else:
+        lines.append("  WAITS")
+    for reason in verdict["reasons"]:
+        lines.append(f"  - {reason['code']}: {reason['message']}")
+    for note in verdict["notes"]:
+        lines.append(f"  ! {note['message']}")
+    if found["pending_events"]:
+        lines.append("  pending events (its next run takes them):")
+        lines += [f"    {_event_line(e)}" for e in found["pending_events"][:20]]
+        if len(found["pending_events"]) > 20:
+            lines.append(f"    ... and {len(found['pending_events']) - 20} more (--json lists all)")
+    lines += ["", f"Last {len(found['runs'])} dataset-triggered run(s), newest first:"]
+    for run in found["runs"]:
+        flags = [f for f, on in (("EMPTY", run["empty"]), ("OUT OF ORDER", run["out_of_order"])) if on]
+        lines.append(
+            f"  {run['run_id']}  {run['state']}  interval {run['data_interval'][0]} .. {run['data_interval'][1]}"
+            + (f"  [{', '.join(flags)}]" if flags else "")
+        )
+        for e in run["events"][:10]:
+            marks = [m for m, on in (("late", e["late"]), ("DOUBLED", e["doubled"])) if on]
+            lines.append(f"    {_event_line(e)}" + (f"  [{', '.join(marks)}]" if marks else ""))
+        if len(run["events"]) > 10:
+            lines.append(f"    ... and {len(run['events']) - 10} more")
+    findings = found["audit"]["findings"]
+    span = f" (from {found['audit']['since']}; 'audit --dag-id' reads all)" if found["audit"]["since"] else ""
+    lines += ["", f"Audit{span}: " + (", ".join(f"{k} {v}" for k, v in findings.items()) if findings else "nothing to report")]
+    return "\n".join(lines)
+
+
+def _tree_lines(node: dict, datasets: dict, indent: str) -> list[str]:
+    mark = "[x]" if node["met"] else "[ ]"
+    if node["type"] == "dataset":
+        info = datasets.get(node["uri"], {})
+        queued = info.get("queue_row_created_at")
+        parts = [f"queue row {queued}" if queued else "no queue row"]
+        parts.append(f"{len(info.get('pending_event_ids', []))} pending")
+        if info.get("deferred_event_ids"):
+            parts.append(f"{len(info['deferred_event_ids'])} dated ahead")
+        if info.get("newest_event"):
+            parts.append(f"newest event #{info['newest_event']['id']} at {info['newest_event']['timestamp']}")
+        return [f"{indent}{mark} {node['uri']}  ({'; '.join(parts)})"]
+    label = {"all": "ALL of", "any": "ANY of", "alias": f"alias {node.get('name')}, ANY of"}[node["type"]]
+    lines = [f"{indent}{mark} {label}"]
+    for child in node["children"]:
+        lines += _tree_lines(child, datasets, indent + "    ")
+    return lines
+
+
+def _event_line(e: dict) -> str:
+    source = "/".join(str(part) for part in (e["source_dag_id"], e["source_run_id"], e["source_task_id"]) if part)
+    return f"#{e['id']} {e['dataset_uri']} at {e['timestamp']}" + (f" from {source}" if source else "")

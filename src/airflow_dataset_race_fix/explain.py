@@ -1,0 +1,374 @@
+"""
+Why a dataset-triggered DAG runs next, or waits: the verdict of the fixed scheduler's own code, read-only.
+
+``explain(session, dag_id)`` answers for one DAG, right now:
+
+- its dataset condition as a tree, and per dataset its queue row, newest event and the
+  events its next run would consume;
+- the verdict for the next scheduler loop: a run (with which events, at which logical
+  date), or why it waits;
+- its last runs with the events each consumed, and what ``audit`` finds for it.
+
+The verdict comes from the scheduler's code, not from a second copy of its logic:
+``DagModel.dags_needing_dagruns`` picks the loop's DAGs as the scheduler does, the fix's
+sweep (``SchedulerJobRunner._dags_with_unqueued_dataset_events``) adds those whose events
+have no queue row, and ``SchedulerJobRunner._decide_dataset_triggered_runs`` (the read-only
+half of ``_create_dag_runs_dataset_triggered``) decides the run. Those members must be the
+fixed ones in this process (the caller makes sure: see ``commands/explain.py``).
+
+Read-only and never in anyone's way: the DAG rows are read without ``FOR UPDATE``
+(``use_row_level_locking`` is off for the call), nothing is written, and the caller's
+transaction is rolled back. A fresh scheduler state is used, so the verdict is that of a
+loop that reads each DAG's whole look-back window (a scheduler's first loop, or its
+periodic full read): a running scheduler may take a late event one full read later,
+never not at all.
+
+Bounded on a long history: the last ``runs`` runs, the audit of their span (from the oldest
+shown run minus ``event_lookback_seconds``; ``audit --dag-id`` reads everything), and the
+scheduler's own bounded reads. The JSON form (``SCHEMA``) is documented in ``docs/explain.md``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+from dataclasses import asdict
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+SCHEMA = "airflow-dataset-race-fix/explain/1"
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+class ExplainError(ValueError):
+    """Bad input: an unknown DAG, or one that is not dataset-scheduled."""
+
+
+@contextlib.contextmanager
+def _no_row_locks():
+    """The scheduler's queries without ``FOR UPDATE``: explain must not take what a scheduler skips."""
+    import airflow.utils.sqlalchemy as airflow_sqlalchemy
+
+    previous = airflow_sqlalchemy.USE_ROW_LEVEL_LOCKING
+    airflow_sqlalchemy.USE_ROW_LEVEL_LOCKING = False
+    try:
+        yield
+    finally:
+        airflow_sqlalchemy.USE_ROW_LEVEL_LOCKING = previous
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.astimezone(timezone.utc).isoformat() if value is not None else None
+
+
+def _event(event, uris: dict[int, str]) -> dict[str, Any]:
+    return {
+        "id": event.id,
+        "dataset_uri": uris.get(event.dataset_id, f"dataset #{event.dataset_id}"),
+        "timestamp": _iso(event.timestamp),
+        "source_dag_id": event.source_dag_id,
+        "source_run_id": event.source_run_id,
+        "source_task_id": event.source_task_id,
+    }
+
+
+def condition_tree(condition, with_events: set[str]) -> dict[str, Any]:
+    """The DAG's dataset condition as nested dicts: ``all``/``any``/``alias`` nodes and ``dataset`` leaves, each with ``met``."""
+    from airflow.datasets import Dataset, DatasetAll
+
+    statuses = {uri: True for uri in with_events}
+    if isinstance(condition, Dataset):
+        return {"type": "dataset", "uri": condition.uri, "met": condition.uri in with_events}
+    children = [condition_tree(child, with_events) for child in getattr(condition, "objects", ())]
+    if "Alias" in type(condition).__name__:  # an alias resolves to the datasets it has seen
+        node: dict[str, Any] = {"type": "alias", "name": getattr(condition, "name", None)}
+    else:
+        node = {"type": "all" if isinstance(condition, DatasetAll) else "any"}
+    try:
+        met = bool(condition.evaluate(statuses))
+    except (AttributeError, NotImplementedError, TypeError):
+        met = any(child["met"] for child in children)
+    return {**node, "met": met, "children": children}
+
+
+def _missing(tree: dict[str, Any]) -> list[str]:
+    """The dataset URIs whose events would make an unmet condition hold (all of them, for an ANY)."""
+    if tree["met"]:
+        return []
+    if tree["type"] == "dataset":
+        return [tree["uri"]]
+    return sorted({uri for child in tree["children"] for uri in _missing(child)})
+
+
+def _dag_or_error(session: Session, dag_id: str):
+    from airflow.models.dag import DagModel
+
+    dag_model = session.get(DagModel, dag_id)
+    if dag_model is None:
+        known = list(session.scalars(select(DagModel.dag_id)))
+        close = difflib.get_close_matches(dag_id, known, n=5, cutoff=0.6)
+        hint = f"; close matches: {', '.join(close)}" if close else ""
+        raise ExplainError(f"no DAG {dag_id!r} in the metadata database{hint}")
+    return dag_model
+
+
+def explain(session: Session, dag_id: str, *, runs: int = 10) -> dict[str, Any]:
+    """The explanation of ``dag_id`` as a JSON-able dict (``SCHEMA``); ExplainError for bad input."""
+    from airflow.datasets.manager import DatasetManager
+    from airflow.jobs.job import Job
+    from airflow.jobs.scheduler_job_runner import SchedulerJobRunner
+    from airflow.models.dag import DagModel
+    from airflow.models.dagrun import DagRun
+    from airflow.models.dataset import DagScheduleDatasetReference, DatasetDagRunQueue, DatasetEvent, DatasetModel
+    from airflow.timetables.simple import DatasetTriggeredTimetable
+    from airflow.configuration import conf
+    from airflow.utils.state import DagRunState
+    from airflow.utils.types import DagRunType
+
+    from airflow_dataset_race_fix import invariant
+
+    dag_model = _dag_or_error(session, dag_id)
+    runner = SchedulerJobRunner(job=Job(), num_runs=1)  # a fresh scheduler state; the Job is never saved
+    dag = runner.dagbag.get_dag(dag_id, session=session)
+    if dag is None:
+        raise ExplainError(f"DAG {dag_id!r} has no serialized version yet (not parsed since it was added)")
+    if not isinstance(dag.timetable, DatasetTriggeredTimetable):
+        raise ExplainError(
+            f"DAG {dag_id!r} is not dataset-scheduled (its timetable is {dag.timetable.summary!r}); "
+            "explain answers for DAGs scheduled on datasets"
+        )
+
+    with _no_row_locks():
+        query, loop_info = DagModel.dags_needing_dagruns(session)
+        picked = [dm.dag_id for dm in query.all()]
+        queue_ready = dag_id in loop_info
+        by_queue = queue_ready and dag_id in picked
+        swept = runner._dags_with_unqueued_dataset_events(dict(loop_info), session)
+        by_sweep = dag_id in {dm.dag_id for dm in swept}
+        # Decided as the loop decides it; a DAG the loop would not pick is decided as if it
+        # were (its queue dates, if any, and otherwise no date beyond its events').
+        info = dict(loop_info)
+        info.setdefault(dag_id, (_EPOCH, _EPOCH))
+        (decision,), _ = runner._decide_dataset_triggered_runs([dag_model], info, session)
+    now = DatasetManager._database_now(session)
+
+    dataset_ids = set(
+        session.scalars(select(DagScheduleDatasetReference.dataset_id).where(DagScheduleDatasetReference.dag_id == dag_id))
+    )
+    queued = dict(
+        session.execute(
+            select(DatasetDagRunQueue.dataset_id, DatasetDagRunQueue.created_at).where(
+                DatasetDagRunQueue.target_dag_id == dag_id
+            )
+        ).all()
+    )
+    dataset_ids |= queued.keys()
+    uris = dict(session.execute(select(DatasetModel.id, DatasetModel.uri).where(DatasetModel.id.in_(dataset_ids))).all())
+    events = decision.get("events") or []
+    deferred = decision.get("deferred") or []
+    tree = condition_tree(dag.timetable.dataset_condition, {uris[e.dataset_id] for e in events if e.dataset_id in uris})
+
+    datasets = []
+    for dataset_id in sorted(dataset_ids, key=lambda i: uris.get(i, "")):
+        newest = session.scalars(
+            select(DatasetEvent).where(DatasetEvent.dataset_id == dataset_id).order_by(DatasetEvent.timestamp.desc()).limit(1)
+        ).first()
+        datasets.append(
+            {
+                "id": dataset_id,
+                "uri": uris.get(dataset_id, f"dataset #{dataset_id}"),
+                "queue_row_created_at": _iso(queued.get(dataset_id)),
+                "newest_event": _event(newest, uris) if newest is not None else None,
+                "pending_event_ids": [e.id for e in events if e.dataset_id == dataset_id],
+                "deferred_event_ids": [e.id for e in deferred if e.dataset_id == dataset_id],
+            }
+        )
+
+    active_runs = session.scalar(
+        select(func.count()).where(DagRun.dag_id == dag_id, DagRun.state.in_((DagRunState.QUEUED, DagRunState.RUNNING)))
+    )
+    # The audit covers the span of the runs shown (and a look-back before the oldest), so that
+    # explain stays bounded on a long history; 'audit --dag-id' covers all of it.
+    shown = session.scalars(
+        select(DagRun.execution_date)
+        .where(DagRun.dag_id == dag_id, DagRun.run_type == DagRunType.DATASET_TRIGGERED)
+        .order_by(DagRun.execution_date.desc())
+        .limit(max(runs, 1))
+    ).all()
+    since = None
+    if len(shown) == max(runs, 1):
+        lookback = conf.getint("dataset_race_fix", "event_lookback_seconds", fallback=900)
+        since = shown[-1] - timedelta(seconds=max(0, lookback))
+    found = invariant.audit(session, [dag_id], since=since, limit=20)
+    report = found.report.by_dag().get(dag_id)
+    reasons = _reasons(dag_model, active_runs, decision, tree, deferred)
+    run = decision.get("run")
+    when = None
+    if run is not None and not reasons:
+        if by_queue:
+            when = "next loop"
+        elif by_sweep:
+            when = "next sweep"
+        elif queue_ready:
+            reasons.append(
+                {
+                    "code": "no_slot",
+                    "message": f"this loop's {len(picked)} DAG slots ([scheduler] max_dagruns_to_create_per_loop) "
+                    "go to DAGs that come first; a later loop takes it",
+                }
+            )
+        else:
+            reasons.append(
+                {
+                    "code": "not_queued",
+                    "message": "its events have no queue row and lie beyond the sweep's reach "
+                    "([dataset_race_fix] event_lookback_seconds): 'audit --requeue' gives them one",
+                }
+            )
+    verdict = {
+        "creates_run": when is not None,
+        "when": when,
+        "run": None
+        if run is None
+        else {
+            "logical_date": _iso(run["execution_date"]),
+            "data_interval": [_iso(run["data_interval"].start), _iso(run["data_interval"].end)],
+            "run_id": run["run_id"],
+            "event_ids": [e.id for e in events],
+        },
+        "reasons": reasons,
+        "notes": _beyond_reach(found, events, uris),
+        "read": "whole look-back window (as a scheduler's first loop or its periodic full read)",
+    }
+    return {
+        "schema": SCHEMA,
+        "dag_id": dag_id,
+        "database_now": _iso(now),
+        "dag": {
+            "is_paused": bool(dag_model.is_paused),
+            "is_active": bool(dag_model.is_active),
+            "has_import_errors": bool(dag_model.has_import_errors),
+            "max_active_runs": dag_model.max_active_runs,
+            "active_runs": active_runs,
+        },
+        "condition": tree,
+        "datasets": datasets,
+        "verdict": verdict,
+        "pending_events": [_event(e, uris) for e in events],
+        "deferred_events": [_event(e, uris) for e in deferred],
+        "runs": _last_runs(session, dag_id, runs, uris, found),
+        "audit": {
+            "since": _iso(since),
+            "counts": {k: v for k, v in asdict(report).items() if k != "dag_id"} if report is not None else {},
+            "findings": report.findings() if report is not None else {},
+            "stranded": [
+                {"dataset_uri": g.dataset_uri, "events": g.events, "oldest": _iso(g.oldest), "newest": _iso(g.newest)}
+                for g in found.stranded
+            ],
+        },
+    }
+
+
+def _reasons(dag_model, active_runs, decision, tree, deferred) -> list[dict[str, str]]:
+    """Why the DAG waits, each a stable ``code`` and a message; empty when nothing holds it."""
+    reasons = []
+
+    def add(code: str, message: str) -> None:
+        reasons.append({"code": code, "message": message})
+
+    if dag_model.is_paused:
+        add("paused", "the DAG is paused")
+    if not dag_model.is_active:
+        add("inactive", "the DAG is not active (its file is gone, or it was deleted)")
+    if dag_model.has_import_errors:
+        add("import_errors", "the DAG's file has import errors")
+    if active_runs >= dag_model.max_active_runs:
+        add("max_active_runs", f"{active_runs} runs are queued or running, max_active_runs is {dag_model.max_active_runs}")
+    if decision.get("skipped"):
+        add("skipped", f"the scheduler skips it: {decision['skipped']}")
+    elif decision.get("run") is None:
+        if not decision.get("events"):
+            add("no_events", "no event that its runs have not consumed yet")
+        else:
+            add("condition_not_met", "its dataset condition waits for: " + ", ".join(_missing(tree)))
+    if deferred:
+        add(
+            "deferred",
+            f"{len(deferred)} event(s) dated up to {_iso(max(e.timestamp for e in deferred))}, beyond the database's "
+            "clock plus [dataset_race_fix] max_event_ahead_seconds: they wait until the clock gets there",
+        )
+    return reasons
+
+
+def _beyond_reach(found, events, uris) -> list[dict[str, str]]:
+    """Notes: events no run consumed that the next run does not take either (audit's stranded groups)."""
+    notes = []
+    for group in found.stranded:
+        pending = sum(1 for e in events if uris.get(e.dataset_id) == group.dataset_uri)
+        if group.events > pending:
+            notes.append(
+                {
+                    "code": "beyond_reach",
+                    "message": f"{group.events - pending} event(s) of {group.dataset_uri} between {_iso(group.oldest)} "
+                    f"and {_iso(group.newest)} were consumed by no run and the next run does not take them: "
+                    "'airflow-dataset-race-fix audit --requeue' gives them to the DAG",
+                }
+            )
+    return notes
+
+
+def _last_runs(session: Session, dag_id: str, limit: int, uris: dict[int, str], found) -> list[dict[str, Any]]:
+    """The DAG's last ``limit`` dataset-triggered runs, newest first, with their events and flags."""
+    from airflow.models.dagrun import DagRun
+    from airflow.models.dataset import DatasetEvent, association_table
+    from airflow.utils.types import DagRunType
+
+    rows = session.execute(
+        select(DagRun.id, DagRun.run_id, DagRun.execution_date, DagRun.data_interval_start, DagRun.data_interval_end, DagRun.state)
+        .where(DagRun.dag_id == dag_id, DagRun.run_type == DagRunType.DATASET_TRIGGERED)
+        .order_by(DagRun.execution_date.desc())
+        .limit(limit + 1)  # and the one before the oldest shown: its date tells late events
+    ).all()
+    events_of: dict[int, list] = {row.id: [] for row in rows}
+    if rows:
+        for run_id, event in session.execute(
+            select(association_table.c.dag_run_id, DatasetEvent)
+            .join(DatasetEvent, DatasetEvent.id == association_table.c.event_id)
+            .where(association_table.c.dag_run_id.in_(list(events_of)))
+            .order_by(DatasetEvent.timestamp)
+        ):
+            events_of[run_id].append(event)
+    uris = dict(uris)
+    missing = {e.dataset_id for evs in events_of.values() for e in evs} - uris.keys()
+    if missing:
+        from airflow.models.dataset import DatasetModel
+
+        uris.update(session.execute(select(DatasetModel.id, DatasetModel.uri).where(DatasetModel.id.in_(missing))).all())
+    doubled = {f.event_id for f in found.doubled if f.dag_id == dag_id}
+    out_of_order = {f.run_id for f in found.out_of_order if f.dag_id == dag_id}
+    result = []
+    for index, row in enumerate(rows[:limit]):
+        previous = rows[index + 1].execution_date if index + 1 < len(rows) else None
+        run_events = events_of[row.id]
+        result.append(
+            {
+                "run_id": row.run_id,
+                "logical_date": _iso(row.execution_date),
+                "data_interval": [_iso(row.data_interval_start), _iso(row.data_interval_end)],
+                "state": row.state,
+                "events": [
+                    {
+                        **_event(e, uris),
+                        "late": previous is not None and e.timestamp <= previous,
+                        "doubled": e.id in doubled,
+                    }
+                    for e in run_events
+                ],
+                "empty": not run_events,
+                "out_of_order": row.run_id in out_of_order,
+            }
+        )
+    return result
