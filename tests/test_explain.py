@@ -301,3 +301,24 @@ def test_the_command_exit_codes_text_and_json(world):
         lines = [line for line in result.stderr.splitlines() if line.strip()]
         assert result.returncode == 2 and result.stdout == "", result.stderr[-2000:]
         assert lines[-1].startswith("airflow-dataset-race-fix explain: error: ") and expected in lines[-1], lines
+
+
+def test_the_documented_json_keys_are_the_printed_keys(world):
+    import re
+    from pathlib import Path
+
+    w = world
+    a = w.dataset("a")
+    d = w.consumer("d", [a])
+    p = w.producer("P")
+    w.emit(p, a), p.finish()
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "explain.md").read_text()
+
+    def documented(section: str) -> set[str]:
+        table = doc.split(f"<!-- keys: {section} -->", 1)[1].split("\n\n", 1)[0]
+        return set(re.findall(r"^\| `([a-z_]+)` \|", table, re.M))
+
+    found = _explain(d)
+    found["fix"] = {}  # added by the command
+    assert documented(".") == set(found)
+    assert documented("verdict") == set(found["verdict"])
