@@ -322,3 +322,26 @@ def test_the_documented_json_keys_are_the_printed_keys(world):
     found["fix"] = {}  # added by the command
     assert documented(".") == set(found)
     assert documented("verdict") == set(found["verdict"])
+
+
+def test_without_the_fix_in_this_process_the_verdict_is_the_fixed_schedulers_and_nothing_is_patched(variant):
+    """A webserver without the shim: explain still gives the fixed verdict, and patches nothing."""
+    import airflow.utils.sqlalchemy as airflow_sqlalchemy
+    from airflow.datasets.manager import DatasetManager
+    from airflow.jobs.scheduler_job_runner import SchedulerJobRunner
+
+    if variant == "fixed":
+        pytest.skip("the fixed variant is covered by every other test here")
+    w = World("explain_stock")
+    try:
+        a, b = w.dataset("a"), w.dataset("b")
+        d = w.consumer("d", DatasetAll(a, b))
+        p = w.producer("P")
+        w.emit(p, a), p.finish()
+        before = (dict(vars(SchedulerJobRunner)), dict(vars(DatasetManager)), airflow_sqlalchemy.USE_ROW_LEVEL_LOCKING)
+        verdict = _explain(d)["verdict"]
+        assert [r["code"] for r in verdict["reasons"]] == ["condition_not_met"] and b.uri in verdict["reasons"][0]["message"]
+        assert (dict(vars(SchedulerJobRunner)), dict(vars(DatasetManager)), airflow_sqlalchemy.USE_ROW_LEVEL_LOCKING) == before
+        assert "_decide_dataset_triggered_runs" not in vars(SchedulerJobRunner)
+    finally:
+        w.close()

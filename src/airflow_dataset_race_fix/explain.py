@@ -13,12 +13,12 @@ The verdict comes from the scheduler's code, not from a second copy of its logic
 ``DagModel.dags_needing_dagruns`` picks the loop's DAGs as the scheduler does, the fix's
 sweep (``SchedulerJobRunner._dags_with_unqueued_dataset_events``) adds those whose events
 have no queue row, and ``SchedulerJobRunner._decide_dataset_triggered_runs`` (the read-only
-half of ``_create_dag_runs_dataset_triggered``) decides the run. Those members must be the
-fixed ones in this process (the caller makes sure: see ``commands/explain.py``).
+half of ``_create_dag_runs_dataset_triggered``) decides the run. Those are the fix's own
+functions, bound for explain alone (``_fixed_code``): the verdict is the fixed scheduler's
+whether or not the fix is active in this process, and nothing in the process changes.
 
-Read-only and never in anyone's way: the DAG rows are read without ``FOR UPDATE``
-(``use_row_level_locking`` is off for the call), nothing is written, and the caller's
-transaction is rolled back. A fresh scheduler state is used, so the verdict is that of a
+Read-only and never in anyone's way: the DAG rows are read without ``FOR UPDATE``,
+nothing is written, and the caller's transaction is rolled back. A fresh scheduler state is used, so the verdict is that of a
 loop that reads each DAG's whole look-back window (a scheduler's first loop, or its
 periodic full read): a running scheduler may take a late event one full read later,
 never not at all.
@@ -30,7 +30,6 @@ scheduler's own bounded reads. The JSON form (``SCHEMA``) is documented in ``doc
 
 from __future__ import annotations
 
-import contextlib
 import difflib
 from dataclasses import asdict
 from datetime import datetime, timedelta, timezone
@@ -47,17 +46,71 @@ class ExplainError(ValueError):
     """Bad input: an unknown DAG, or one that is not dataset-scheduled."""
 
 
-@contextlib.contextmanager
-def _no_row_locks():
-    """The scheduler's queries without ``FOR UPDATE``: explain must not take what a scheduler skips."""
-    import airflow.utils.sqlalchemy as airflow_sqlalchemy
+def _fixed_code():
+    """
+    The scheduler code explain runs, bound for it alone: nothing in this process changes.
 
-    previous = airflow_sqlalchemy.USE_ROW_LEVEL_LOCKING
-    airflow_sqlalchemy.USE_ROW_LEVEL_LOCKING = False
-    try:
-        yield
-    finally:
-        airflow_sqlalchemy.USE_ROW_LEVEL_LOCKING = previous
+    Returns ``(runner_class, manager_class, dags_needing_dagruns)``:
+    - a subclass of Airflow's ``SchedulerJobRunner`` with the fix's sweep and decision
+      members (the very functions the shim installs and the patches carry), whether or not
+      the fix is active in this process (a webserver, say);
+    - a subclass of Airflow's ``DatasetManager`` with the fix's database clock, which those
+      members import from ``airflow.datasets.manager`` (a name resolved for them alone);
+    - Airflow's ``DagModel.dags_needing_dagruns``.
+    All three run with ``with_row_locks`` leaving queries as they are: explain takes no
+    row lock, so a scheduler never skips a DAG and a producer never waits because of it.
+    No process-wide switch is flipped, so other threads (a webserver's requests) are not
+    affected.
+    """
+    import builtins
+    import inspect
+    import types
+
+    import airflow.datasets.manager as manager_module
+    from airflow.jobs.scheduler_job_runner import SchedulerJobRunner
+    from airflow.models.dag import DagModel
+
+    from airflow_dataset_race_fix.fix.datasets.manager import DatasetManager as FixedManager
+    from airflow_dataset_race_fix.fix.jobs.scheduler_job_runner import SchedulerJobRunner as FixedRunner
+
+    manager_class = type(
+        "ExplainDatasetManager",
+        (manager_module.DatasetManager,),
+        {name: vars(FixedManager)[name] for name in ("_database_clock", "_database_now")},
+    )
+    manager_view = types.ModuleType(manager_module.__name__)
+    manager_view.__dict__.update(vars(manager_module))
+    manager_view.DatasetManager = manager_class
+
+    def import_for_explain(name, globals=None, locals=None, fromlist=(), level=0):
+        if name == manager_module.__name__ and fromlist and not level:
+            return manager_view
+        return builtins.__import__(name, globals, locals, fromlist, level)
+
+    explain_builtins = {**vars(builtins), "__import__": import_for_explain}
+
+    def no_row_locks(query, session, **kwargs):
+        return query
+
+    def rebound(function):
+        function = inspect.unwrap(function)
+        namespace = {**function.__globals__, "__builtins__": explain_builtins}
+        if "with_row_locks" in namespace:
+            namespace["with_row_locks"] = no_row_locks
+        return types.FunctionType(
+            function.__code__, namespace, function.__name__, function.__defaults__, function.__closure__
+        )
+
+    runner_class = type(
+        "ExplainSchedulerJobRunner",
+        (SchedulerJobRunner,),
+        {
+            name: rebound(vars(FixedRunner)[name])
+            for name in ("_dags_with_unqueued_dataset_events", "_decide_dataset_triggered_runs")
+        },
+    )
+    needing = rebound(vars(DagModel)["dags_needing_dagruns"].__func__)
+    return runner_class, manager_class, lambda session: needing(DagModel, session=session)
 
 
 def _iso(value: datetime | None) -> str | None:
@@ -117,10 +170,7 @@ def _dag_or_error(session: Session, dag_id: str):
 
 def explain(session: Session, dag_id: str, *, runs: int = 10) -> dict[str, Any]:
     """The explanation of ``dag_id`` as a JSON-able dict (``SCHEMA``); ExplainError for bad input."""
-    from airflow.datasets.manager import DatasetManager
     from airflow.jobs.job import Job
-    from airflow.jobs.scheduler_job_runner import SchedulerJobRunner
-    from airflow.models.dag import DagModel
     from airflow.models.dagrun import DagRun
     from airflow.models.dataset import DagScheduleDatasetReference, DatasetDagRunQueue, DatasetEvent, DatasetModel
     from airflow.timetables.simple import DatasetTriggeredTimetable
@@ -131,7 +181,8 @@ def explain(session: Session, dag_id: str, *, runs: int = 10) -> dict[str, Any]:
     from airflow_dataset_race_fix import invariant
 
     dag_model = _dag_or_error(session, dag_id)
-    runner = SchedulerJobRunner(job=Job(), num_runs=1)  # a fresh scheduler state; the Job is never saved
+    runner_class, manager_class, dags_needing_dagruns = _fixed_code()
+    runner = runner_class(job=Job(), num_runs=1)  # a fresh scheduler state; the Job is never saved
     dag = runner.dagbag.get_dag(dag_id, session=session)
     if dag is None:
         raise ExplainError(f"DAG {dag_id!r} has no serialized version yet (not parsed since it was added)")
@@ -141,19 +192,18 @@ def explain(session: Session, dag_id: str, *, runs: int = 10) -> dict[str, Any]:
             "explain answers for DAGs scheduled on datasets"
         )
 
-    with _no_row_locks():
-        query, loop_info = DagModel.dags_needing_dagruns(session)
-        picked = [dm.dag_id for dm in query.all()]
-        queue_ready = dag_id in loop_info
-        by_queue = queue_ready and dag_id in picked
-        swept = runner._dags_with_unqueued_dataset_events(dict(loop_info), session)
-        by_sweep = dag_id in {dm.dag_id for dm in swept}
-        # Decided as the loop decides it; a DAG the loop would not pick is decided as if it
-        # were (its queue dates, if any, and otherwise no date beyond its events').
-        info = dict(loop_info)
-        info.setdefault(dag_id, (_EPOCH, _EPOCH))
-        (decision,), _ = runner._decide_dataset_triggered_runs([dag_model], info, session)
-    now = DatasetManager._database_now(session)
+    query, loop_info = dags_needing_dagruns(session)
+    picked = [dm.dag_id for dm in query.all()]
+    queue_ready = dag_id in loop_info
+    by_queue = queue_ready and dag_id in picked
+    swept = runner._dags_with_unqueued_dataset_events(dict(loop_info), session)
+    by_sweep = dag_id in {dm.dag_id for dm in swept}
+    # Decided as the loop decides it; a DAG the loop would not pick is decided as if it
+    # were (its queue dates, if any, and otherwise no date beyond its events').
+    info = dict(loop_info)
+    info.setdefault(dag_id, (_EPOCH, _EPOCH))
+    (decision,), _ = runner._decide_dataset_triggered_runs([dag_model], info, session)
+    now = manager_class._database_now(session)
 
     dataset_ids = set(
         session.scalars(select(DagScheduleDatasetReference.dataset_id).where(DagScheduleDatasetReference.dag_id == dag_id))

@@ -2,8 +2,9 @@
 ``airflow-dataset-race-fix explain DAG_ID``: why a dataset-triggered DAG runs next, or waits.
 
 The verdict is the fixed scheduler's own code run read-only (``airflow_dataset_race_fix.explain``).
-This command loads the fixed members into this process if the shim did not (nothing outside
-this process changes) and says whether the fix was active here before. It reads the
+The verdict is the fixed
+scheduler's whether or not the fix is active in this process (nothing here is patched for
+it); the output says which. It reads the
 metadata database as ``audit`` does: Airflow imported as a library, the database opened
 read-only (SQLite) or in a read-only transaction (PostgreSQL, MySQL), never written.
 
@@ -47,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     audit_command._prepare_airflow_import(args.db_url)
     with contextlib.redirect_stdout(sys.stderr):  # Airflow may log to stdout; stdout is the result's
         found, seconds = _explain(args)
-    found["fix"] = {"active_in_this_process": found.pop("_fix_was_active"), "seconds": round(seconds, 3)}
+    found["fix"] = {"active_in_this_process": found.pop("_fix_active"), "seconds": round(seconds, 3)}
     if args.json:
         print_result(json.dumps(found, indent=2))
     else:
@@ -55,24 +56,15 @@ def run(args: argparse.Namespace) -> int:
     return 1 if found["audit"]["findings"] else 0
 
 
-def _load_fixed_scheduler() -> bool:
-    """Make the scheduler's members the fixed ones in this process; whether they already were."""
+def fix_active_here() -> bool:
+    """Whether the scheduler module runs the fixed members in this process (shim or source patches)."""
     import importlib
 
     from airflow_dataset_race_fix import runtime
     from airflow_dataset_race_fix.requeue import SCHEDULER_MODULE
 
     importlib.import_module(SCHEDULER_MODULE)
-    active = runtime.module_state(SCHEDULER_MODULE).state in (runtime.PATCHED, runtime.SOURCE_PATCHED)
-    if not active:
-        states = runtime.apply()
-        refused = [s for s in states if s.state not in (runtime.PATCHED, runtime.SOURCE_PATCHED)]
-        if refused:
-            raise UsageError(
-                "cannot run the fixed scheduler's code on this Airflow: "
-                + "; ".join(f"{s.module}: {s.state}{', ' + s.detail if s.detail else ''}" for s in refused)
-            )
-    return active
+    return runtime.module_state(SCHEDULER_MODULE).state in (runtime.PATCHED, runtime.SOURCE_PATCHED)
 
 
 def _explain(args: argparse.Namespace):
@@ -84,7 +76,7 @@ def _explain(args: argparse.Namespace):
     except ImportError as err:
         raise UsageError(f"cannot import Airflow here: {audit_command._first_line(err)}") from None
     audit_command._finish_airflow_library_set_up()
-    was_active = _load_fixed_scheduler()
+    was_active = fix_active_here()
     engine, where = audit_command.open_database(args.db_url, read_only=True)
     started = time.monotonic()
     try:
@@ -96,7 +88,7 @@ def _explain(args: argparse.Namespace):
         raise UsageError(str(err)) from None
     except SQLAlchemyError as err:
         raise UsageError(f"reading {where} failed: {audit_command._first_line(err)}") from None
-    found["_fix_was_active"] = was_active
+    found["_fix_active"] = was_active
     return found, time.monotonic() - started
 
 
@@ -106,8 +98,8 @@ def render(found: dict) -> str:
     lines = [f"DAG {found['dag_id']}  (database clock {found['database_now']})"]
     if not found["fix"]["active_in_this_process"]:
         lines.append(
-            "  the fix is not active in this process: the verdict is the fixed scheduler's (loaded here to "
-            "explain); a stock scheduler decides otherwise"
+            "  the fix is not active in this process: the verdict is the fixed scheduler's (its code, run "
+            "here read-only); a stock scheduler decides otherwise"
         )
     dag = found["dag"]
     lines.append(
