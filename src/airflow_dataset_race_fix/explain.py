@@ -125,6 +125,7 @@ def _event(event, uris: dict[int, str]) -> dict[str, Any]:
         "source_dag_id": event.source_dag_id,
         "source_run_id": event.source_run_id,
         "source_task_id": event.source_task_id,
+        "extra": event.extra or {},
     }
 
 

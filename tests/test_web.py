@@ -1,0 +1,260 @@
+"""
+The web page (Browse > Dataset runs) in a real Airflow webserver, seen through headless Chromium.
+
+The database holds harness states: an AND condition waiting for one dataset (whose URI and
+an event's ``extra`` hold ``<script>``), a late commit that a later run consumed, and a
+DAG whose events are dated ahead. Two users log in through Airflow's login form: an admin,
+and a user whose role may read only the AND DAG. The pages must say what ``explain`` says
+against the same database, the second user must see neither the other DAGs' pages nor
+their JSON, and nothing from the database may run as script. Screenshots are kept in
+``test-artifacts/screenshots/``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+import requests
+from sqlalchemy import select, update
+
+from airflow import settings
+from airflow.datasets import DatasetAll, DatasetAny
+from airflow.models.dataset import DatasetEvent, DatasetModel
+from airflow.utils.session import create_session
+
+from conftest import AIRFLOW_VERSION, BACKEND, SOURCE_MODE
+from webdriver import Browser, chromium_found, free_port
+
+# A webserver and a browser cost about a minute an env: the page is tested where the shim runs
+# on tox's own Python (airflow{2104,2112}-{sqlite,postgres}); the other envs run the same code.
+pytestmark = [
+    pytest.mark.skipif(BACKEND == "mysql", reason="the web page is tested on SQLite and PostgreSQL"),
+    pytest.mark.skipif(SOURCE_MODE or sys.version_info[:2] != (3, 11), reason="tested in the 3.11 shim envs"),
+]
+
+REPO = Path(__file__).resolve().parents[1]
+SCREENSHOTS = REPO / "test-artifacts" / "screenshots" / f"airflow-{AIRFLOW_VERSION}-{BACKEND}"
+XSS_URI_NAME = "<script>window.__xss_uri=1</script>"
+XSS_EXTRA = {"note": "<script>window.__xss_extra=1</script>"}
+PASSWORD = "adrf-web-test-1"
+
+
+def _build_states():
+    """The harness states the pages show; returns the DAG ids by role."""
+    import airflow_dataset_race_fix
+    from airflow_dataset_race_fix.harness.world import DONE, PAUSED, World
+
+    if not SOURCE_MODE:
+        airflow_dataset_race_fix.unapply()
+        airflow_dataset_race_fix.apply(strict=True)
+    w = World("web")
+    try:
+        a, evil = w.dataset("a"), w.dataset(XSS_URI_NAME)
+        b, c = w.dataset("b"), w.dataset("c")
+        waiting = w.consumer("waits_for_both", DatasetAll(a, evil))
+        late = w.consumer("late_commit", DatasetAny(b, c))
+        ahead = w.consumer("dated_ahead", [w.dataset("ahead")])
+        p, q, s = w.producer("P"), w.producer("Q"), w.scheduler()
+        w.emit(p, a), p.finish()
+        with create_session() as session:  # an event whose extra holds a script
+            session.execute(
+                update(DatasetEvent)
+                .where(DatasetEvent.dataset_id == select(DatasetModel.id).where(DatasetModel.uri == a.uri).scalar_subquery())
+                .values(extra=XSS_EXTRA)
+                .execution_options(synchronize_session=False)
+            )
+        if BACKEND == "sqlite":  # the host's clock dates events: a producer whose clock lags
+            w.clock.at(3600), w.emit(q, c), q.finish()
+            w.loop(s), s.finish()
+            w.clock.at(3500), w.emit(p, b), p.finish()  # dated before that run, committed after it
+            w.clock.at(3601), w.loop(s), s.finish()
+            w.clock.at(3600 + 700), w.emit(p, w.dataset("ahead")), p.finish()
+            w.clock.stop()
+        else:  # S3: a producer stopped between its stamp and its COMMIT
+            from airflow.datasets.manager import DatasetManager
+
+            w.emit(q, b), q.finish()
+            w.loop(s), s.finish()
+            w.emit(q, b), q.finish()
+            p.pause_after("update dataset_event")
+            assert w.emit(p, b) == PAUSED
+            w.emit(q, c), q.finish()
+            assert w.loop(s) == DONE
+            s.finish()
+            p.resume(), p.finish()
+            w.loop(s), s.finish()  # consumes the late event
+            clock = {"postgres": "clock_timestamp() + interval '700 seconds'"}[BACKEND]
+            original = DatasetManager._database_clock
+            DatasetManager._database_clock = classmethod(lambda cls, dialect_name: clock)
+            try:
+                w.emit(p, w.dataset("ahead")), p.finish()
+            finally:
+                DatasetManager._database_clock = original
+        return {"waiting": waiting, "late": late, "ahead": ahead}
+    finally:
+        w.close()
+        if not SOURCE_MODE:
+            airflow_dataset_race_fix.unapply()
+
+
+def _airflow(*args: str, env: dict) -> None:
+    done = subprocess.run([sys.executable, "-m", "airflow", *args], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, f"airflow {' '.join(args)}: {done.stdout[-2000:]} {done.stderr[-3000:]}"
+
+
+@pytest.fixture(scope="module")
+def site():
+    if not all(chromium_found()):
+        pytest.fail("Debian's chromium and chromium-driver are needed (.ci/run installs them)")
+    dags = _build_states()
+    home = tempfile.TemporaryDirectory(prefix="adrf-web-")
+    port = free_port()
+    env = {
+        **os.environ,
+        "AIRFLOW_HOME": home.name,
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": settings.SQL_ALCHEMY_CONN,
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__CORE__DAGS_FOLDER": os.path.join(home.name, "dags"),
+        "AIRFLOW__WEBSERVER__SECRET_KEY": "adrf-web-test",
+        "AIRFLOW__WEBSERVER__WORKERS": "1",
+        "AIRFLOW__WEBSERVER__WORKER_CLASS": "gthread",  # Chromium's idle pre-connections would hold a sync worker
+        "AIRFLOW__WEBSERVER__WEB_SERVER_HOST": "127.0.0.1",
+    }
+    env.pop("PYTHONPATH", None)  # no shim in the webserver: the page says the fix is off there
+    _airflow("users", "create", "--role", "Admin", "--username", "admin", "--password", PASSWORD,
+             "--firstname", "A", "--lastname", "Dmin", "--email", "admin@example.com", env=env)
+    _airflow("sync-perm", "--include-dags", env=env)  # the resources (Website, DAG:<id>) roles name
+    _airflow("roles", "create", "OneDag", env=env)
+    _airflow("roles", "add-perms", "OneDag", "-r", "Website", "-a", "can_read", env=env)
+    _airflow("roles", "add-perms", "OneDag", "-r", f"DAG:{dags['waiting']}", "-a", "can_read", env=env)
+    _airflow("users", "create", "--role", "OneDag", "--username", "limited", "--password", PASSWORD,
+             "--firstname", "L", "--lastname", "Imited", "--email", "limited@example.com", env=env)
+    log = open(os.path.join(home.name, "webserver.log"), "w")
+    server = subprocess.Popen([sys.executable, "-m", "airflow", "webserver", "--port", str(port)], env=env,
+                              stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            try:
+                if requests.get(f"{base}/health", timeout=2).status_code == 200:
+                    break
+            except requests.ConnectionError:
+                pass
+            assert server.poll() is None, Path(log.name).read_text()[-4000:]
+            time.sleep(1)
+        else:
+            pytest.fail("the webserver did not start: " + Path(log.name).read_text()[-4000:])
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        yield base, dags
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+        log.close()
+        home.cleanup()
+
+
+def _login(base: str, user: str) -> Browser:
+    browser = Browser()
+    browser.get(f"{base}/login/")
+    browser.type("input[name=username]", user)
+    browser.type("input[name=password]", PASSWORD)
+    browser.click("input[type=submit], button[type=submit]")
+    for _ in range(50):
+        if "/login" not in browser.script("return location.pathname"):
+            return browser
+        time.sleep(0.1)
+    raise AssertionError(f"{user} could not log in: {browser.source()[:2000]}")
+
+
+def _explained(dag_id: str) -> dict:
+    from airflow_dataset_race_fix.explain import explain
+
+    with create_session() as session:
+        try:
+            return explain(session, dag_id)
+        finally:
+            session.rollback()
+
+
+def test_the_pages_say_what_explain_says_and_run_no_script_from_the_database(site):
+    base, dags = site
+    browser = _login(base, "admin")
+    try:
+        browser.get(f"{base}/dataset-race-fix/")
+        rows = {browser._session("GET", f"/element/{row}/attribute/data-dag-id"): row
+                for row in browser.find_all("tr.dag-row")}
+        assert set(dags.values()) <= set(rows), rows
+        for dag_id in dags.values():
+            found = _explained(dag_id)
+            shown = browser._session("GET", f"/element/{rows[dag_id]}/text")
+            assert ("waits" if not found["verdict"]["creates_run"] else "runs") in shown, (dag_id, shown)
+        assert browser.find_all("#fix-off"), "the page says the fix is off in this webserver process"
+        browser.screenshot(SCREENSHOTS / "dags.png")
+        browser.get(f"{base}/dataset-race-fix/?verdict=waits&filter=waits_for")
+        assert [browser._session("GET", f"/element/{r}/attribute/data-dag-id") for r in browser.find_all("tr.dag-row")] == [dags["waiting"]]
+
+        for role, dag_id in dags.items():
+            found = _explained(dag_id)
+            browser.get(f"{base}/dataset-race-fix/dag/{dag_id}")
+            assert browser.text("#dag-id") == dag_id
+            verdict = browser.text("#verdict")
+            assert ("Waits" if not found["verdict"]["creates_run"] else "Runs") in verdict, verdict
+            for reason in found["verdict"]["reasons"]:
+                assert reason["code"] in verdict
+            assert browser.find_all("#timeline svg rect.event"), "the events are drawn"
+            if found["runs"]:
+                assert len(browser.find_all("#timeline svg rect.run")) == len(found["runs"])
+            browser.screenshot(SCREENSHOTS / f"dag-{role}.png")
+            page_json = json.loads(requests.get(f"{base}/dataset-race-fix/dag/{dag_id}/json", cookies=browser.cookies(), timeout=30).text)
+            assert page_json["verdict"] == found["verdict"]
+            assert page_json["pending_events"] == found["pending_events"]
+        waiting = _explained(dags["waiting"])
+        assert "condition_not_met" in [r["code"] for r in waiting["verdict"]["reasons"]]
+        assert any(e["late"] for run in _explained(dags["late"])["runs"] for e in run["events"])
+        assert "deferred" in [r["code"] for r in _explained(dags["ahead"])["verdict"]["reasons"]]
+
+        browser.get(f"{base}/dataset-race-fix/dag/{dags['waiting']}")
+        source = browser.source()
+        assert XSS_URI_NAME not in source and "&lt;script&gt;window.__xss_uri=1&lt;/script&gt;" in source
+        assert "<script>window.__xss_extra" not in source and "__xss_extra" in source
+        assert browser.script("return [window.__xss_uri, window.__xss_extra]") == [None, None]
+        browser.get(f"{base}/dataset-race-fix/")
+        assert browser.script("return [window.__xss_uri, window.__xss_extra]") == [None, None]
+    finally:
+        browser.close()
+
+
+def test_a_user_sees_only_the_dags_they_may_read(site):
+    base, dags = site
+    browser = _login(base, "limited")
+    try:
+        browser.get(f"{base}/dataset-race-fix/")
+        shown = [browser._session("GET", f"/element/{r}/attribute/data-dag-id") for r in browser.find_all("tr.dag-row")]
+        assert shown == [dags["waiting"]]
+        browser.get(f"{base}/dataset-race-fix/dag/{dags['waiting']}")
+        assert browser.text("#dag-id") == dags["waiting"]
+        cookies = browser.cookies()
+        for dag_id in (dags["late"], dags["ahead"]):
+            browser.get(f"{base}/dataset-race-fix/dag/{dag_id}")
+            assert not browser.find_all("#dag-id") and dag_id not in browser.source()
+            answer = requests.get(f"{base}/dataset-race-fix/dag/{dag_id}/json", cookies=cookies, timeout=30)
+            assert answer.status_code == 404 and dag_id not in answer.text
+        answer = requests.get(f"{base}/dataset-race-fix/dag/{dags['waiting']}/json", cookies=cookies, timeout=30)
+        assert answer.status_code == 200 and json.loads(answer.text)["dag_id"] == dags["waiting"]
+        browser.screenshot(SCREENSHOTS / "dags-limited-user.png")
+    finally:
+        browser.close()
+    anonymous = requests.get(f"{base}/dataset-race-fix/dag/{dags['waiting']}/json", timeout=30, allow_redirects=False)
+    assert anonymous.status_code in (302, 401, 403) and '"verdict"' not in anonymous.text  # to the login form
