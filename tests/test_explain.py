@@ -345,3 +345,32 @@ def test_without_the_fix_in_this_process_the_verdict_is_the_fixed_schedulers_and
         assert "_decide_dataset_triggered_runs" not in vars(SchedulerJobRunner)
     finally:
         w.close()
+
+
+def test_a_pending_event_is_no_audit_finding(world):
+    """audit counts an unconsumed event dated before a later run as suspected lost; explain does not when the next run takes it."""
+    w = world
+    a, b = w.dataset("a"), w.dataset("b")
+    d = w.consumer("d", DatasetAny(a, b))
+    p, s = w.producer("P"), w.scheduler()
+    if BACKEND != "sqlite":
+        w.clock.stop()  # the servers' clock dates events; audit's "future" is this host's
+    w.clock.at(1) if BACKEND == "sqlite" else None
+    w.emit(p, a), p.finish()
+    w.clock.at(3) if BACKEND == "sqlite" else None
+    w.emit(p, b), p.finish()
+    w.loop(s), s.finish()  # run at 3
+    if BACKEND == "sqlite":  # this host's clock dates events: a producer whose clock lags
+        w.clock.at(2), w.emit(p, a), p.finish()
+    else:
+        w.emit(p, a), p.finish()
+        with create_session() as session:  # as if it committed late: dated before the run
+            from airflow.models.dataset import DatasetEvent
+
+            newest = session.scalar(select(DatasetEvent.id).order_by(DatasetEvent.id.desc()).limit(1))
+            run_date = max(date for date, _ in _runs(d).values())
+            session.execute(update(DatasetEvent).where(DatasetEvent.id == newest).values(timestamp=run_date - timedelta(seconds=1)))
+    w.clock.stop()
+    found = _explain(d)
+    assert found["verdict"]["creates_run"] and len(found["pending_events"]) == 1
+    assert found["audit"]["counts"]["suspected_lost"] == 1 and found["audit"]["findings"] == {}

@@ -253,7 +253,7 @@ def explain(session: Session, dag_id: str, *, runs: int = 10) -> dict[str, Any]:
     if len(shown) == max(runs, 1):
         lookback = conf.getint("dataset_race_fix", "event_lookback_seconds", fallback=900)
         since = shown[-1] - timedelta(seconds=max(0, lookback))
-    found = invariant.audit(session, [dag_id], since=since, limit=20)
+    found = invariant.audit(session, [dag_id], since=since)
     report = found.report.by_dag().get(dag_id)
     reasons = _reasons(dag_model, active_runs, decision, tree, deferred)
     run = decision.get("run")
@@ -314,13 +314,26 @@ def explain(session: Session, dag_id: str, *, runs: int = 10) -> dict[str, Any]:
         "audit": {
             "since": _iso(since),
             "counts": {k: v for k, v in asdict(report).items() if k != "dag_id"} if report is not None else {},
-            "findings": report.findings() if report is not None else {},
+            "findings": _findings(report, found, {e.id for e in events}),
             "stranded": [
                 {"dataset_uri": g.dataset_uri, "events": g.events, "oldest": _iso(g.oldest), "newest": _iso(g.newest)}
                 for g in found.stranded
             ],
         },
     }
+
+
+def _findings(report, found, pending_ids: set[int]) -> dict[str, int]:
+    """audit's findings for the DAG, but for suspected-lost events that its next run takes (pending)."""
+    if report is None:
+        return {}
+    findings = dict(report.findings())
+    taken = sum(1 for f in found.suspected_lost if f.event_id in pending_ids)
+    if taken:
+        findings["suspected_lost"] -= taken
+        if not findings["suspected_lost"]:
+            del findings["suspected_lost"]
+    return findings
 
 
 def _reasons(dag_model, active_runs, decision, tree, deferred) -> list[dict[str, str]]:
