@@ -245,10 +245,17 @@ def run(spec: dict[str, Any], progress: Callable[[str], None]) -> dict[str, Any]
         progress(f"Redis database {redis_db.url} claimed; {spec['schedulers']} scheduler(s), {spec['workers']} "
                  f"worker(s) x {spec['worker_concurrency']} slots; chaos: {', '.join(spec.get('chaos') or []) or 'none'}")
         env = e2e.process_env(spec, celery_env(spec, redis_db.url))
+        # --stock-schedulers: the first N schedulers of the fixed variant run stock Airflow (an
+        # HA pair half way through a rolling upgrade)
+        stock_env = e2e.process_env({**spec, "variant": "stock"}, celery_env(spec, redis_db.url))
+        stock_schedulers = min(spec.get("stock_schedulers") or 0, spec["schedulers"])
+        if stock_schedulers:
+            progress(f"mixed: scheduler(s) 1-{stock_schedulers} run stock Airflow, the rest and the workers the fix")
         max_restarts = e2e.Supervised.MAX_RESTARTS + 2 * len(spec.get("chaos") or [])
         started = time.monotonic()
         schedulers = [
-            e2e.Scheduler(env, os.path.join(home, f"scheduler{n}.log"), progress, f"scheduler {n}", max_restarts)
+            e2e.Scheduler(stock_env if n <= stock_schedulers else env, os.path.join(home, f"scheduler{n}.log"),
+                          progress, f"scheduler {n}", max_restarts)
             for n in range(1, spec["schedulers"] + 1)
         ]
         processes += schedulers
@@ -270,6 +277,7 @@ def run(spec: dict[str, Any], progress: Callable[[str], None]) -> dict[str, Any]
         result["notes"].append(f"{len(crashes)} process(es) died of the database restart and were restarted")
     result["topology"] = {
         "executor": "CeleryExecutor", "broker": redis_db.url, "schedulers": spec["schedulers"],
+        "stock_schedulers": stock_schedulers,
         "workers": spec["workers"], "worker_concurrency": spec["worker_concurrency"],
         "producers": {dag_id: e2e.layout(spec).tasks(dag_id) for dag_id in e2e.layout(spec).producers},
         "retries": RETRIES, "retry_delay": RETRY_DELAY,

@@ -69,6 +69,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="--executor celery, repeatable: fault injected while the producers run (restart-db restarts the "
         "database SERVER on this machine: every database on it, other users' too)",
     )
+    parser.add_argument(
+        "--stock-schedulers", type=int, default=0, metavar="N",
+        help="--executor celery: in the fixed variant, the first N 'airflow scheduler' processes run stock "
+        "Airflow (a rolling upgrade of HA schedulers: one fixed, one stock); default %(default)s",
+    )
     parser.add_argument("--parallelism", type=int, default=8, help="--e2e: tasks the executor takes per scheduler loop (default %(default)s)")
     parser.add_argument("--timeout", type=float, default=600, help="--e2e: seconds to wait for the drain (default %(default)s)")
     parser.add_argument("--keep-logs", metavar="DIR", help="--e2e: copy the scheduler and task logs of each run here")
@@ -107,6 +112,10 @@ def _main(args: argparse.Namespace) -> int:
         raise ReproduceError("Airflow runs no LocalExecutor on SQLite; use --executor sequential or a server")
     if args.chaos and not (mode == "e2e" and args.executor == "celery"):
         raise ReproduceError("--chaos needs --e2e --executor celery")
+    if args.stock_schedulers and not (mode == "e2e" and args.executor == "celery"):
+        raise ReproduceError("--stock-schedulers needs --e2e --executor celery")
+    if args.stock_schedulers < 0:
+        raise ReproduceError("--stock-schedulers must be 0 or more")
     if mode == "e2e" and args.executor == "celery":
         check_celery(backend, args)
     repeats = args.repeat if mode != "deterministic" else 1
@@ -250,6 +259,7 @@ def _spec(args: argparse.Namespace, mode: str, backend: str, variant: str, index
             worker_concurrency=args.worker_concurrency,
             mapped_multi=args.mapped_multi if args.executor == "celery" else 0,
             chaos=args.chaos,
+            stock_schedulers=args.stock_schedulers if variant == "fixed" else 0,
             keep_logs=os.path.join(args.keep_logs, f"{variant}-{index + 1}") if args.keep_logs else None,
         )
     return spec
