@@ -449,3 +449,23 @@ def test_the_readme_example_shows_the_tables_headings():
     printed = render(invariant.Audit(report=invariant.Report()), "db", None, [], 0.0, None).splitlines()
     headings = next(line for line in printed if line.startswith("DAG "))
     assert headings.split() == next(line for line in example.splitlines() if line.startswith("DAG ")).split()
+
+
+def test_runs_only_a_scheduler_without_the_fix_creates_name_that_scheduler(variant_stock, capsys):
+    """Issue 19 item 4: empty and out-of-order runs name the scheduler job and host that created them."""
+    from airflow.jobs.job import Job
+    from airflow.utils.session import create_session
+
+    outcome = run_scenario(next(s for s in SCENARIOS if s.id == "S6"))  # a stock scheduler: out of order
+    dag_ids = [d.dag_id for d in outcome.report.dags]
+    with create_session() as session:
+        result = invariant.audit(session, dag_ids)
+        jobs = {job.id: job.hostname for job in session.scalars(select(Job).where(Job.id.in_({r.creating_job_id for r in result.out_of_order})))}
+    assert result.out_of_order and all(r.creating_job_id in jobs for r in result.out_of_order)
+    assert {r.creating_host for r in result.out_of_order} == set(jobs.values())
+    creators = invariant.schedulers_without_the_fix(result.out_of_order)
+    assert [job for _, job, _ in creators] == sorted(jobs) and all(host for host, _, _ in creators)
+    capsys.readouterr()
+    code, out = cli.main(["audit", "--dag-id", dag_ids[0]]), capsys.readouterr().out
+    assert code == 1 and "Scheduler jobs that created empty or out-of-order runs" in out
+    assert str(next(iter(jobs))) in out

@@ -173,6 +173,10 @@ class RunFinding:
     run_id: str
     logical_date: datetime
     earlier_run_date: datetime | None = None  # out of order: newest date among earlier-created runs
+    # The scheduler job that created the run, and its host: the fixed scheduler creates no
+    # empty and no out-of-order run, so the one that did ran without the fix then.
+    creating_job_id: int | None = None
+    creating_host: str | None = None
 
 
 @dataclass
@@ -404,6 +408,7 @@ class _Scan:
         for name, keep in self.lists.items():
             setattr(result, name, keep.result())
         _attach_consuming_runs(self.session, result.doubled)
+        _attach_creating_schedulers(self.session, result.empty_runs + result.out_of_order)
         return result
 
     def uri(self, dataset_id: int) -> str:
@@ -564,6 +569,31 @@ def _lingering(session: Session, dag_ids: list[str]) -> dict[str, int]:
         if serialized.dag.timetable.dataset_condition.evaluate(statuses):
             result[dag_model.dag_id] = len(queued[dag_model.dag_id])
     return result
+
+
+def _attach_creating_schedulers(session: Session, runs: list[RunFinding]) -> None:
+    """Each run's ``creating_job_id`` and that job's host (Airflow keeps scheduler jobs in ``job``)."""
+    from airflow.jobs.job import Job
+
+    by_key = {(r.dag_id, r.run_id): r for r in runs}
+    for batch in _batches(sorted(by_key), 500):
+        for dag_id, run_id, job_id, host in session.execute(
+            select(DagRun.dag_id, DagRun.run_id, DagRun.creating_job_id, Job.hostname)
+            .outerjoin(Job, Job.id == DagRun.creating_job_id)
+            .where(DagRun.dag_id.in_({d for d, _ in batch}), DagRun.run_id.in_({r for _, r in batch}))
+        ):
+            if (dag_id, run_id) in by_key:
+                by_key[dag_id, run_id].creating_job_id, by_key[dag_id, run_id].creating_host = job_id, host
+
+
+def schedulers_without_the_fix(runs: list[RunFinding]) -> list[tuple[str, int, int]]:
+    """(host, scheduler job id, runs) per job that created an empty or out-of-order run, most runs first."""
+    counts: dict[tuple[str, int], int] = {}
+    for run in runs:
+        if run.creating_job_id is not None:
+            key = (run.creating_host or "unknown host", run.creating_job_id)
+            counts[key] = counts.get(key, 0) + 1
+    return sorted(((host, job, n) for (host, job), n in counts.items()), key=lambda t: (-t[2], t[0], t[1]))
 
 
 def _attach_consuming_runs(session: Session, events: list[EventFinding]) -> None:

@@ -475,6 +475,16 @@ def render(result, where: str, since, dag_ids: list[str], seconds: float, limit:
         table = tabulate(shown, headers=headers, tablefmt="simple", disable_numparse=True)
         lines += ["", f"{title}: {total}{more}", table]
 
+    from airflow_dataset_race_fix.invariant import schedulers_without_the_fix
+
+    creators = schedulers_without_the_fix(result.empty_runs + result.out_of_order)
+    if creators:
+        lines += [
+            "",
+            "Scheduler jobs that created empty or out-of-order runs (the fixed scheduler creates neither: these "
+            "ran without the fix then; check 'airflow-dataset-race-fix status' where they run):",
+            tabulate(creators, headers=["host", "scheduler job", "runs"], tablefmt="simple", disable_numparse=True),
+        ]
     findings = report.findings()
     summary = ", ".join(f"{n} {name.replace('_', ' ')}" for name, n in findings.items()) or "no findings"
     lines += ["", f"{summary}; scanned in {seconds:.1f}s."]
