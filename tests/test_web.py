@@ -31,6 +31,7 @@ from airflow.models.dataset import DatasetEvent, DatasetModel
 from airflow.utils.session import create_session
 
 from conftest import AIRFLOW_VERSION, BACKEND, SOURCE_MODE
+from test_explain import _explain as _explained
 from webdriver import Browser, chromium_found, free_port
 
 # A webserver and a browser cost about a minute an env: the page is tested where the shim runs
@@ -178,32 +179,21 @@ def _login(base: str, user: str) -> Browser:
     raise AssertionError(f"{user} could not log in: {browser.source()[:2000]}")
 
 
-def _explained(dag_id: str) -> dict:
-    from airflow_dataset_race_fix.explain import explain
-
-    with create_session() as session:
-        try:
-            return explain(session, dag_id)
-        finally:
-            session.rollback()
-
-
 def test_the_pages_say_what_explain_says_and_run_no_script_from_the_database(site):
     base, dags = site
     browser = _login(base, "admin")
     try:
         browser.get(f"{base}/dataset-race-fix/")
-        rows = {browser._session("GET", f"/element/{row}/attribute/data-dag-id"): row
-                for row in browser.find_all("tr.dag-row")}
+        rows = {browser.attribute(row, "data-dag-id"): row for row in browser.find_all("tr.dag-row")}
         assert set(dags.values()) <= set(rows), rows
         for dag_id in dags.values():
             found = _explained(dag_id)
-            shown = browser._session("GET", f"/element/{rows[dag_id]}/text")
+            shown = browser.element_text(rows[dag_id])
             assert ("waits" if not found["verdict"]["creates_run"] else "runs") in shown, (dag_id, shown)
         assert browser.find_all("#fix-off"), "the page says the fix is off in this webserver process"
         browser.screenshot(SCREENSHOTS / "dags.png")
         browser.get(f"{base}/dataset-race-fix/?verdict=waits&filter=waits_for")
-        assert [browser._session("GET", f"/element/{r}/attribute/data-dag-id") for r in browser.find_all("tr.dag-row")] == [dags["waiting"]]
+        assert browser.shown_dag_ids() == [dags["waiting"]]
 
         for role, dag_id in dags.items():
             found = _explained(dag_id)
@@ -241,8 +231,7 @@ def test_a_user_sees_only_the_dags_they_may_read(site):
     browser = _login(base, "limited")
     try:
         browser.get(f"{base}/dataset-race-fix/")
-        shown = [browser._session("GET", f"/element/{r}/attribute/data-dag-id") for r in browser.find_all("tr.dag-row")]
-        assert shown == [dags["waiting"]]
+        assert browser.shown_dag_ids() == [dags["waiting"]]
         browser.get(f"{base}/dataset-race-fix/dag/{dags['waiting']}")
         assert browser.text("#dag-id") == dags["waiting"]
         cookies = browser.cookies()

@@ -82,6 +82,16 @@ class Browser:
     def click(self, css: str) -> None:
         self._session("POST", f"/element/{self.find(css)}/click", {})
 
+    def attribute(self, element: str, name: str) -> str:
+        return self._session("GET", f"/element/{element}/attribute/{name}")
+
+    def element_text(self, element: str) -> str:
+        return self._session("GET", f"/element/{element}/text")
+
+    def shown_dag_ids(self) -> list[str]:
+        """The DAG ids of the list page's rows, in order."""
+        return [self.attribute(row, "data-dag-id") for row in self.find_all("tr.dag-row")]
+
     def text(self, css: str) -> str:
         return self._session("GET", f"/element/{self.find(css)}/text")
 
