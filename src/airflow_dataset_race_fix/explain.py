@@ -169,9 +169,26 @@ def _dag_or_error(session: Session, dag_id: str):
     return dag_model
 
 
-def explain(session: Session, dag_id: str, *, runs: int = 10) -> dict[str, Any]:
+class LoopSelection:
+    """
+    What the next scheduler loop picks, read once: the DAGs ``dags_needing_dagruns`` returns
+    (and its queue-based dataset info), and those the sweep adds. It deserializes every DAG
+    with queue rows, as the scheduler's loop does, so a page that explains many DAGs reads it
+    once (``explain(..., loop=...)``).
+    """
+
+    def __init__(self, session: Session) -> None:
+        from airflow.jobs.job import Job
+
+        self.runner_class, self.manager_class, dags_needing_dagruns = _fixed_code()
+        self.runner = self.runner_class(job=Job(), num_runs=1)  # a fresh scheduler state; the Job is never saved
+        query, self.info = dags_needing_dagruns(session)
+        self.picked = [dm.dag_id for dm in query.all()]
+        self.swept = {dm.dag_id for dm in self.runner._dags_with_unqueued_dataset_events(dict(self.info), session)}
+
+
+def explain(session: Session, dag_id: str, *, runs: int = 10, loop: LoopSelection | None = None) -> dict[str, Any]:
     """The explanation of ``dag_id`` as a JSON-able dict (``SCHEMA``); ExplainError for bad input."""
-    from airflow.jobs.job import Job
     from airflow.models.dagrun import DagRun
     from airflow.models.dataset import DagScheduleDatasetReference, DatasetDagRunQueue, DatasetEvent, DatasetModel
     from airflow.timetables.simple import DatasetTriggeredTimetable
@@ -182,8 +199,8 @@ def explain(session: Session, dag_id: str, *, runs: int = 10) -> dict[str, Any]:
     from airflow_dataset_race_fix import invariant
 
     dag_model = _dag_or_error(session, dag_id)
-    runner_class, manager_class, dags_needing_dagruns = _fixed_code()
-    runner = runner_class(job=Job(), num_runs=1)  # a fresh scheduler state; the Job is never saved
+    loop = loop or LoopSelection(session)
+    runner, manager_class = loop.runner, loop.manager_class
     dag = runner.dagbag.get_dag(dag_id, session=session)
     if dag is None:
         raise ExplainError(f"DAG {dag_id!r} has no serialized version yet (not parsed since it was added)")
@@ -193,15 +210,13 @@ def explain(session: Session, dag_id: str, *, runs: int = 10) -> dict[str, Any]:
             "explain answers for DAGs scheduled on datasets"
         )
 
-    query, loop_info = dags_needing_dagruns(session)
-    picked = [dm.dag_id for dm in query.all()]
-    queue_ready = dag_id in loop_info
+    picked = loop.picked
+    queue_ready = dag_id in loop.info
     by_queue = queue_ready and dag_id in picked
-    swept = runner._dags_with_unqueued_dataset_events(dict(loop_info), session)
-    by_sweep = dag_id in {dm.dag_id for dm in swept}
+    by_sweep = dag_id in loop.swept
     # Decided as the loop decides it; a DAG the loop would not pick is decided as if it
     # were (its queue dates, if any, and otherwise no date beyond its events').
-    info = dict(loop_info)
+    info = dict(loop.info)
     info.setdefault(dag_id, (_EPOCH, _EPOCH))
     (decision,), _ = runner._decide_dataset_triggered_runs([dag_model], info, session)
     now = manager_class._database_now(session)

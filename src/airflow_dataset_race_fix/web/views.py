@@ -77,7 +77,7 @@ class DatasetRunsView(BaseView):
     @has_access_view()
     def dags(self):
         from airflow_dataset_race_fix import invariant
-        from airflow_dataset_race_fix.explain import ExplainError, explain
+        from airflow_dataset_race_fix.explain import ExplainError, LoopSelection, explain
 
         text_filter = request.args.get("filter", "").strip()
         verdict_filter = request.args.get("verdict", "")
@@ -89,9 +89,10 @@ class DatasetRunsView(BaseView):
                 dag_ids = [dag_id for dag_id in dag_ids if text_filter.lower() in dag_id.lower()]
             total = len(dag_ids)
             rows = []
+            loop = LoopSelection(session)  # read once for the page
             for dag_id in dag_ids[(page - 1) * PAGE_SIZE : page * PAGE_SIZE]:
                 try:
-                    rows.append(_summary(explain(session, dag_id, runs=1)))
+                    rows.append(_summary(explain(session, dag_id, runs=1, loop=loop)))
                 except ExplainError as err:
                     rows.append({"dag_id": dag_id, "verdict": "not explained", "reasons": [str(err)], "pending": 0,
                                  "deferred": 0, "findings": {}, "paused": None})
