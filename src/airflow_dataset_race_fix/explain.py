@@ -148,13 +148,14 @@ def condition_tree(condition, with_events: set[str]) -> dict[str, Any]:
     return {**node, "met": met, "children": children}
 
 
-def _missing(tree: dict[str, Any]) -> list[str]:
-    """The dataset URIs whose events would make an unmet condition hold (all of them, for an ANY)."""
-    if tree["met"]:
-        return []
+def _waiting_for(tree: dict[str, Any]) -> str:
+    """What would make an unmet condition hold, e.g. ``s3://a and (s3://b or s3://c)``."""
     if tree["type"] == "dataset":
-        return [tree["uri"]]
-    return sorted({uri for child in tree["children"] for uri in _missing(child)})
+        return tree["uri"]
+    unmet = [_waiting_for(child) for child in tree["children"] if not child["met"]]
+    if tree["type"] == "all":
+        return " and ".join(unmet)
+    return unmet[0] if len(unmet) == 1 else "(" + " or ".join(unmet) + ")"
 
 
 def _dag_or_error(session: Session, dag_id: str):
@@ -372,7 +373,7 @@ def _reasons(dag_model, active_runs, decision, tree, deferred) -> list[dict[str,
         if not decision.get("events"):
             add("no_events", "no event that its runs have not consumed yet")
         else:
-            add("condition_not_met", "its dataset condition waits for: " + ", ".join(_missing(tree)))
+            add("condition_not_met", "its dataset condition waits for: " + _waiting_for(tree))
     if deferred:
         add(
             "deferred",
