@@ -93,7 +93,7 @@ def test_a_test_session_leaves_no_airflow_home_behind(tmp_path):
 
 def _quick_start_script(repo: Path) -> str:
     """The README's quick start as a bash script for a clone at ``repo``: the database migrated
-    before ``status``, and each of ``status`` and ``audit`` followed by its exit code."""
+    before ``status``, and each of ``status``, ``audit`` and ``explain`` followed by its exit code."""
     from test_readme import quick_start_commands
 
     lines = ["set -euo pipefail"]
@@ -104,6 +104,8 @@ def _quick_start_script(repo: Path) -> str:
             lines += ["airflow db migrate >/dev/null", "set +e"]
         if command.endswith((" status", " audit")):
             command += f'; echo "exit of {command.split()[-1]}: $?"'
+        if " explain " in command:  # DAG_ID is the reader's: in this empty database, exit 2 naming it
+            command += '; echo "exit of explain: $?"'
         lines.append(command)
     return "\n".join(lines) + "\n"
 
@@ -150,6 +152,7 @@ def test_quick_start_install_outside_the_repository(tmp_path):
     assert run.returncode == 0, f"{script}\n{output[-4000:]}"
     assert "exit of status: 0" in run.stdout, output[-4000:]
     assert "exit of audit: 0" in run.stdout, output[-4000:]
+    assert "exit of explain: 2" in run.stdout and "no DAG 'DAG_ID' in the metadata database" in output, output[-4000:]
     assert "Traceback" not in output, output[-4000:]
     # time-machine is only the [reproduce] extra's. (Airflow's pendulum 3 requires it on CPython
     # anyway, so it is installed here; what matters is that this package neither requires nor
