@@ -10,7 +10,7 @@ events audit flags (late, doubled) are in the warning colour. Readable at any si
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timezone
 
 from markupsafe import Markup, escape
 
@@ -130,7 +130,7 @@ def render(found: dict) -> Markup:
 
 
 def _label(t: float) -> str:
-    return datetime.utcfromtimestamp(t).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def _short(uri: str, size: int = 34) -> str:
