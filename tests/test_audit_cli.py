@@ -20,6 +20,9 @@ import time
 from pathlib import Path
 
 import pytest
+from matrix import ON_SQLITE_ONLY
+
+pytestmark = ON_SQLITE_ONLY
 
 REPO = Path(__file__).resolve().parents[1]
 ONE_LINE_ERROR = "airflow-dataset-race-fix audit: error: "

@@ -22,6 +22,9 @@ from airflow_dataset_race_fix.source_patches import generator, members
 from airflow_dataset_race_fix.targets import MEMBERS, SUPPORTED_AIRFLOW_VERSIONS
 
 from source_patch_support import release
+from matrix import ON_SQLITE_ONLY
+
+pytestmark = ON_SQLITE_ONLY
 
 GLOBAL_OPS = {"LOAD_GLOBAL", "LOAD_NAME", "STORE_GLOBAL", "DELETE_GLOBAL"}
 

@@ -14,6 +14,10 @@ import pytest
 from airflow_dataset_race_fix import __version__
 from airflow_dataset_race_fix.cli import build_parser
 
+from matrix import ON_SQLITE_ONLY
+
+pytestmark = ON_SQLITE_ONLY
+
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
 # The README and the documents it links to under docs/: their commands are held to the same rule.

@@ -37,6 +37,9 @@ from airflow_dataset_race_fix import BOOTSTRAP_DIR
 from airflow_dataset_race_fix.targets import MEMBERS
 
 from conftest import AIRFLOW_VERSION, BACKEND
+from matrix import ON_SQLITE_ONLY
+
+pytestmark = ON_SQLITE_ONLY
 
 TARGETS = ("airflow.datasets.manager", "airflow.jobs.scheduler_job_runner")
 ALL_PATCHED = {name: "patched" for name in TARGETS}
@@ -519,9 +522,6 @@ def test_install_pth_says_to_remove_it_before_pip_uninstall(fresh_venv):
 
 PLUGIN_OPT_IN = {"AIRFLOW__DATASET_RACE_FIX__ENABLE_VIA_PLUGIN": "True"}
 PLUGIN_NAME = "airflow_dataset_race_fix"
-# The routes' logic is the same on every backend: their children run in the SQLite envs only
-# (three Pythons, both Airflow releases), for CI time.
-ROUTES_ON_SQLITE = pytest.mark.skipif(BACKEND != "sqlite", reason="route logic, backend-independent: SQLite envs only")
 
 # The README's airflow_local_settings.py, recording which targets were imported when Airflow ran it.
 LOCAL_SETTINGS = f"""
@@ -538,7 +538,6 @@ def local_settings_home(tmp_path, body: str = LOCAL_SETTINGS) -> dict[str, str]:
     return {"AIRFLOW_HOME": str(home)}
 
 
-@ROUTES_ON_SQLITE
 def test_airflow_local_settings_turns_the_shim_on_before_any_target_is_imported(tmp_path):
     code = REPORT_CODE + """
 import airflow, airflow_local_settings
@@ -564,7 +563,6 @@ _report(imported_before=imported_before)
     assert [t["status"] for t in status_json(no_import)["targets"]] == ["waiting-for-import"] * 2
 
 
-@ROUTES_ON_SQLITE
 def test_strict_airflow_local_settings_makes_a_refused_target_fail_its_import(tmp_path):
     # Airflow imports airflow_local_settings first (the hooks start), then the user's
     # sitecustomize reports an unsupported release, then the target's import raises.
@@ -577,7 +575,6 @@ def test_strict_airflow_local_settings_makes_a_refused_target_fail_its_import(tm
     assert f"Airflow {UNSUPPORTED_VERSION} is not a supported release" in proc.stderr
 
 
-@ROUTES_ON_SQLITE
 def test_airflow_local_settings_without_the_package_leaves_airflow_working_and_says_so(tmp_path):
     # The package missing (a failed requirements install): the README's file must not stop Airflow.
     code = REPORT_CODE.replace("def _report", "sys.modules['airflow_dataset_race_fix.auto'] = None\ndef _report") + """
@@ -590,7 +587,6 @@ _report()
     assert "airflow-dataset-race-fix: the fix is NOT in place: " in proc.stderr, output(proc)[-3000:]
 
 
-@ROUTES_ON_SQLITE
 def test_status_tells_an_airflow_local_settings_that_does_not_import_the_fix(tmp_path):
     env = child_env(**local_settings_home(tmp_path, "# import airflow_dataset_race_fix.auto\n"))
     status = run_status(env)
@@ -614,7 +610,6 @@ _report(
 """
 
 
-@ROUTES_ON_SQLITE
 @pytest.mark.parametrize("opt_in", [None, "False"], ids=["unset", "False"])
 def test_the_installed_plugin_entry_point_changes_nothing_without_the_opt_in(opt_in):
     extra = {} if opt_in is None else {"AIRFLOW__DATASET_RACE_FIX__ENABLE_VIA_PLUGIN": opt_in}
@@ -626,7 +621,6 @@ def test_the_installed_plugin_entry_point_changes_nothing_without_the_opt_in(opt
     assert count(output(proc), "airflow-dataset-race-fix") == 0
 
 
-@ROUTES_ON_SQLITE
 def test_the_plugin_route_with_the_opt_in_in_airflow_cfg(tmp_path):
     config = tmp_path / "airflow.cfg"
     config.write_text("[dataset_race_fix]\nenable_via_plugin = True\n")
@@ -637,7 +631,6 @@ def test_the_plugin_route_with_the_opt_in_in_airflow_cfg(tmp_path):
     assert count(output(proc), INFO_LINE) == 1 and count(output(proc), "WARNING") == 0
 
 
-@ROUTES_ON_SQLITE
 def test_the_plugin_route_with_the_opt_in_in_the_environment_and_status():
     env = child_env(**PLUGIN_OPT_IN)
     report = result(run_python(LOAD_PLUGINS, env))
@@ -654,7 +647,6 @@ def test_the_plugin_route_with_the_opt_in_in_the_environment_and_status():
     assert off.returncode == 1 and "enable_via_plugin: off" in off.stdout
 
 
-@ROUTES_ON_SQLITE
 def test_an_opt_in_that_is_not_a_boolean_leaves_the_process_stock_and_says_so():
     proc = run_python(LOAD_PLUGINS, child_env(AIRFLOW__DATASET_RACE_FIX__ENABLE_VIA_PLUGIN="yes please"))
     report = result(proc)
@@ -663,7 +655,6 @@ def test_an_opt_in_that_is_not_a_boolean_leaves_the_process_stock_and_says_so():
     assert len(warnings) == 1 and "the plugin route failed (AirflowConfigException" in warnings[0], output(proc)[-3000:]
 
 
-@ROUTES_ON_SQLITE
 def test_the_disable_switch_wins_over_the_plugin_opt_in():
     env = child_env(switches={"AIRFLOW_DATASET_RACE_FIX_DISABLED": "1"}, **PLUGIN_OPT_IN)
     proc = run_python(LOAD_PLUGINS, env)
@@ -672,7 +663,6 @@ def test_the_disable_switch_wins_over_the_plugin_opt_in():
     assert count(output(proc), "airflow-dataset-race-fix") == 0
 
 
-@ROUTES_ON_SQLITE
 @pytest.mark.parametrize("strict", [False, True], ids=["warn", "strict"])
 def test_the_plugin_route_refuses_a_changed_target_all_or_nothing(strict):
     switches = {"AIRFLOW_DATASET_RACE_FIX_STRICT": "1"} if strict else {}
@@ -716,7 +706,6 @@ finally:
 """
 
 
-@ROUTES_ON_SQLITE
 @pytest.mark.parametrize("strict", [False, True], ids=["warn", "strict"])
 def test_plugins_loaded_during_a_targeted_call_leave_the_process_stock(strict):
     switches = {"AIRFLOW_DATASET_RACE_FIX_STRICT": "1"} if strict else {}

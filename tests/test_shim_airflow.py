@@ -57,6 +57,9 @@ from shim_children import (
 from airflow_dataset_race_fix.harness.database import DatabaseUnavailable, ScratchDatabase
 
 from conftest import AIRFLOW_VERSION, BACKEND
+from matrix import MAIN_PYTHON, MAIN_RELEASE, ON_SQLITE_ONLY
+
+pytestmark = ON_SQLITE_ONLY
 
 AIRFLOW = os.path.join(os.path.dirname(PYTHON), "airflow")
 
@@ -70,13 +73,13 @@ PLUGIN_OPT_IN = {"AIRFLOW__DATASET_RACE_FIX__ENABLE_VIA_PLUGIN": "True"}
 # the database's or the Python's: the routes' real-process tests run in the 3.11 SQLite env of
 # each Airflow release, for CI time (about 40 s); the servers, 'tasks run', 'tasks test' and the
 # quiet commands (about 55 s) only in the quick start's env (Airflow 2.10.4), like
-# test_install.py's quick start.
+# test_install.py's quick start. The whole module runs in the SQLite envs only (tests/matrix.py).
 ROUTES_ENV = pytest.mark.skipif(
-    (BACKEND, sys.version_info[:2]) != ("sqlite", (3, 11)),
+    sys.version_info[:2] != MAIN_PYTHON,
     reason="the managed platforms' routes in real Airflow processes: in the 3.11 SQLite envs only, for CI time",
 )
 ROUTES_SERVERS_ENV = pytest.mark.skipif(
-    (BACKEND, sys.version_info[:2], AIRFLOW_VERSION) != ("sqlite", (3, 11), "2.10.4"),
+    (sys.version_info[:2], AIRFLOW_VERSION) != (MAIN_PYTHON, MAIN_RELEASE),
     reason="webserver, triggerer, 'tasks run' and 'tasks test' per route: in the quick start's env only, for CI time",
 )
 

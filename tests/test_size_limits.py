@@ -23,6 +23,10 @@ from airflow.utils.session import create_session
 from airflow_dataset_race_fix import invariant
 from airflow_dataset_race_fix.harness.world import DONE, World
 
+from matrix import ON_MAIN_RELEASE_ONLY
+
+pytestmark = ON_MAIN_RELEASE_ONLY
+
 MANY = 10_000
 
 

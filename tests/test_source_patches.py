@@ -26,6 +26,10 @@ from airflow_dataset_race_fix.targets import MEMBERS, SUPPORTED_AIRFLOW_VERSIONS
 
 from conftest import AIRFLOW_VERSION
 from source_patch_support import PATCHES_DIR, release, site_packages, snapshot
+from matrix import ON_MAIN_RELEASE_ONLY, ON_SQLITE_ONLY
+
+# the nine releases' files, whichever Airflow is installed: once per Python
+pytestmark = [ON_SQLITE_ONLY, ON_MAIN_RELEASE_ONLY]
 
 VERSIONS = SUPPORTED_AIRFLOW_VERSIONS
 PATCH = shutil.which("patch")

@@ -31,15 +31,13 @@ from airflow.models.dataset import DatasetEvent, DatasetModel
 from airflow.utils.session import create_session
 
 from conftest import AIRFLOW_VERSION, BACKEND, SOURCE_MODE
+from matrix import ON_WEB_PAGE_ENVS
 from test_explain import _explain as _explained
 from webdriver import Browser, chromium_found, free_port
 
-# A webserver and a browser cost about a minute an env: the page is tested where the shim runs
-# on tox's own Python (airflow{2104,2112}-{sqlite,postgres}); the other envs run the same code.
-pytestmark = [
-    pytest.mark.skipif(BACKEND == "mysql", reason="the web page is tested on SQLite and PostgreSQL"),
-    pytest.mark.skipif(SOURCE_MODE or sys.version_info[:2] != (3, 11), reason="tested in the 3.11 shim envs"),
-]
+# A webserver and a browser cost about a minute and a half an env: the page is tested once per
+# release and once per server backend (tests/matrix.py); the other envs run the same code.
+pytestmark = ON_WEB_PAGE_ENVS
 
 REPO = Path(__file__).resolve().parents[1]
 SCREENSHOTS = REPO / "test-artifacts" / "screenshots" / f"airflow-{AIRFLOW_VERSION}-{BACKEND}"

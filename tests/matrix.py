@@ -1,0 +1,46 @@
+"""
+Where each test module runs in the tox matrix: one place for what used to be a skip per file.
+
+A test runs in every env whose factors can change its outcome, and in no other, so that CI
+stays well inside its 90 minutes (a full 3.11 env took 14-16 min before this placement):
+
+- the SQL (scenarios, lock discipline, liveness, stamps, audit, explain, faults): every
+  backend, every Airflow release. Nothing here restricts it;
+- the process, the files and the command line (the shim's start-up and import hooks, real
+  Airflow processes started with it, the CLI's argument and signal handling, the bytecode
+  of the fix's globals): the SQLite envs only, of every release and every Python. The
+  backend is only the database those processes happen to talk to; the SQL they send is
+  tested in-process on every backend;
+- what no installed release can change (the source patches of all nine releases, read from
+  files in the repository; statement sizes, set by the database): the 2.10.4 envs only;
+- the web page (a real webserver and Chromium, about a minute and a half): once per
+  release and once per server backend, 2.10.4 on SQLite and 2.11.2 on PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from conftest import AIRFLOW_VERSION, BACKEND, SOURCE_MODE
+
+# tox's own Python: the envs without a pyNN factor
+MAIN_PYTHON = (3, 11)
+# the quick start's release: README's pins and the envs without an airflow2112 factor
+MAIN_RELEASE = "2.10.4"
+
+ON_SQLITE_ONLY = pytest.mark.skipif(
+    BACKEND != "sqlite",
+    reason="backend-independent (processes, files, command line): the SQLite envs run it",
+)
+ON_MAIN_RELEASE_ONLY = pytest.mark.skipif(
+    AIRFLOW_VERSION != MAIN_RELEASE,
+    reason=f"no installed release changes it: the Airflow {MAIN_RELEASE} envs run it",
+)
+# airflow2104-sqlite and airflow2112-postgres: each release's webserver, SQLite and a server
+WEB_PAGE_ENVS = {(MAIN_RELEASE, "sqlite"), ("2.11.2", "postgres")}
+ON_WEB_PAGE_ENVS = pytest.mark.skipif(
+    SOURCE_MODE or sys.version_info[:2] != MAIN_PYTHON or (AIRFLOW_VERSION, BACKEND) not in WEB_PAGE_ENVS,
+    reason="a real webserver and Chromium: airflow2104-sqlite and airflow2112-postgres run it",
+)
