@@ -440,11 +440,30 @@ class SchedulerJobRunner:
                 # What this DAG already consumed. A run is never dated before the events it
                 # consumed, so only its runs from the lowest floor on matter: a small set, which
                 # the databases hash once instead of probing per event.
+                runs_from_floor = (
+                    DagRun.dag_id == dag.dag_id,
+                    DagRun.execution_date >= min(floors.values(), default=full_floor),
+                )
                 consumed = (
                     select(association_table.c.event_id)
                     .join(DagRun, DagRun.id == association_table.c.dag_run_id)
-                    .where(DagRun.dag_id == dag.dag_id, DagRun.execution_date >= min(floors.values(), default=full_floor))
+                    .where(*runs_from_floor)
                 )
+                if session.bind.dialect.name == "postgresql":
+                    # From those runs to their events, one index probe per run: a LATERAL
+                    # join keeps PostgreSQL from hashing the whole association table, which
+                    # it chose when one DAG's consumption filled it (50 000 rows read for
+                    # 2 500 wanted: 10 ms of a 50 ms loop).
+                    from sqlalchemy import true
+
+                    runs = select(DagRun.id).where(*runs_from_floor).subquery()
+                    links = (
+                        select(association_table.c.event_id)
+                        .where(association_table.c.dag_run_id == runs.c.id)
+                        .offset(0)  # not pulled up into a plain join, which it would hash
+                        .lateral()
+                    )
+                    consumed = select(links.c.event_id).select_from(runs.join(links, true()))
 
             dataset_events = []
             for start in range(0, len(dataset_ids), 500):

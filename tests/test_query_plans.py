@@ -1,0 +1,72 @@
+"""
+The plans that the scheduler's cost rests on, read with EXPLAIN on the server, not timed.
+
+A dataset fed tens of events a second leaves thousands of consumed events within
+``commit_latency_seconds`` of the newest one, and each loop checks them against what the
+DAG consumed (the floor, BUG_REPORT section 6). That check must cost what the runs since the
+floor hold, never what the association table holds: PostgreSQL hashed the whole
+``dagrun_dataset_event`` table for it once one DAG's consumption filled the table (10 ms of
+a 50 ms loop at 50 000 rows), until the runs were joined to their events LATERAL.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import event, select
+
+from airflow import settings
+from airflow.models.dataset import DatasetModel
+from airflow.utils.session import create_session
+
+from airflow_dataset_race_fix.harness.world import DONE, World
+from airflow_dataset_race_fix.reproduce.bench import add_history, analyze
+
+from conftest import BACKEND
+from matrix import ON_MAIN_RELEASE_ONLY
+
+pytestmark = [
+    ON_MAIN_RELEASE_ONLY,
+    pytest.mark.skipif(BACKEND != "postgres", reason="PostgreSQL's plan of the consumed-event check"),
+]
+
+CONSUMED = 20_000  # events over the last ten minutes, ten to a run: 2 000 runs
+
+
+@pytest.fixture
+def world(request, variant_fixed):
+    w = World(request.node.name[:20])
+    yield w
+    w.close()
+
+
+def test_the_consumed_event_check_reads_the_runs_since_the_floor_not_the_association_table(world):
+    w = world
+    a = w.dataset("a")
+    dag_id = w.consumer("busy", [a])
+    with create_session() as session:
+        dataset_id = session.scalar(select(DatasetModel.id).where(DatasetModel.uri == a.uri))
+    end = w.clock.base - timedelta(seconds=30)
+    instants = [end - timedelta(minutes=10) * (CONSUMED - i) / CONSUMED for i in range(CONSUMED)]
+    add_history({"single_a": dag_id}, {"a": dataset_id}, instants, 0, watches={"single_a": {"a"}})
+    analyze()
+    producer, scheduler = w.producer("p"), w.scheduler()
+    assert w.emit(producer, a) == DONE
+
+    plans: list[str] = []
+
+    def explain(conn, cursor, statement, parameters, context, executemany):
+        if statement.lstrip().startswith("SELECT dataset_event.id") and "NOT IN" in statement:
+            cursor.execute("EXPLAIN " + statement, parameters)
+            plans.append("\n".join(row[0] for row in cursor.fetchall()))
+
+    event.listen(settings.engine, "before_cursor_execute", explain)
+    try:
+        assert w.loop(scheduler) == DONE
+    finally:
+        event.remove(settings.engine, "before_cursor_execute", explain)
+    assert plans, "the loop sent no consumed-event check"
+    for plan in plans:
+        assert "Seq Scan on dagrun_dataset_event" not in plan, plan
+        assert "on dagrun_dataset_event" in plan and "Index" in plan, plan
