@@ -36,7 +36,7 @@ from shim_children import (
 from airflow_dataset_race_fix import BOOTSTRAP_DIR
 from airflow_dataset_race_fix.targets import MEMBERS
 
-from conftest import AIRFLOW_VERSION, BACKEND
+from conftest import AIRFLOW_VERSION
 from matrix import ON_SQLITE_ONLY
 
 pytestmark = ON_SQLITE_ONLY

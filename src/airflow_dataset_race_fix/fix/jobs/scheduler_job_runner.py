@@ -444,12 +444,13 @@ class SchedulerJobRunner:
                     DagRun.dag_id == dag.dag_id,
                     DagRun.execution_date >= min(floors.values(), default=full_floor),
                 )
-                consumed = (
-                    select(association_table.c.event_id)
-                    .join(DagRun, DagRun.id == association_table.c.dag_run_id)
-                    .where(*runs_from_floor)
-                )
-                if session.bind.dialect.name == "postgresql":
+                if session.bind.dialect.name != "postgresql":
+                    consumed = (
+                        select(association_table.c.event_id)
+                        .join(DagRun, DagRun.id == association_table.c.dag_run_id)
+                        .where(*runs_from_floor)
+                    )
+                else:
                     # From those runs to their events, one index probe per run: a LATERAL
                     # join keeps PostgreSQL from hashing the whole association table, which
                     # it chose when one DAG's consumption filled it (50 000 rows read for
