@@ -1,12 +1,17 @@
 """
 The plans that the scheduler's cost rests on, read with EXPLAIN on the server, not timed.
 
-A dataset fed tens of events a second leaves thousands of consumed events within
+1. The consumed-event check. A dataset fed tens of events a second leaves thousands of consumed events within
 ``commit_latency_seconds`` of the newest one, and each loop checks them against what the
 DAG consumed (the floor, BUG_REPORT section 6). That check must cost what the runs since the
 floor hold, never what the association table holds: PostgreSQL hashed the whole
 ``dagrun_dataset_event`` table for it once one DAG's consumption filled the table (10 ms of
 a 50 ms loop at 50 000 rows), until the runs were joined to their events LATERAL.
+
+2. The queue delete at the end of the loop. Its locking select must run once per statement
+whatever the statistics say: as an ``IN`` subquery, statistics taken on a near-empty queue
+let the planner put it on the inner side of a nested loop, rescanned for every queue row
+(more than 11 minutes for 10 000 rows, in this test suite).
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import pytest
 from sqlalchemy import event, select, text
 
 from airflow import settings
-from airflow.models.dataset import DatasetModel
+from airflow.models.dataset import DatasetDagRunQueue, DatasetModel
 from airflow.utils.session import create_session
 
 from airflow_dataset_race_fix.harness.world import DONE, World
@@ -76,3 +81,59 @@ def test_the_consumed_event_check_reads_the_runs_since_the_floor_not_the_associa
     for plan in plans:
         assert "Seq Scan on dagrun_dataset_event" not in plan, plan
         assert "on dagrun_dataset_event" in plan and "Index" in plan, plan
+
+
+QUEUED = 2_000
+
+
+def test_the_queue_delete_locks_once_and_deletes_by_address_whatever_the_statistics(world):
+    from airflow.jobs.scheduler_job_runner import SchedulerJobRunner
+
+    w = world
+    dag_id = w.consumer("d", [w.dataset("a")])
+    with create_session() as session:
+        session.add_all(DatasetModel(uri=f"race://{w.prefix}/q{i}") for i in range(QUEUED))
+        session.flush()
+        ids = sorted(session.scalars(select(DatasetModel.id).where(DatasetModel.uri.like(f"race://{w.prefix}/q%"))))
+
+    def queue(dataset_ids):
+        with create_session() as session:
+            session.execute(
+                DatasetDagRunQueue.__table__.insert(),
+                [{"dataset_id": i, "target_dag_id": dag_id, "created_at": w.clock.base} for i in dataset_ids],
+            )
+
+    # Statistics from a near-empty queue (autovacuum may take them so), then the queue fills.
+    delete_all = text("DELETE FROM dataset_dag_run_queue")
+    queue(ids[:5])
+    with settings.engine.begin() as conn:
+        conn.execute(text("ANALYZE dataset_dag_run_queue"))
+        conn.execute(delete_all)
+    queue(ids)
+    plans: list[str] = []
+
+    def explain(conn, cursor, statement, parameters, context, executemany):
+        if statement.lstrip().upper().startswith("DELETE FROM DATASET_DAG_RUN_QUEUE") and "LOCKED" in statement.upper():
+            cursor.execute("EXPLAIN " + statement, parameters)
+            plans.append("\n".join(row[0] for row in cursor.fetchall()))
+
+    event.listen(settings.engine, "before_cursor_execute", explain)
+    try:
+        with create_session() as session:
+            # Leave the planner no join but the nested loop, the plan such statistics chose.
+            for setting in ("enable_hashagg", "enable_hashjoin", "enable_mergejoin", "enable_material"):
+                session.execute(text(f"SET LOCAL {setting} = off"))
+            as_read = [(i, dag_id, w.clock.base) for i in ids[::2]]
+            SchedulerJobRunner._delete_dataset_queue_rows_as_read(as_read, session)
+            left = session.scalar(text("SELECT count(*) FROM dataset_dag_run_queue"))
+            session.execute(delete_all)
+    finally:
+        event.remove(settings.engine, "before_cursor_execute", explain)
+    assert left == QUEUED - len(as_read)
+    assert len(plans) == -(-len(as_read) // 500), plans  # one statement per 500 rows
+    for plan in plans:
+        assert "InitPlan" in plan and "LockRows" in plan, plan  # the locking select, run once
+        # By address: a TID scan, or (when the statistics make the queue look small) one
+        # scan of the queue that compares addresses; either way the queue is read once.
+        assert "ctid = ANY ($1)" in plan, plan
+        assert "Nested Loop" not in plan and "SubPlan" not in plan, plan
