@@ -12,16 +12,22 @@ a 50 ms loop at 50 000 rows), until the runs were joined to their events LATERAL
 whatever the statistics say: as an ``IN`` subquery, statistics taken on a near-empty queue
 let the planner put it on the inner side of a nested loop, rescanned for every queue row
 (more than 11 minutes for 10 000 rows, in this test suite).
+
+3. The sweep, under the same statistics: one index probe per (dataset, DAG) reference into
+the queue, the events and the runs, never a scan of them per reference.
 """
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 
 import pytest
-from sqlalchemy import event, select, text
+from sqlalchemy import event, select, text, update
 
 from airflow import settings
+from airflow.models.dag import DAG, DagModel
+from airflow.models.serialized_dag import SerializedDagModel
+from airflow.operators.empty import EmptyOperator
 from airflow.models.dataset import DatasetDagRunQueue, DatasetModel
 from airflow.utils.session import create_session
 
@@ -137,3 +143,62 @@ def test_the_queue_delete_locks_once_and_deletes_by_address_whatever_the_statist
         # scan of the queue that compares addresses; either way the queue is read once.
         assert "ctid = ANY ($1)" in plan, plan
         assert "Nested Loop" not in plan and "SubPlan" not in plan, plan
+
+
+SWEPT = 600  # consumer DAGs of one dataset, half of them without their queue row
+
+
+def test_the_sweep_probes_by_index_whatever_the_statistics(world):
+    w = world
+    a = w.dataset("a")
+    w.consumer("first", [a])
+    producer = w.producer("p")
+    w.clock.at(1)
+    assert w.emit(producer, a) == DONE
+    with settings.engine.begin() as conn:  # statistics of a near-empty queue and reference table
+        for table in ("dataset_dag_run_queue", "dag_schedule_dataset_reference", "dataset_event", "dag_run"):
+            conn.execute(text(f"ANALYZE {table}"))
+    dags = []
+    for i in range(SWEPT):
+        dag = DAG(f"{w.prefix}_c{i:04d}", schedule=[a], start_date=datetime(2024, 1, 1, tzinfo=timezone.utc))
+        EmptyOperator(task_id="consume", dag=dag)
+        dags.append(dag)
+    with create_session() as session:
+        DAG.bulk_write_to_db(dags, session=session)
+        session.add_all(SerializedDagModel(dag) for dag in dags)
+    with create_session() as session:
+        session.execute(
+            update(DagModel)
+            .where(DagModel.dag_id.like(f"{w.prefix}_c%"))
+            .values(is_paused=False)
+            .execution_options(synchronize_session=False)
+        )
+    w.dag_ids += [dag.dag_id for dag in dags]
+    w.clock.at(2)
+    assert w.emit(producer, a) == DONE
+    with settings.engine.begin() as conn:  # half the DAGs lose their row: the sweep's finds
+        conn.execute(
+            text("DELETE FROM dataset_dag_run_queue WHERE target_dag_id LIKE :prefix AND right(target_dag_id, 1) IN ('1', '3', '5', '7', '9')"),
+            {"prefix": f"{w.prefix}_c%"},
+        )
+    plans: list[str] = []
+
+    def explain(conn, cursor, statement, parameters, context, executemany):
+        if "NOT (EXISTS" in statement:
+            cursor.execute("EXPLAIN " + statement, parameters)
+            plans.append("\n".join(row[0] for row in cursor.fetchall()))
+
+    scheduler = w.scheduler()
+    event.listen(settings.engine, "before_cursor_execute", explain)
+    try:
+        with create_session() as session:
+            for setting in ("enable_hashagg", "enable_hashjoin", "enable_mergejoin", "enable_material"):
+                session.execute(text(f"SET LOCAL {setting} = off"))
+            found = scheduler.runner._dags_with_unqueued_dataset_events({}, session)
+            session.rollback()
+    finally:
+        event.remove(settings.engine, "before_cursor_execute", explain)
+    assert len(found) == min(SWEPT // 2, DagModel.NUM_DAGS_PER_DAGRUN_QUERY)
+    assert len(plans) == 1, plans
+    for table in ("dataset_dag_run_queue", "dataset_event", "dag_run"):
+        assert f"Seq Scan on {table}" not in plans[0], plans[0]
