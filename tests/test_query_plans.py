@@ -19,15 +19,13 @@ the queue, the events and the runs, never a scan of them per reference.
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import timedelta
 
 import pytest
-from sqlalchemy import event, select, text, update
+from sqlalchemy import event, select, text
 
 from airflow import settings
-from airflow.models.dag import DAG, DagModel
-from airflow.models.serialized_dag import SerializedDagModel
-from airflow.operators.empty import EmptyOperator
+from airflow.models.dag import DagModel
 from airflow.models.dataset import DatasetDagRunQueue, DatasetModel
 from airflow.utils.session import create_session
 
@@ -158,22 +156,7 @@ def test_the_sweep_probes_by_index_whatever_the_statistics(world):
     with settings.engine.begin() as conn:  # statistics of a near-empty queue and reference table
         for table in ("dataset_dag_run_queue", "dag_schedule_dataset_reference", "dataset_event", "dag_run"):
             conn.execute(text(f"ANALYZE {table}"))
-    dags = []
-    for i in range(SWEPT):
-        dag = DAG(f"{w.prefix}_c{i:04d}", schedule=[a], start_date=datetime(2024, 1, 1, tzinfo=timezone.utc))
-        EmptyOperator(task_id="consume", dag=dag)
-        dags.append(dag)
-    with create_session() as session:
-        DAG.bulk_write_to_db(dags, session=session)
-        session.add_all(SerializedDagModel(dag) for dag in dags)
-    with create_session() as session:
-        session.execute(
-            update(DagModel)
-            .where(DagModel.dag_id.like(f"{w.prefix}_c%"))
-            .values(is_paused=False)
-            .execution_options(synchronize_session=False)
-        )
-    w.dag_ids += [dag.dag_id for dag in dags]
+    w.consumers("c", [a], SWEPT)
     w.clock.at(2)
     assert w.emit(producer, a) == DONE
     with settings.engine.begin() as conn:  # half the DAGs lose their row: the sweep's finds

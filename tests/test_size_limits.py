@@ -8,16 +8,14 @@ the scheduler here on SQLite ("Expression tree is too large").
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import timedelta
 
 from sqlalchemy import func, select, update
 
 from airflow.datasets import DatasetAny
-from airflow.models.dag import DAG, DagModel
+from airflow.models.dag import DagModel
 from airflow.models.dagrun import DagRun
 from airflow.models.dataset import DagScheduleDatasetReference, DatasetDagRunQueue, DatasetEvent, DatasetModel
-from airflow.models.serialized_dag import SerializedDagModel
-from airflow.operators.empty import EmptyOperator
 from airflow.utils.session import create_session
 
 from airflow_dataset_race_fix import invariant
@@ -75,23 +73,7 @@ def test_one_dataset_with_ten_thousand_consuming_dags(variant_fixed):
     w = World("dags10k", step_timeout=LOOP_TIMEOUT)
     try:
         a = w.dataset("a")
-        dags = []
-        for i in range(MANY):
-            dag = DAG(f"{w.prefix}_c{i:05d}", schedule=[a], start_date=datetime(2024, 1, 1, tzinfo=timezone.utc))
-            EmptyOperator(task_id="consume", dag=dag)
-            dags.append(dag)
-        with create_session() as session:
-            DAG.bulk_write_to_db(dags, session=session)
-            session.add_all(SerializedDagModel(dag) for dag in dags)
-        with create_session() as session:
-            session.execute(
-                update(DagModel)
-                .where(DagModel.dag_id.like(f"{w.prefix}_c%"))
-                .values(is_paused=False)
-                .execution_options(synchronize_session=False)
-            )
-        dag_ids = [dag.dag_id for dag in dags]
-        w.dag_ids += dag_ids
+        dag_ids = w.consumers("c", [a], MANY)
         p, s = w.producer("P"), w.scheduler()
         w.clock.at(1)
         assert w.emit(p, a) == DONE  # one producer transaction queues all 10 000 DAGs

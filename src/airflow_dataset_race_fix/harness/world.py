@@ -259,6 +259,33 @@ class World:
         self.dag_ids.append(dag_id)
         return dag_id
 
+    def consumers(self, name: str, schedule, count: int) -> list[str]:
+        """``count`` unpaused consumer DAGs ``{name}{i:05d}`` on ``schedule``, written in bulk."""
+        dags = []
+        for i in range(count):
+            dag = DAG(
+                f"{self.prefix}_{name}{i:05d}",
+                schedule=schedule,
+                start_date=datetime(2024, 1, 1, tzinfo=timezone.utc),
+                catchup=False,
+            )
+            EmptyOperator(task_id="consume", dag=dag)
+            dags.append(dag)
+        dag_ids = [dag.dag_id for dag in dags]
+        with create_session() as session:
+            DAG.bulk_write_to_db(dags, session=session)
+            session.add_all(SerializedDagModel(dag) for dag in dags)
+        with create_session() as session:
+            for start in range(0, count, 500):
+                session.execute(
+                    update(DagModel)
+                    .where(DagModel.dag_id.in_(dag_ids[start : start + 500]))
+                    .values(is_paused=False)
+                    .execution_options(synchronize_session=False)
+                )
+        self.dag_ids += dag_ids
+        return dag_ids
+
     def producer(self, name: str) -> Actor:
         actor = Actor(self, name)
         self.actors.append(actor)
