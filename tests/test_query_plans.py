@@ -19,7 +19,9 @@ the queue, the events and the runs, never a scan of them per reference.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from datetime import timedelta
+from typing import Callable, Iterator
 
 import pytest
 from sqlalchemy import event, select, text
@@ -50,6 +52,30 @@ def world(request, variant_fixed):
     w.close()
 
 
+@contextmanager
+def explained(wanted: Callable[[str], bool]) -> Iterator[list[str]]:
+    """The plans (``EXPLAIN`` text) of the statements ``wanted`` picks, sent while inside."""
+    plans: list[str] = []
+
+    def explain(conn, cursor, statement, parameters, context, executemany):
+        if wanted(statement):
+            cursor.execute("EXPLAIN " + statement, parameters)
+            plans.append("\n".join(row[0] for row in cursor.fetchall()))
+
+    event.listen(settings.engine, "before_cursor_execute", explain)
+    try:
+        yield plans
+    finally:
+        event.remove(settings.engine, "before_cursor_execute", explain)
+
+
+def nested_loops_only(session) -> None:
+    """Leave the planner no join but the nested loop (for this transaction): the plan that
+    statistics taken on a near-empty table choose, made certain."""
+    for setting in ("enable_hashagg", "enable_hashjoin", "enable_mergejoin", "enable_material"):
+        session.execute(text(f"SET LOCAL {setting} = off"))
+
+
 def test_the_consumed_event_check_reads_the_runs_since_the_floor_not_the_association_table(world):
     w = world
     a = w.dataset("a")
@@ -59,28 +85,16 @@ def test_the_consumed_event_check_reads_the_runs_since_the_floor_not_the_associa
     end = w.clock.base - timedelta(seconds=30)
     instants = [end - timedelta(minutes=10) * (CONSUMED - i) / CONSUMED for i in range(CONSUMED)]
     add_history({"single_a": dag_id}, {"a": dataset_id}, instants, 0, watches={"single_a": {"a"}})
-    # Fresh statistics for the tables this plan reads, as autovacuum keeps them; not for the
-    # queue, whose statistics the other tests of this session never had refreshed (a queue
-    # analyzed near empty, then filled with 10 000 rows, slowed the scheduler's DELETE in
-    # test_size_limits from seconds to minutes: an open question of its own).
+    # Fresh statistics for the tables this plan reads, as autovacuum keeps them (the queue's
+    # near-empty statistics are the next test's case).
     with settings.engine.begin() as conn:
         for table in ("dataset_event", "dag_run", "dagrun_dataset_event"):
             conn.execute(text(f"ANALYZE {table}"))
     producer, scheduler = w.producer("p"), w.scheduler()
     assert w.emit(producer, a) == DONE
 
-    plans: list[str] = []
-
-    def explain(conn, cursor, statement, parameters, context, executemany):
-        if statement.lstrip().startswith("SELECT dataset_event.id") and "NOT IN" in statement:
-            cursor.execute("EXPLAIN " + statement, parameters)
-            plans.append("\n".join(row[0] for row in cursor.fetchall()))
-
-    event.listen(settings.engine, "before_cursor_execute", explain)
-    try:
+    with explained(lambda statement: statement.lstrip().startswith("SELECT dataset_event.id") and "NOT IN" in statement) as plans:
         assert w.loop(scheduler) == DONE
-    finally:
-        event.remove(settings.engine, "before_cursor_execute", explain)
     assert plans, "the loop sent no consumed-event check"
     for plan in plans:
         assert "Seq Scan on dagrun_dataset_event" not in plan, plan
@@ -114,25 +128,15 @@ def test_the_queue_delete_locks_once_and_deletes_by_address_whatever_the_statist
         conn.execute(text("ANALYZE dataset_dag_run_queue"))
         conn.execute(delete_all)
     queue(ids)
-    plans: list[str] = []
+    def the_delete(statement: str) -> bool:
+        return statement.lstrip().upper().startswith("DELETE FROM DATASET_DAG_RUN_QUEUE") and "LOCKED" in statement.upper()
 
-    def explain(conn, cursor, statement, parameters, context, executemany):
-        if statement.lstrip().upper().startswith("DELETE FROM DATASET_DAG_RUN_QUEUE") and "LOCKED" in statement.upper():
-            cursor.execute("EXPLAIN " + statement, parameters)
-            plans.append("\n".join(row[0] for row in cursor.fetchall()))
-
-    event.listen(settings.engine, "before_cursor_execute", explain)
-    try:
-        with create_session() as session:
-            # Leave the planner no join but the nested loop, the plan such statistics chose.
-            for setting in ("enable_hashagg", "enable_hashjoin", "enable_mergejoin", "enable_material"):
-                session.execute(text(f"SET LOCAL {setting} = off"))
-            as_read = [(i, dag_id, w.clock.base) for i in ids[::2]]
-            SchedulerJobRunner._delete_dataset_queue_rows_as_read(as_read, session)
-            left = session.scalar(text("SELECT count(*) FROM dataset_dag_run_queue"))
-            session.execute(delete_all)
-    finally:
-        event.remove(settings.engine, "before_cursor_execute", explain)
+    with explained(the_delete) as plans, create_session() as session:
+        nested_loops_only(session)
+        as_read = [(i, dag_id, w.clock.base) for i in ids[::2]]
+        SchedulerJobRunner._delete_dataset_queue_rows_as_read(as_read, session)
+        left = session.scalar(text("SELECT count(*) FROM dataset_dag_run_queue"))
+        session.execute(delete_all)
     assert left == QUEUED - len(as_read)
     assert len(plans) == -(-len(as_read) // 500), plans  # one statement per 500 rows
     for plan in plans:
@@ -164,23 +168,11 @@ def test_the_sweep_probes_by_index_whatever_the_statistics(world):
             text("DELETE FROM dataset_dag_run_queue WHERE target_dag_id LIKE :prefix AND right(target_dag_id, 1) IN ('1', '3', '5', '7', '9')"),
             {"prefix": f"{w.prefix}_c%"},
         )
-    plans: list[str] = []
-
-    def explain(conn, cursor, statement, parameters, context, executemany):
-        if "NOT (EXISTS" in statement:
-            cursor.execute("EXPLAIN " + statement, parameters)
-            plans.append("\n".join(row[0] for row in cursor.fetchall()))
-
     scheduler = w.scheduler()
-    event.listen(settings.engine, "before_cursor_execute", explain)
-    try:
-        with create_session() as session:
-            for setting in ("enable_hashagg", "enable_hashjoin", "enable_mergejoin", "enable_material"):
-                session.execute(text(f"SET LOCAL {setting} = off"))
-            found = scheduler.runner._dags_with_unqueued_dataset_events({}, session)
-            session.rollback()
-    finally:
-        event.remove(settings.engine, "before_cursor_execute", explain)
+    with explained(lambda statement: "NOT (EXISTS" in statement) as plans, create_session() as session:
+        nested_loops_only(session)
+        found = scheduler.runner._dags_with_unqueued_dataset_events({}, session)
+        session.rollback()
     assert len(found) == min(SWEPT // 2, DagModel.NUM_DAGS_PER_DAGRUN_QUERY)
     assert len(plans) == 1, plans
     for table in ("dataset_dag_run_queue", "dataset_event", "dag_run"):

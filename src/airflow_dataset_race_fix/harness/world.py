@@ -243,40 +243,32 @@ class World:
         return Dataset(f"race://{self.prefix}/{name}")
 
     def consumer(self, name: str, schedule, max_active_runs: int = 100_000) -> str:
-        dag_id = f"{self.prefix}_{name}"
+        (dag_id,) = self._write_consumers([self._consumer_dag(name, schedule, max_active_runs)])
+        return dag_id
+
+    def consumers(self, name: str, schedule, count: int) -> list[str]:
+        """``count`` unpaused consumer DAGs ``{name}{i:05d}`` on ``schedule``, written in bulk."""
+        return self._write_consumers([self._consumer_dag(f"{name}{i:05d}", schedule) for i in range(count)])
+
+    def _consumer_dag(self, name: str, schedule, max_active_runs: int = 100_000) -> DAG:
         dag = DAG(
-            dag_id,
+            f"{self.prefix}_{name}",
             schedule=schedule,
             start_date=datetime(2024, 1, 1, tzinfo=timezone.utc),
             max_active_runs=max_active_runs,
             catchup=False,
         )
         EmptyOperator(task_id="consume", dag=dag)
-        with create_session() as session:
-            DAG.bulk_write_to_db([dag], session=session)
-            SerializedDagModel.write_dag(dag, session=session)
-            session.execute(update(DagModel).where(DagModel.dag_id == dag_id).values(is_paused=False))
-        self.dag_ids.append(dag_id)
-        return dag_id
+        return dag
 
-    def consumers(self, name: str, schedule, count: int) -> list[str]:
-        """``count`` unpaused consumer DAGs ``{name}{i:05d}`` on ``schedule``, written in bulk."""
-        dags = []
-        for i in range(count):
-            dag = DAG(
-                f"{self.prefix}_{name}{i:05d}",
-                schedule=schedule,
-                start_date=datetime(2024, 1, 1, tzinfo=timezone.utc),
-                catchup=False,
-            )
-            EmptyOperator(task_id="consume", dag=dag)
-            dags.append(dag)
+    def _write_consumers(self, dags: list[DAG]) -> list[str]:
+        """Write ``dags`` and their serializations, unpaused; they take part in this world's checks."""
         dag_ids = [dag.dag_id for dag in dags]
         with create_session() as session:
             DAG.bulk_write_to_db(dags, session=session)
             session.add_all(SerializedDagModel(dag) for dag in dags)
         with create_session() as session:
-            for start in range(0, count, 500):
+            for start in range(0, len(dag_ids), 500):
                 session.execute(
                     update(DagModel)
                     .where(DagModel.dag_id.in_(dag_ids[start : start + 500]))
