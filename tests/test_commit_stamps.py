@@ -171,6 +171,51 @@ def test_a_commit_paused_after_its_stamp_is_consumed_by_the_next_run(world, monk
 
 
 @servers_only
+def test_each_dag_reads_from_its_own_floor(world, monkeypatch):
+    """
+    The floor is each DAG's own: what *its* latest run consumed. d and e consume ``a``. P's
+    event writes no queue row for d (d is paused when P registers) and commits late, after
+    e's latest run took events stamped two latencies after P's. d's next run must read from
+    its own latest run, not from e's (whose floor lies above P's stamp). Fails when the
+    newest consumed event is looked up in another DAG's latest run.
+    """
+    monkeypatch.setenv(LATENCY, "1")
+    monkeypatch.setenv(FULL_READ, "100000")  # one full read, at the scheduler's first loop
+    w = world
+    a = w.dataset("a")
+    d, e = w.consumer("d", [a]), w.consumer("e", [a])
+    p, q, s = w.producer("P"), w.producer("Q"), w.scheduler()
+    w.clock.stop()  # real time: the server's clock dates everything
+    for _ in range(2):  # first runs, then second runs: a loop that reads their windows in full
+        w.emit(q, a), q.finish()
+        w.loop(s), s.finish()
+    _pause(d, True)
+    w.emit(q, a), q.finish()  # e's queue row exists: P updates it, and locks nothing of d's
+    p.pause_after("update dataset_event")
+    assert w.emit(p, a) == PAUSED
+    time.sleep(2.2)  # twice the commit latency
+    w.emit(q, a), q.finish()  # e's row is P's: left out, still queued by its committed row
+    assert w.loop(s) == DONE  # e's second run; d is paused
+    s.finish()
+    assert p.resume() == DONE
+    p.finish()
+    _pause(d, False)
+    w.emit(q, a), q.finish()
+    w.loop(s), s.finish()
+    first, second, third, late, fourth, fifth = [event_id for event_id, _ in _events(w)]
+    assert [consumed for _, consumed in _runs(d)] == [[first], [second], [third, late, fourth, fifth]]
+    # For e, P's commit took longer than the latency (and Q moved e's queue row on since):
+    # its next full read takes it, as for any commit slower than the latency.
+    assert [consumed for _, consumed in _runs(e)] == [[first], [second], [third, fourth], [fifth]]
+    monkeypatch.setenv(FULL_READ, "0")
+    w.emit(q, a), q.finish()
+    w.loop(s), s.finish()
+    sixth = _events(w)[-1][0]
+    assert [consumed for _, consumed in _runs(e)][-1] == [late, sixth]
+    assert w.report().violations() == {}
+
+
+@servers_only
 def test_a_producer_that_waits_for_a_new_queue_row_stamps_after_the_wait(world):
     """
     The floor's argument needs the stamp taken once the queue rows are locked. A and B

@@ -49,7 +49,8 @@ The fixed member selects events by what the DAG has *consumed*, not by time:
   ``(dataset_id, timestamp)`` index, however busy D is. The old rule, the latest run's
   logical date (or the oldest queue row read) minus ``[dataset_race_fix]
   event_lookback_seconds`` (default 900), stays for a dataset the latest run did not
-  consume (the DAG's first run, a new dataset, a quiet one) and, as the safety net for
+  consume (the DAG's first run, a new dataset, a quiet one, one that only a queue row
+  names) and, as the safety net for
   commits slower than the latency, for every dataset of a DAG once per
   ``[dataset_race_fix] full_read_interval_seconds`` (default 300) in each scheduler
   process. That per-process memory changes only how soon such an event is consumed: a
@@ -320,10 +321,32 @@ class SchedulerJobRunner:
         # Each DAG's datasets (with their URIs, for the condition): those it is scheduled on,
         # and those its queue rows name (an alias that resolved to a dataset before the DAG
         # was parsed again). And each DAG's latest dataset-triggered run and latest run of
-        # any type (for the unique date), for all DAGs in one statement.
+        # any type (for the unique date). One statement each for all DAGs (per 500).
+        from sqlalchemy import literal_column, null
+
+        from airflow.datasets.manager import DatasetManager
+        from airflow.models.dataset import association_table
+        from airflow.utils.sqlalchemy import UtcDateTime
+
+        def latest_run_of(dag_id_column: Any, column: Any) -> Any:
+            """``column`` of the DAG's latest dataset-triggered run, a scalar subquery correlated to ``dag_id_column``'s table."""
+            return (
+                select(column)
+                .where(DagRun.dag_id == dag_id_column, DagRun.run_type == DagRunType.DATASET_TRIGGERED)
+                .order_by(DagRun.execution_date.desc())
+                .limit(1)
+                .correlate(dag_id_column.class_)  # explicit: two levels down it would not be
+                .scalar_subquery()
+            )
+
+        clock = DatasetManager._database_clock(session.bind.dialect.name)
+        # SQLite: this host's clock is the database's (DatasetManager._database_now).
+        database_clock = (literal_column(clock, UtcDateTime) if clock else null()).label("now")
+        database_now: datetime | None = None
         dataset_ids_of: dict[str, set[int]] = defaultdict(set)
         dataset_uris: dict[int, str] = {}
-        latest_runs: dict[str, tuple[Any, ...]] = {}  # run date, interval end, any run's date, run id
+        newest_consumed: dict[tuple[str, int], datetime] = {}
+        latest_runs: dict[str, tuple[Any, ...]] = {}  # run date, interval end, any run's date
         for chunk in chunks:
             for dataset_id, target_dag_id, created_at, stored in session.execute(
                 select(
@@ -335,29 +358,37 @@ class SchedulerJobRunner:
             ):
                 queued_rows[target_dag_id][dataset_id] = created_at
                 stored_as_read[(dataset_id, target_dag_id)] = stored
-            for dag_id, dataset_id, uri in session.execute(
-                select(DagScheduleDatasetReference.dag_id, DatasetModel.id, DatasetModel.uri)
-                .join(DatasetModel, DatasetModel.id == DagScheduleDatasetReference.dataset_id)
-                .where(DagScheduleDatasetReference.dag_id.in_(chunk))
+            # With each (DAG, dataset), the newest event of the dataset that the DAG's latest
+            # run consumed: the floor of what its next run reads (module docstring, "floor").
+            reference = DagScheduleDatasetReference
+            latest_run_id = latest_run_of(reference.dag_id, DagRun.id)
+            newest_consumed_of_reference = (
+                select(func.max(DatasetEvent.timestamp))
+                .join(association_table, association_table.c.event_id == DatasetEvent.id)
+                .where(association_table.c.dag_run_id == latest_run_id, DatasetEvent.dataset_id == reference.dataset_id)
+                .scalar_subquery()
+            )
+            for dag_id, dataset_id, uri, newest in session.execute(
+                select(reference.dag_id, DatasetModel.id, DatasetModel.uri, newest_consumed_of_reference)
+                .join(DatasetModel, DatasetModel.id == reference.dataset_id)
+                .where(reference.dag_id.in_(chunk))
             ):
                 dataset_ids_of[dag_id].add(dataset_id)
                 dataset_uris[dataset_id] = uri
-            latest = (
-                select(DagRun)
-                .where(DagRun.dag_id == DagModel.dag_id, DagRun.run_type == DagRunType.DATASET_TRIGGERED)
-                .order_by(DagRun.execution_date.desc())
-                .limit(1)
-            )
-            for dag_id, *dates in session.execute(
+                if newest is not None:
+                    newest_consumed[(dag_id, dataset_id)] = newest
+            # And the database's clock, read with them (one round trip fewer a loop).
+            for dag_id, *dates, now in session.execute(
                 select(
                     DagModel.dag_id,
-                    latest.with_only_columns(DagRun.execution_date).scalar_subquery(),
-                    latest.with_only_columns(DagRun.data_interval_end).scalar_subquery(),
+                    latest_run_of(DagModel.dag_id, DagRun.execution_date),
+                    latest_run_of(DagModel.dag_id, DagRun.data_interval_end),
                     select(func.max(DagRun.execution_date)).where(DagRun.dag_id == DagModel.dag_id).scalar_subquery(),
-                    latest.with_only_columns(DagRun.id).scalar_subquery(),
+                    database_clock,
                 ).where(DagModel.dag_id.in_(chunk))
             ):
                 latest_runs[dag_id] = tuple(dates)
+                database_now = database_now or now
         for dag_id, queued in queued_rows.items():
             dataset_ids_of[dag_id].update(queued)
         unknown = sorted(set().union(*queued_rows.values()) - dataset_uris.keys())
@@ -367,21 +398,6 @@ class SchedulerJobRunner:
                     select(DatasetModel.id, DatasetModel.uri).where(DatasetModel.id.in_(unknown[start : start + 500]))
                 )
             )
-        # The newest event of each dataset that each DAG's latest run consumed: the floor of
-        # what the DAG's next run reads (see the module docstring, "floor").
-        from airflow.models.dataset import association_table
-
-        latest_run_ids = sorted(dates[3] for dates in latest_runs.values() if dates[3] is not None)
-        newest_consumed: dict[tuple[str, int], datetime] = {}
-        for start in range(0, len(latest_run_ids), 500):
-            for dag_id, dataset_id, newest in session.execute(
-                select(DagRun.dag_id, DatasetEvent.dataset_id, func.max(DatasetEvent.timestamp))
-                .join(association_table, association_table.c.dag_run_id == DagRun.id)
-                .join(DatasetEvent, DatasetEvent.id == association_table.c.event_id)
-                .where(DagRun.id.in_(latest_run_ids[start : start + 500]))
-                .group_by(DagRun.dag_id, DatasetEvent.dataset_id)
-            ):
-                newest_consumed[(dag_id, dataset_id)] = newest
         lookback = timedelta(
             seconds=max(0, conf.getint("dataset_race_fix", "event_lookback_seconds", fallback=900))
         )
@@ -392,9 +408,7 @@ class SchedulerJobRunner:
         full_read_at: dict[str, float] = self.__dict__.setdefault("_dataset_race_fix_full_read_at", {})
         # Nothing dated further ahead of the database's clock dates a run (a stock producer's
         # host clock). The clock is the one events and queue rows are dated on.
-        from airflow.datasets.manager import DatasetManager
-
-        horizon = DatasetManager._database_now(session) + timedelta(
+        horizon = (database_now or DatasetManager._database_now(session)) + timedelta(
             seconds=max(0, conf.getint("dataset_race_fix", "max_event_ahead_seconds", fallback=60))
         )
         consumed_rows: list[tuple[int, str, Any]] = []  # deleted at the end, as read
@@ -418,7 +432,7 @@ class SchedulerJobRunner:
                 continue
 
             queued = queued_rows.get(dag.dag_id, {})
-            latest_run_date, latest_interval_end, latest_any_run_date, _ = latest_runs.get(dag.dag_id, (None,) * 4)
+            latest_run_date, latest_interval_end, latest_any_run_date = latest_runs.get(dag.dag_id, (None,) * 3)
             dataset_ids = sorted(dataset_ids_of[dag.dag_id])
             floors: dict[int, datetime] = {}
             consumed = None
