@@ -192,13 +192,18 @@ def _first_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {str(err).splitlines()[0][:160] if str(err) else ''}"
 
 
-def producer_transaction(dataset, before_commit: Callable[[Any], None] | None = None) -> tuple[float, str | None]:
+def producer_transaction(dataset, before_commit: Callable[[Any], None] | None = None,
+                         visible_after: list[float] | None = None) -> tuple[float, str | None]:
     """
     One producer transaction on a session of its own: register an event on ``dataset``, commit.
 
     Returns its duration and, when it failed (and was rolled back), the error's first line.
     ``before_commit(session)`` is registered once the event is registered, so it runs after
     the fix's own ``before_commit`` hook (queue upsert and stamp), right before the COMMIT.
+    ``visible_after`` gets, once committed (untimed), how long after its timestamp the
+    event was visible: the database's clock read after the COMMIT returned, minus the
+    timestamp (an upper bound). This is what the fixed scheduler's commit_latency_seconds
+    must cover (stamp to COMMIT); stock's is flush to COMMIT, what its look-back window covered.
     """
     from airflow import settings
     from airflow.datasets.manager import dataset_manager
@@ -207,16 +212,29 @@ def producer_transaction(dataset, before_commit: Callable[[Any], None] | None = 
     session = settings.Session.session_factory()
     try:
         started = time.perf_counter()
-        dataset_manager.register_dataset_change(dataset=dataset, session=session)
+        dataset_event = dataset_manager.register_dataset_change(dataset=dataset, session=session)
         if before_commit is not None:
             event.listen(session, "before_commit", before_commit, once=True)
         session.commit()
-        return time.perf_counter() - started, None
+        elapsed = time.perf_counter() - started
+        if visible_after is not None and dataset_event is not None:
+            visible_after.append((_database_clock_now(session) - dataset_event.timestamp).total_seconds())
+        return elapsed, None
     except Exception as err:  # counted by the caller, not hidden
         session.rollback()
         return time.perf_counter() - started, _first_line(err)
     finally:
         session.close()
+
+
+def _database_clock_now(session) -> datetime:
+    """The database's clock (SQLite: this host's, which is its clock), as the fix dates events."""
+    from sqlalchemy import literal_column, select
+
+    from airflow.utils.sqlalchemy import UtcDateTime
+
+    clock = {"postgresql": "clock_timestamp()", "mysql": "NOW(6)"}.get(session.bind.dialect.name)
+    return session.scalar(select(literal_column(clock, UtcDateTime))) if clock else datetime.now(timezone.utc)
 
 
 def scheduler_pass(runner, session) -> str | None:
@@ -446,6 +464,7 @@ class _BusyDatasetResult:
         self.round_medians: list[float | None] = []  # per round, for the paired ratio
         self.full_reads: list[float] = []  # passes in which the fixed scheduler read a DAG's full window
         self.latencies: list[float] = []  # committed producer transactions
+        self.visible_after: list[float] = []  # their events: seconds from timestamp to visible
         self.errors: list[str] = []  # appended to by several threads (a list append is atomic)
         self.lost = self.unconsumed = self.doubled = 0  # from the invariant checker, after the drain
 
@@ -487,7 +506,7 @@ def _busy_dataset_round(runner, busy, other, dag_ids: list[str], rate: int, prod
             if stop.wait(max(0.0, next_at - time.monotonic())):
                 break
             next_at = max(next_at + interval, time.monotonic())  # behind schedule: no catch-up burst
-            elapsed, error = producer_transaction(busy)
+            elapsed, error = producer_transaction(busy, visible_after=result.visible_after)
             if error:
                 result.errors.append(f"producer: {error}")
             else:
@@ -526,6 +545,8 @@ def _busy_dataset_rows(rate: int, seconds: float, results: dict[str, _BusyDatase
         "steady_passes": {v: len(r.loops) for v, r in results.items()},
         "full_reads": len(fixed.full_reads) if full_reads_known else None,
         "full_read_ms": statistics.median(fixed.full_reads) * 1000 if fixed.full_reads else None,
+        "visible_after_ms": {v: {"p50": statistics.median(r.visible_after) * 1000, "p99": _p99(r.visible_after) * 1000,
+                                 "max": max(r.visible_after) * 1000} for v, r in results.items() if r.visible_after},
     }
     rows = [
         {**_ratio_row(f"{label}: scheduler loop, median", statistics.median(stock.loops),
@@ -538,6 +559,9 @@ def _busy_dataset_rows(rate: int, seconds: float, results: dict[str, _BusyDatase
         _ratio_row(f"{label}: producer transaction, p99", _p99(stock.latencies), _p99(fixed.latencies),
                    len(stock.latencies)),
     ]
+    if stock.visible_after and fixed.visible_after:  # stock: flush to visible; fixed: stamp to visible
+        rows.append(_ratio_row(f"{label}: event timestamp to visible, max", max(stock.visible_after),
+                               max(fixed.visible_after), len(stock.visible_after)))
     for row in rows:
         _log(f"  {row['case']}: {_ms(row)}")
     return rows
@@ -1245,6 +1269,10 @@ def _busy_dataset_targets(row: dict[str, Any], by_case: dict[str, dict[str, Any]
         f"transactions {_per_variant(summary['failed'])}; target (fixed) 0, 0 and 0: {_met(clean)}",
         f"{label}: events committed {_per_variant(summary['committed'])} ({_per_variant(rates)}); steady "
         f"passes {_per_variant(summary['steady_passes'])}; {full}, left out with each round's first pass",
+        *([f"{label}: event timestamp to visible after COMMIT (stock: from its flush; fixed: from its stamp, what "
+           f"commit_latency_seconds covers), ms p50/p99/max: "
+           + "; ".join(f"{v} {a['p50']:.1f}/{a['p99']:.1f}/{a['max']:.1f}" for v, a in summary["visible_after_ms"].items())]
+          if summary.get("visible_after_ms") else []),
     ]
 
 

@@ -120,7 +120,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Collection
+from typing import TYPE_CHECKING, Any, Callable, Collection
 
 from sqlalchemy import and_, delete, func, or_, select
 
@@ -305,7 +305,21 @@ class SchedulerJobRunner:
         ``_create_dag_runs_dataset_triggered`` so that ``airflow-dataset-race-fix explain``
         gives the verdict of this very code, read-only.
         """
-        from sqlalchemy import Text, cast
+        from sqlalchemy import Text, bindparam, cast
+
+        from airflow.datasets.manager import DatasetManager
+
+        dialect = session.bind.dialect.name
+        clock = DatasetManager._database_clock(dialect)
+        # The statements are built once per scheduler process (and shape), their values bound
+        # at each execution: SQLAlchemy then neither builds nor keys them again, which was a
+        # large share of a loop's cost (BUG_REPORT section 7).
+        statements: dict[tuple[Any, ...], Any] = self.__dict__.setdefault("_dataset_race_fix_statements", {})
+
+        def reused(key: tuple[Any, ...], build: Callable[[], Any]) -> Any:
+            if key not in statements:
+                statements[key] = build()
+            return statements[key]
 
         dag_ids = sorted(dm.dag_id for dm in dag_models)
         chunks = [dag_ids[start : start + 500] for start in range(0, len(dag_ids), 500)]
@@ -313,82 +327,90 @@ class SchedulerJobRunner:
         # as read (on SQLite, as the stored text, whatever format wrote it).
         queued_rows: dict[str, dict[int, datetime]] = defaultdict(dict)
         stored_as_read: dict[tuple[int, str], Any] = {}
-        as_stored = (
-            cast(DatasetDagRunQueue.created_at, Text)
-            if session.bind.dialect.name == "sqlite"
-            else DatasetDagRunQueue.created_at
-        ).label("stored")
+        queue_rows_of_dags = reused(
+            ("queue rows", dialect),
+            lambda: select(
+                DatasetDagRunQueue.dataset_id,
+                DatasetDagRunQueue.target_dag_id,
+                DatasetDagRunQueue.created_at,
+                (cast(DatasetDagRunQueue.created_at, Text) if dialect == "sqlite" else DatasetDagRunQueue.created_at).label(
+                    "stored"
+                ),
+            ).where(DatasetDagRunQueue.target_dag_id.in_(bindparam("dag_ids", expanding=True))),
+        )
         # Each DAG's datasets (with their URIs, for the condition): those it is scheduled on,
         # and those its queue rows name (an alias that resolved to a dataset before the DAG
         # was parsed again). And each DAG's latest dataset-triggered run and latest run of
-        # any type (for the unique date). One statement each for all DAGs (per 500).
-        from sqlalchemy import literal_column, null
+        # any type (for the unique date). Two statements for all DAGs (per 500).
 
-        from airflow.datasets.manager import DatasetManager
-        from airflow.models.dataset import association_table
-        from airflow.utils.sqlalchemy import UtcDateTime
+        def runs_and_datasets() -> Any:
+            """
+            Per DAG of ``dag_ids``, one row per dataset it is scheduled on (or one row without):
+            its latest dataset-triggered run's date and interval end, its latest run's date (any
+            type) and the database's clock; with each dataset, its id and URI, and the newest
+            event of it that the latest run consumed (the floor, module docstring).
+            """
+            from sqlalchemy import literal_column, null
 
-        def latest_run_of(dag_id_column: Any, column: Any) -> Any:
-            """``column`` of the DAG's latest dataset-triggered run, a scalar subquery correlated to ``dag_id_column``'s table."""
-            return (
-                select(column)
-                .where(DagRun.dag_id == dag_id_column, DagRun.run_type == DagRunType.DATASET_TRIGGERED)
-                .order_by(DagRun.execution_date.desc())
-                .limit(1)
-                .correlate(dag_id_column.class_)  # explicit: two levels down it would not be
+            from airflow.models.dataset import association_table
+            from airflow.utils.sqlalchemy import UtcDateTime
+
+            def latest_run_of(column: Any) -> Any:
+                return (
+                    select(column)
+                    .where(DagRun.dag_id == DagModel.dag_id, DagRun.run_type == DagRunType.DATASET_TRIGGERED)
+                    .order_by(DagRun.execution_date.desc())
+                    .limit(1)
+                    .correlate(DagModel)  # explicit: from two levels down it would not be
+                    .scalar_subquery()
+                )
+
+            reference = DagScheduleDatasetReference
+            newest_consumed_by_latest_run = (
+                select(func.max(DatasetEvent.timestamp))
+                .join(association_table, association_table.c.event_id == DatasetEvent.id)
+                .where(
+                    association_table.c.dag_run_id == latest_run_of(DagRun.id),
+                    DatasetEvent.dataset_id == reference.dataset_id,
+                )
                 .scalar_subquery()
             )
+            return (
+                select(
+                    DagModel.dag_id,
+                    latest_run_of(DagRun.execution_date),
+                    latest_run_of(DagRun.data_interval_end),
+                    select(func.max(DagRun.execution_date)).where(DagRun.dag_id == DagModel.dag_id).scalar_subquery(),
+                    literal_column(clock, UtcDateTime) if clock else null(),  # SQLite: this host's clock
+                    DatasetModel.id,
+                    DatasetModel.uri,
+                    newest_consumed_by_latest_run,
+                )
+                .outerjoin(reference, reference.dag_id == DagModel.dag_id)
+                .outerjoin(DatasetModel, DatasetModel.id == reference.dataset_id)
+                .where(DagModel.dag_id.in_(bindparam("dag_ids", expanding=True)))
+            )
 
-        clock = DatasetManager._database_clock(session.bind.dialect.name)
-        # SQLite: this host's clock is the database's (DatasetManager._database_now).
-        database_clock = (literal_column(clock, UtcDateTime) if clock else null()).label("now")
+        runs_and_datasets_of_dags = reused(("runs and datasets", dialect, clock), runs_and_datasets)
         database_now: datetime | None = None
         dataset_ids_of: dict[str, set[int]] = defaultdict(set)
         dataset_uris: dict[int, str] = {}
         newest_consumed: dict[tuple[str, int], datetime] = {}
         latest_runs: dict[str, tuple[Any, ...]] = {}  # run date, interval end, any run's date
         for chunk in chunks:
-            for dataset_id, target_dag_id, created_at, stored in session.execute(
-                select(
-                    DatasetDagRunQueue.dataset_id,
-                    DatasetDagRunQueue.target_dag_id,
-                    DatasetDagRunQueue.created_at,
-                    as_stored,
-                ).where(DatasetDagRunQueue.target_dag_id.in_(chunk))
-            ):
+            for dataset_id, target_dag_id, created_at, stored in session.execute(queue_rows_of_dags, {"dag_ids": chunk}):
                 queued_rows[target_dag_id][dataset_id] = created_at
                 stored_as_read[(dataset_id, target_dag_id)] = stored
-            # With each (DAG, dataset), the newest event of the dataset that the DAG's latest
-            # run consumed: the floor of what its next run reads (module docstring, "floor").
-            reference = DagScheduleDatasetReference
-            latest_run_id = latest_run_of(reference.dag_id, DagRun.id)
-            newest_consumed_of_reference = (
-                select(func.max(DatasetEvent.timestamp))
-                .join(association_table, association_table.c.event_id == DatasetEvent.id)
-                .where(association_table.c.dag_run_id == latest_run_id, DatasetEvent.dataset_id == reference.dataset_id)
-                .scalar_subquery()
-            )
-            for dag_id, dataset_id, uri, newest in session.execute(
-                select(reference.dag_id, DatasetModel.id, DatasetModel.uri, newest_consumed_of_reference)
-                .join(DatasetModel, DatasetModel.id == reference.dataset_id)
-                .where(reference.dag_id.in_(chunk))
-            ):
-                dataset_ids_of[dag_id].add(dataset_id)
-                dataset_uris[dataset_id] = uri
-                if newest is not None:
-                    newest_consumed[(dag_id, dataset_id)] = newest
-            # And the database's clock, read with them (one round trip fewer a loop).
-            for dag_id, *dates, now in session.execute(
-                select(
-                    DagModel.dag_id,
-                    latest_run_of(DagModel.dag_id, DagRun.execution_date),
-                    latest_run_of(DagModel.dag_id, DagRun.data_interval_end),
-                    select(func.max(DagRun.execution_date)).where(DagRun.dag_id == DagModel.dag_id).scalar_subquery(),
-                    database_clock,
-                ).where(DagModel.dag_id.in_(chunk))
+            for dag_id, *dates, now, dataset_id, uri, newest in session.execute(
+                runs_and_datasets_of_dags, {"dag_ids": chunk}
             ):
                 latest_runs[dag_id] = tuple(dates)
                 database_now = database_now or now
+                if dataset_id is not None:
+                    dataset_ids_of[dag_id].add(dataset_id)
+                    dataset_uris[dataset_id] = uri
+                if newest is not None:
+                    newest_consumed[(dag_id, dataset_id)] = newest
         for dag_id, queued in queued_rows.items():
             dataset_ids_of[dag_id].update(queued)
         unknown = sorted(set().union(*queued_rows.values()) - dataset_uris.keys())
@@ -411,6 +433,59 @@ class SchedulerJobRunner:
         horizon = (database_now or DatasetManager._database_now(session)) + timedelta(
             seconds=max(0, conf.getint("dataset_race_fix", "max_event_ahead_seconds", fallback=60))
         )
+        def events_not_consumed(groups: int) -> Any:
+            """
+            Events of datasets ``ids_<i>`` dated from ``floor_<i>`` on, for ``i < groups``, that no
+            run of ``dag_id`` dated from ``runs_floor`` on consumed. ``groups`` 0: every event of
+            ``ids_0`` (a DAG's first run).
+            """
+            from sqlalchemy import true
+
+            from airflow.models.dataset import association_table
+
+            if not groups:
+                return select(DatasetEvent).where(DatasetEvent.dataset_id.in_(bindparam("ids_0", expanding=True)))
+            # What this DAG already consumed. A run is never dated before the events it
+            # consumed, so only its runs from the lowest floor on matter: a small set, which
+            # the databases hash once instead of probing per event.
+            runs_from_floor = (DagRun.dag_id == bindparam("dag_id"), DagRun.execution_date >= bindparam("runs_floor"))
+            if dialect != "postgresql":
+                consumed = (
+                    select(association_table.c.event_id)
+                    .join(DagRun, DagRun.id == association_table.c.dag_run_id)
+                    .where(*runs_from_floor)
+                )
+            else:
+                # From those runs to their events, one index probe per run: a LATERAL
+                # join keeps PostgreSQL from hashing the whole association table, which
+                # it chose when one DAG's consumption filled it (50 000 rows read for
+                # 2 500 wanted: 10 ms of a 50 ms loop).
+                runs = select(DagRun.id).where(*runs_from_floor).subquery()
+                links = (
+                    select(association_table.c.event_id)
+                    .where(association_table.c.dag_run_id == runs.c.id)
+                    .offset(0)  # not pulled up into a plain join, which it would hash
+                    .lateral()
+                )
+                consumed = select(links.c.event_id).select_from(runs.join(links, true()))
+            chosen = select(DatasetEvent).where(
+                or_(
+                    *(
+                        and_(
+                            DatasetEvent.dataset_id.in_(bindparam(f"ids_{i}", expanding=True)),
+                            DatasetEvent.timestamp >= bindparam(f"floor_{i}"),
+                        )
+                        for i in range(groups)
+                    )
+                ),
+                DatasetEvent.id.not_in(consumed),
+            )
+            if dialect == "mysql":
+                # InnoDB's secondary indexes carry the primary key: the consumed-event check
+                # then runs on (dataset_id, timestamp, id) alone, and only kept rows are read.
+                chosen = select(DatasetEvent).where(DatasetEvent.id.in_(chosen.with_only_columns(DatasetEvent.id)))
+            return chosen
+
         consumed_rows: list[tuple[int, str, Any]] = []  # deleted at the end, as read
         decisions: list[dict[str, Any]] = []
 
@@ -435,7 +510,6 @@ class SchedulerJobRunner:
             latest_run_date, latest_interval_end, latest_any_run_date = latest_runs.get(dag.dag_id, (None,) * 3)
             dataset_ids = sorted(dataset_ids_of[dag.dag_id])
             floors: dict[int, datetime] = {}
-            consumed = None
             full_read = True
             if latest_run_date:  # else no run of this DAG has consumed anything yet
                 # The floor per dataset: the newest event of it that the latest run consumed,
@@ -453,58 +527,23 @@ class SchedulerJobRunner:
                     else:
                         floors[dataset_id] = min([newest, *([queued[dataset_id]] if dataset_id in queued else [])])
                         floors[dataset_id] = max(floors[dataset_id] - commit_latency, full_floor)
-                # What this DAG already consumed. A run is never dated before the events it
-                # consumed, so only its runs from the lowest floor on matter: a small set, which
-                # the databases hash once instead of probing per event.
-                runs_from_floor = (
-                    DagRun.dag_id == dag.dag_id,
-                    DagRun.execution_date >= min(floors.values(), default=full_floor),
-                )
-                if session.bind.dialect.name != "postgresql":
-                    consumed = (
-                        select(association_table.c.event_id)
-                        .join(DagRun, DagRun.id == association_table.c.dag_run_id)
-                        .where(*runs_from_floor)
-                    )
-                else:
-                    # From those runs to their events, one index probe per run: a LATERAL
-                    # join keeps PostgreSQL from hashing the whole association table, which
-                    # it chose when one DAG's consumption filled it (50 000 rows read for
-                    # 2 500 wanted: 10 ms of a 50 ms loop).
-                    from sqlalchemy import true
-
-                    runs = select(DagRun.id).where(*runs_from_floor).subquery()
-                    links = (
-                        select(association_table.c.event_id)
-                        .where(association_table.c.dag_run_id == runs.c.id)
-                        .offset(0)  # not pulled up into a plain join, which it would hash
-                        .lateral()
-                    )
-                    consumed = select(links.c.event_id).select_from(runs.join(links, true()))
+                runs_floor = min(floors.values(), default=full_floor)
 
             dataset_events = []
             for start in range(0, len(dataset_ids), 500):
                 chunk = dataset_ids[start : start + 500]
-                if consumed is None:
-                    chosen = select(DatasetEvent).where(DatasetEvent.dataset_id.in_(chunk))
+                if not latest_run_date:
+                    chosen, params = reused(("events", dialect, 0), lambda: events_not_consumed(0)), {"ids_0": chunk}
                 else:
                     by_floor: dict[datetime, list[int]] = defaultdict(list)
                     for dataset_id in chunk:
                         by_floor[floors[dataset_id]].append(dataset_id)
-                    chosen = select(DatasetEvent).where(
-                        or_(
-                            *(
-                                and_(DatasetEvent.dataset_id.in_(ids), DatasetEvent.timestamp >= floor)
-                                for floor, ids in sorted(by_floor.items())
-                            )
-                        ),
-                        DatasetEvent.id.not_in(consumed),
-                    )
-                if consumed is not None and session.bind.dialect.name == "mysql":
-                    # InnoDB's secondary indexes carry the primary key: the consumed-event check
-                    # then runs on (dataset_id, timestamp, id) alone, and only kept rows are read.
-                    chosen = select(DatasetEvent).where(DatasetEvent.id.in_(chosen.with_only_columns(DatasetEvent.id)))
-                dataset_events += session.scalars(chosen)
+                    groups = len(by_floor)
+                    chosen = reused(("events", dialect, groups), lambda: events_not_consumed(groups))
+                    params = {"dag_id": dag.dag_id, "runs_floor": runs_floor}
+                    for i, (floor, ids) in enumerate(sorted(by_floor.items())):
+                        params.update({f"ids_{i}": ids, f"floor_{i}": floor})
+                dataset_events += session.scalars(chosen, params)
 
             # Events dated beyond the horizon wait: a run is never dated before its events.
             ahead = [event for event in dataset_events if event.timestamp > horizon]
