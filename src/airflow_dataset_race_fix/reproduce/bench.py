@@ -390,7 +390,7 @@ def bench_busy_dataset(variants: Variants, rates: tuple[int, ...], rounds: int, 
     analyze()
     _log(f"  history: {history} consumed events per variant ({time.monotonic() - started:.0f} s to load)")
     quiet_other_dags([name for *_, names in copies.values() for name in names])
-    commit_latency = conf.getint("dataset_race_fix", "commit_latency_seconds", fallback=30)
+    commit_latency = conf.getint("dataset_race_fix", "commit_latency_seconds", fallback=10)
     saved, DagModel.NUM_DAGS_PER_DAGRUN_QUERY = DagModel.NUM_DAGS_PER_DAGRUN_QUERY, BUSY_OTHER_DAGS + 1
     rows = []
     try:

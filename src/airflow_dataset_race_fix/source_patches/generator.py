@@ -114,7 +114,7 @@ PATCHES = (
 
         Select the events of the DAG's datasets that no run of the DAG consumed yet,
         above a floor per dataset: the newest event of it the latest run consumed (or its
-        queue row, if older) minus [dataset_race_fix] commit_latency_seconds (default 30),
+        queue row, if older) minus [dataset_race_fix] commit_latency_seconds (default 10),
         which 0001's commit stamps make safe; the latest run minus [dataset_race_fix]
         event_lookback_seconds (default 900) for a dataset the latest run did not consume
         and, as a safety net, once per [dataset_race_fix] full_read_interval_seconds

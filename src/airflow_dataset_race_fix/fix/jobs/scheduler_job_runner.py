@@ -40,7 +40,7 @@ The fixed member selects events by what the DAG has *consumed*, not by time:
   event of dataset D that the DAG's latest dataset-triggered run consumed. An event of D
   that run did not see committed after the run read the events, so its stamp is at
   least that read minus its stamp-to-COMMIT time, and M is older than that read: reading
-  D from ``M - [dataset_race_fix] commit_latency_seconds`` (default 30) misses none whose
+  D from ``M - [dataset_race_fix] commit_latency_seconds`` (default 10) misses none whose
   commit took less. (The queue row lock makes that bound loose: a producer of D for this
   DAG stamps only after the one before it committed.) A queue row of D read now pulls
   D's floor down to its own ``created_at`` minus that latency (a row written on another
@@ -424,7 +424,7 @@ class SchedulerJobRunner:
             seconds=max(0, conf.getint("dataset_race_fix", "event_lookback_seconds", fallback=900))
         )
         commit_latency = timedelta(
-            seconds=max(0, conf.getint("dataset_race_fix", "commit_latency_seconds", fallback=30))
+            seconds=max(0, conf.getint("dataset_race_fix", "commit_latency_seconds", fallback=10))
         )
         full_read_interval = max(0, conf.getint("dataset_race_fix", "full_read_interval_seconds", fallback=300))
         full_read_at: dict[str, float] = self.__dict__.setdefault("_dataset_race_fix_full_read_at", {})
