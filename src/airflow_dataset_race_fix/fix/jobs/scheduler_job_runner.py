@@ -317,6 +317,7 @@ class SchedulerJobRunner:
         statements: dict[tuple[Any, ...], Any] = self.__dict__.setdefault("_dataset_race_fix_statements", {})
 
         def reused(key: tuple[Any, ...], build: Callable[[], Any]) -> Any:
+            """The statement kept under ``key`` (its dialect, clock and shape), built by ``build()`` the first time."""
             if key not in statements:
                 statements[key] = build()
             return statements[key]
@@ -327,15 +328,14 @@ class SchedulerJobRunner:
         # as read (on SQLite, as the stored text, whatever format wrote it).
         queued_rows: dict[str, dict[int, datetime]] = defaultdict(dict)
         stored_as_read: dict[tuple[int, str], Any] = {}
+        as_stored = cast(DatasetDagRunQueue.created_at, Text) if dialect == "sqlite" else DatasetDagRunQueue.created_at
         queue_rows_of_dags = reused(
             ("queue rows", dialect),
             lambda: select(
                 DatasetDagRunQueue.dataset_id,
                 DatasetDagRunQueue.target_dag_id,
                 DatasetDagRunQueue.created_at,
-                (cast(DatasetDagRunQueue.created_at, Text) if dialect == "sqlite" else DatasetDagRunQueue.created_at).label(
-                    "stored"
-                ),
+                as_stored.label("stored"),
             ).where(DatasetDagRunQueue.target_dag_id.in_(bindparam("dag_ids", expanding=True))),
         )
         # Each DAG's datasets (with their URIs, for the condition): those it is scheduled on,
