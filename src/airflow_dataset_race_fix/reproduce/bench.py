@@ -1200,6 +1200,12 @@ def targets(backend: str, rows: list[dict[str, Any]]) -> list[str]:
     """The issue's targets, each with the measured value and whether it is met."""
     by_case = {r["case"]: r for r in rows}
     lines = []
+    for state in ("empty queue", "rows queued"):  # issue 17: the stamp may cost 5 % on PostgreSQL and SQLite
+        row = by_case.get(f"producer, 1 DAG(s), {state}")
+        if row and backend in ("postgres", "sqlite"):
+            lines.append(f"producer path, 1 DAG, {state}: ratio {row['ratio']:.2f}, target <= 1.05: {_met(row['ratio'] <= 1.05)}")
+        elif row:
+            lines.append(f"producer path, 1 DAG, {state}: ratio {row['ratio']:.2f} (no target on {backend})")
     for state in ("empty queue", "rows queued"):
         row = by_case.get(f"producer, 50 DAG(s), {state}")
         if row:
