@@ -218,23 +218,16 @@ def producer_transaction(dataset, before_commit: Callable[[Any], None] | None = 
         session.commit()
         elapsed = time.perf_counter() - started
         if visible_after is not None and dataset_event is not None:
-            visible_after.append((_database_clock_now(session) - dataset_event.timestamp).total_seconds())
+            from airflow_dataset_race_fix.fix.datasets.manager import DatasetManager as FixedManager
+
+            # the clock the fix dates events on, read whichever variant is active
+            visible_after.append((FixedManager._database_now(session) - dataset_event.timestamp).total_seconds())
         return elapsed, None
     except Exception as err:  # counted by the caller, not hidden
         session.rollback()
         return time.perf_counter() - started, _first_line(err)
     finally:
         session.close()
-
-
-def _database_clock_now(session) -> datetime:
-    """The database's clock (SQLite: this host's, which is its clock), as the fix dates events."""
-    from sqlalchemy import literal_column, select
-
-    from airflow.utils.sqlalchemy import UtcDateTime
-
-    clock = {"postgresql": "clock_timestamp()", "mysql": "NOW(6)"}.get(session.bind.dialect.name)
-    return session.scalar(select(literal_column(clock, UtcDateTime))) if clock else datetime.now(timezone.utc)
 
 
 def scheduler_pass(runner, session) -> str | None:
@@ -1267,7 +1260,7 @@ def _busy_dataset_targets(row: dict[str, Any], by_case: dict[str, dict[str, Any]
         full = f"fixed full reads of the look-back window: {summary['full_reads']} pass(es)"
         if summary["full_read_ms"] is not None:
             full += f", median {summary['full_read_ms']:.0f} ms"
-    return [
+    lines = [
         f"{label}: scheduler loop ratio {row['ratio']:.2f}, target <= 1.2: {_met(row['ratio'] <= 1.2)}; "
         f"producer p99 ratio {p99:.2f}, target <= 1.2: {_met(p99 <= 1.2)}",
         f"{label}: events lost {_per_variant(summary['lost'])} (not consumed at all "
@@ -1275,11 +1268,14 @@ def _busy_dataset_targets(row: dict[str, Any], by_case: dict[str, dict[str, Any]
         f"transactions {_per_variant(summary['failed'])}; target (fixed) 0, 0 and 0: {_met(clean)}",
         f"{label}: events committed {_per_variant(summary['committed'])} ({_per_variant(rates)}); steady "
         f"passes {_per_variant(summary['steady_passes'])}; {full}, left out with each round's first pass",
-        *([f"{label}: event timestamp to visible after COMMIT (stock: from its flush; fixed: from its stamp, what "
-           f"commit_latency_seconds covers), ms p50/p99/max: "
-           + "; ".join(f"{v} {a['p50']:.1f}/{a['p99']:.1f}/{a['max']:.1f}" for v, a in summary["visible_after_ms"].items())]
-          if summary.get("visible_after_ms") else []),
     ]
+    if visible := summary.get("visible_after_ms"):
+        lines.append(
+            f"{label}: event timestamp to visible after COMMIT (stock: from its flush; fixed: from its stamp, what "
+            "commit_latency_seconds covers), ms p50/p99/max: "
+            + "; ".join(f"{v} {a['p50']:.1f}/{a['p99']:.1f}/{a['max']:.1f}" for v, a in visible.items())
+        )
+    return lines
 
 
 def _stalled_producer_targets(row: dict[str, Any]) -> list[str]:

@@ -433,6 +433,7 @@ class SchedulerJobRunner:
         horizon = (database_now or DatasetManager._database_now(session)) + timedelta(
             seconds=max(0, conf.getint("dataset_race_fix", "max_event_ahead_seconds", fallback=60))
         )
+
         def events_not_consumed(groups: int) -> Any:
             """
             Events of datasets ``ids_<i>`` dated from ``floor_<i>`` on, for ``i < groups``, that no
@@ -533,7 +534,8 @@ class SchedulerJobRunner:
             for start in range(0, len(dataset_ids), 500):
                 chunk = dataset_ids[start : start + 500]
                 if not latest_run_date:
-                    chosen, params = reused(("events", dialect, 0), lambda: events_not_consumed(0)), {"ids_0": chunk}
+                    chosen = reused(("events", dialect, 0), lambda: events_not_consumed(0))
+                    params = {"ids_0": chunk}
                 else:
                     by_floor: dict[datetime, list[int]] = defaultdict(list)
                     for dataset_id in chunk:
