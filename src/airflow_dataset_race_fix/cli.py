@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import signal
 import sys
 
@@ -17,6 +18,11 @@ from airflow_dataset_race_fix import __version__
 
 # Subcommand modules, in the order --help lists them.
 COMMAND_MODULES = ("status", "shim", "source_patches", "reproduce", "audit", "explain")
+
+# The reader of stdout (or stderr) went away, as in 'audit | head -1': the status a shell
+# reports for a tool killed by SIGPIPE (128 + 13). No command gives it a verdict's meaning,
+# so 'audit | grep -q ...' under pipefail never reads it as "findings" (1) or "bad input" (2).
+EXIT_BROKEN_PIPE = 128 + 13
 
 
 class UsageError(Exception):
@@ -54,10 +60,38 @@ def print_result(text: str) -> None:
     print(text, flush=True)
 
 
+def _silence_broken_streams(*streams) -> bool:
+    """Point ``streams`` (default: stdout and stderr) whose reader is gone at /dev/null;
+    whether one was.
+
+    As the Python documentation recommends for SIGPIPE: without it, the interpreter's own
+    flush at exit fails again and prints a traceback.
+    """
+    import select
+
+    silenced = False
+    for stream in streams or (sys.stdout, sys.stderr):
+        try:
+            fd = stream.fileno()
+            poller = select.poll()
+            poller.register(fd, select.POLLOUT)
+            broken = any(events & select.POLLERR for _, events in poller.poll(0))
+        except (AttributeError, OSError, ValueError):  # no file descriptor (replaced in-process)
+            continue
+        if broken:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, fd)
+            os.close(devnull)
+            silenced = True
+    return silenced
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="airflow-dataset-race-fix",
         description="Dataset-triggered scheduling in Airflow 2.10/2.11 that loses no events.",
+        epilog=f"Every command exits {EXIT_BROKEN_PIPE} when the reader of its output went away "
+        "('audit | head -1'), as a tool killed by SIGPIPE does; 130 when interrupted.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -78,15 +112,34 @@ def main(argv: list[str] | None = None) -> int:
     # check_interrupted). A SIGINT that our parent ignores (a background job) stays ignored.
     if previous is signal.default_int_handler:
         signal.signal(signal.SIGINT, _on_interrupt)
+    try:
+        return _run(argv)
+    except BrokenPipeError:  # also from the error lines below, written to a closed stderr
+        if not _silence_broken_streams():
+            raise  # not our stdout or stderr: a bug to see, with its traceback
+        return EXIT_BROKEN_PIPE
+    finally:
+        if argv is not None and previous is not None:
+            signal.signal(signal.SIGINT, previous)
+
+
+def _run(argv: list[str] | None) -> int:
     command = None
     try:
         parser = build_parser()
-        args = parser.parse_args(argv)
+        try:
+            args = parser.parse_args(argv)
+        except SystemExit as err:
+            # argparse swallows a failed write of --help and --version (and exits 0)
+            if err.code == 0 and _silence_broken_streams(sys.stdout):
+                return EXIT_BROKEN_PIPE
+            raise
         command = args.command
         if not getattr(args, "handler", None):
             parser.print_help()
-            return 2
+            return EXIT_BROKEN_PIPE if _silence_broken_streams(sys.stdout) else 2
         status = int(args.handler(args) or 0)
+        sys.stdout.flush()  # a closed pipe shows here, not at interpreter exit
         check_interrupted()
         return status
     except UsageError as err:
@@ -95,9 +148,6 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    finally:
-        if argv is not None and previous is not None:
-            signal.signal(signal.SIGINT, previous)
 
 
 if __name__ == "__main__":
