@@ -631,6 +631,28 @@ def test_the_plugin_route_with_the_opt_in_in_airflow_cfg(tmp_path):
     assert count(output(proc), INFO_LINE) == 1 and count(output(proc), "WARNING") == 0
 
 
+@pytest.mark.parametrize("where", ["AIRFLOW_HOME", "AIRFLOW_CONFIG"])
+def test_status_no_import_reads_the_opt_in_from_airflow_cfg_as_status_does(tmp_path, where):
+    """A Dockerfile's 'RUN ... status --no-import' with the opt-in in airflow.cfg (issue 31):
+    the same verdict as plain 'status', without importing Airflow."""
+    config = tmp_path / "airflow.cfg"
+    config.write_text("[core]\nload_examples = False\n\n[dataset_race_fix]\nenable_via_plugin = True  # the opt-in\n")
+    env = child_env(**({"AIRFLOW_HOME": str(tmp_path)} if where == "AIRFLOW_HOME" else {"AIRFLOW_CONFIG": str(config)}))
+    env.pop("AIRFLOW__DATASET_RACE_FIX__ENABLE_VIA_PLUGIN", None)
+    status = run_status(env)
+    assert status.returncode == 0 and "Shim activated by: plugin" in status.stdout, output(status)
+    no_import = run_status(env, "--no-import")
+    assert no_import.returncode == 0, output(no_import)
+    assert "Shim activated by: plugin" in no_import.stdout
+    assert f"enable_via_plugin: on (read from {config})" in no_import.stdout
+    assert no_import.stdout.count("waiting-for-import") == 2 and "not-fixed" not in no_import.stdout
+    # the environment variable wins over airflow.cfg, in Airflow and here
+    off = run_status({**env, "AIRFLOW__DATASET_RACE_FIX__ENABLE_VIA_PLUGIN": "False"}, "--no-import")
+    assert off.returncode == 1 and "enable_via_plugin: off" in off.stdout, output(off)
+    config.write_text("[dataset_race_fix]\nenable_via_plugin = False\n")
+    assert run_status(env, "--no-import").returncode == 1
+
+
 def test_the_plugin_route_with_the_opt_in_in_the_environment_and_status():
     env = child_env(**PLUGIN_OPT_IN)
     report = result(run_python(LOAD_PLUGINS, env))

@@ -142,7 +142,8 @@ def imports_the_fix(path: str) -> bool:
 
 def plugin_opt_in() -> tuple[bool, str]:
     """Whether ``[dataset_race_fix] enable_via_plugin`` is on, and where that was read: from
-    Airflow's configuration once Airflow is imported, else from the environment variable."""
+    Airflow's configuration once Airflow is imported, else as Airflow would read it (the
+    environment variable, else airflow.cfg), without importing Airflow."""
     from airflow_dataset_race_fix import plugin
 
     if "airflow.configuration" in sys.modules:
@@ -150,8 +151,50 @@ def plugin_opt_in() -> tuple[bool, str]:
             return plugin.opted_in(), "Airflow's configuration"
         except Exception as err:  # a value Airflow cannot read as a boolean: the plugin stays off too
             return False, f"Airflow's configuration ({type(err).__name__}: {err})"
-    value = os.environ.get(plugin.OPT_IN_ENV, "")
-    return value.strip().lower() in ("t", "true", "1"), f"{plugin.OPT_IN_ENV}; airflow.cfg is read only with Airflow imported"
+    if plugin.OPT_IN_ENV in os.environ:  # Airflow: the environment variable wins over airflow.cfg
+        return _airflow_boolean(os.environ[plugin.OPT_IN_ENV], plugin.OPT_IN_ENV)
+    path = airflow_cfg_file()
+    if not os.path.isfile(path):
+        return False, f"{plugin.OPT_IN_ENV} (unset) and {path} (no such file)"
+    import configparser
+
+    # Airflow's own parser: keys lower-cased, duplicate keys allowed (the last wins)
+    parser = configparser.ConfigParser(interpolation=None, strict=False)
+    try:
+        parser.read(path, encoding="utf-8")
+    except (configparser.Error, OSError, UnicodeDecodeError) as err:
+        return False, f"{path} (cannot be read: {type(err).__name__}: {err})"
+    value = parser.get(plugin.OPT_IN_SECTION, plugin.OPT_IN_KEY, fallback=None)
+    if value is None:
+        return False, f"{plugin.OPT_IN_ENV} (unset) and {path} (not set there)"
+    return _airflow_boolean(value, path)
+
+
+def airflow_cfg_file() -> str:
+    """The airflow.cfg that Airflow reads: ``$AIRFLOW_CONFIG``, else ``$AIRFLOW_HOME/airflow.cfg``
+    (AIRFLOW_HOME defaults to ~/airflow), with variables and ~ expanded as Airflow does."""
+
+    def expand(value: str) -> str:
+        while True:  # airflow.configuration.expand_env_var: until nothing changes
+            expanded = os.path.expanduser(os.path.expandvars(value))
+            if expanded == value:
+                return value
+            value = expanded
+
+    if os.environ.get("AIRFLOW_CONFIG"):
+        return expand(os.environ["AIRFLOW_CONFIG"])
+    return os.path.join(expand(os.environ.get("AIRFLOW_HOME", "~/airflow")), "airflow.cfg")
+
+
+def _airflow_boolean(value: str, read_from: str) -> tuple[bool, str]:
+    """``value`` as Airflow's ``conf.getboolean`` reads it; one it cannot read leaves the plugin
+    off in Airflow too (its plugin route logs a WARNING), so: off, and why."""
+    text = value.lower().strip().split("#")[0].strip()
+    if text in ("t", "true", "1"):
+        return True, read_from
+    if text in ("f", "false", "0"):
+        return False, read_from
+    return False, f"{read_from} (not a boolean: {value!r}; Airflow's plugin route fails on it)"
 
 
 def plugin_entry_point() -> str | None:
