@@ -18,10 +18,11 @@ functions, bound for explain alone (``_fixed_code``): the verdict is the fixed s
 whether or not the fix is active in this process, and nothing in the process changes.
 
 Read-only and never in anyone's way: the DAG rows are read without ``FOR UPDATE``,
-nothing is written, and the caller's transaction is rolled back. A fresh scheduler state is used, so the verdict is that of a
-loop that reads each DAG's whole look-back window (a scheduler's first loop, or its
-periodic full read): a running scheduler may take a late event one full read later,
-never not at all.
+nothing is written, and the caller's transaction is rolled back. The verdict is that of a
+running scheduler's next loop, which reads each dataset from the newest event the DAG's
+latest run consumed (minus ``commit_latency_seconds``); when the net finds a late commit
+for the DAG (its references read through here at once), the run that the net's whole-window
+read then creates, within ``full_read_interval_seconds`` (``when``: ``net``).
 
 Bounded on a long history: the last ``runs`` runs, the audit of their span (from the oldest
 shown run minus ``event_lookback_seconds``; ``audit --dag-id`` reads everything), and the
@@ -106,7 +107,11 @@ def _fixed_code():
         (SchedulerJobRunner,),
         {
             name: rebound(vars(FixedRunner)[name])
-            for name in ("_dags_with_unqueued_dataset_events", "_decide_dataset_triggered_runs")
+            for name in (
+                "_dags_with_unqueued_dataset_events",
+                "_dags_with_stranded_dataset_events",
+                "_decide_dataset_triggered_runs",
+            )
         },
     )
     needing = rebound(vars(DagModel)["dags_needing_dagruns"].__func__)
@@ -185,6 +190,10 @@ class LoopSelection:
         self.runner = self.runner_class(job=Job(), num_runs=1)  # a fresh scheduler state; the Job is never saved
         query, self.info = dags_needing_dagruns(session)
         self.picked = [dm.dag_id for dm in query.all()]
+        # the sweep's net reads no round here: explain reads the explained DAG's references itself
+        self.runner.__dict__["_dataset_race_fix_net"] = {
+            "found": {}, "cursor": {}, "read_through_at": {}, "ran_at": None, "only": set()
+        }
         self.swept = {dm.dag_id for dm in self.runner._dags_with_unqueued_dataset_events(dict(self.info), session)}
 
 
@@ -221,6 +230,18 @@ def explain(session: Session, dag_id: str, *, runs: int = 10, loop: LoopSelectio
     info.setdefault(dag_id, (_EPOCH, _EPOCH))
     (decision,), _ = runner._decide_dataset_triggered_runs([dag_model], info, session)
     now = manager_class._database_now(session)
+    # The net, for this DAG alone: a late commit below its latest run that the next loop's
+    # floors do not read. Found, the DAG's next decision reads its whole window.
+    net = runner.__dict__["_dataset_race_fix_net"]
+    net["only"] = {dag_id}
+    late_found = dag_id in runner._dags_with_stranded_dataset_events(now, session)
+    net["only"] = set()
+    by_net = False
+    if late_found:
+        (with_net,), _ = runner._decide_dataset_triggered_runs([dag_model], info, session)
+        by_net = with_net.get("run") is not None and not (decision.get("run") and (by_queue or by_sweep))
+        if by_net or not decision.get("run"):
+            decision = with_net
 
     dataset_ids = set(
         session.scalars(select(DagScheduleDatasetReference.dataset_id).where(DagScheduleDatasetReference.dag_id == dag_id))
@@ -275,7 +296,9 @@ def explain(session: Session, dag_id: str, *, runs: int = 10, loop: LoopSelectio
     run = decision.get("run")
     when = None
     if run is not None and not reasons:
-        if by_queue:
+        if by_net:
+            when = "net"
+        elif by_queue:
             when = "next loop"
         elif by_sweep:
             when = "next sweep"
@@ -308,8 +331,15 @@ def explain(session: Session, dag_id: str, *, runs: int = 10, loop: LoopSelectio
         },
         "reasons": reasons,
         "notes": _beyond_reach(found, events, uris),
-        "read": "whole look-back window (as a scheduler's first loop or its periodic full read)",
+        "read": "whole look-back window: the net found a late commit for this DAG"
+        if late_found
+        else "each dataset from the newest event its latest run consumed, minus commit_latency_seconds "
+        "(a running scheduler's next loop; the net found no late commit)",
     }
+    if any(reason["code"] == "not_queued" for reason in reasons):
+        events = []  # no run takes them: they stay audit's findings, never "pending"
+        for dataset in datasets:
+            dataset["pending_event_ids"] = []
     return {
         "schema": SCHEMA,
         "dag_id": dag_id,

@@ -115,6 +115,12 @@ MEMBERS = (
     Member(
         "airflow.jobs.scheduler_job_runner",
         "SchedulerJobRunner",
+        "_dags_with_stranded_dataset_events",
+        None,
+    ),
+    Member(
+        "airflow.jobs.scheduler_job_runner",
+        "SchedulerJobRunner",
         "_decide_dataset_triggered_runs",
         None,
     ),

@@ -108,10 +108,14 @@ def render(found: dict) -> str:
     )
     lines += ["", "Condition:"]
     lines += _tree_lines(found["condition"], {d["uri"]: d for d in found["datasets"]}, "  ")
-    lines += ["", "Verdict for the next scheduler loop:"]
+    lines += ["", "Verdict for the next scheduler loop:", f"  read: {verdict['read']}"]
     if verdict["creates_run"]:
         run = verdict["run"]
-        when = "the next loop" if verdict["when"] == "next loop" else "the scheduler's next sweep (its events have no queue row)"
+        when = {
+            "next loop": "the next loop",
+            "next sweep": "the scheduler's next sweep (its events have no queue row)",
+            "net": "the loop after the net reads it, within full_read_interval_seconds (a late commit below its latest run)",
+        }[verdict["when"]]
         lines.append(f"  RUNS at {when}: logical date {run['logical_date']}, {len(run['event_ids'])} event(s)")
     else:
         lines.append("  WAITS")

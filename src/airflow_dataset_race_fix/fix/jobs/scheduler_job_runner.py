@@ -47,14 +47,16 @@ The fixed member selects events by what the DAG has *consumed*, not by time:
   clock, by a stock producer during an upgrade, brings its events with it). So a loop
   reads only new events and the last few seconds of consumed ones, on the
   ``(dataset_id, timestamp)`` index, however busy D is. The old rule, the latest run's
-  logical date (or the oldest queue row read) minus ``[dataset_race_fix]
-  event_lookback_seconds`` (default 900), stays for a dataset the latest run did not
-  consume (the DAG's first run, a new dataset, a quiet one, one that only a queue row
-  names) and, as the safety net for
-  commits slower than the latency, for every dataset of a DAG once per
-  ``[dataset_race_fix] full_read_interval_seconds`` (default 300) in each scheduler
-  process. That per-process memory changes only how soon such an event is consumed: a
-  restarted scheduler, or another one, reads the full window the first time;
+  logical date (or the oldest queue row read, or the database's clock if lower) minus
+  ``[dataset_race_fix] event_lookback_seconds`` (default 900), stays for a dataset the
+  latest run did not consume (the DAG's first run, a new dataset, a quiet one, one that
+  only a queue row names), for every dataset of a DAG whose latest run lies ahead of the
+  database's clock (stepped back), and for every dataset of a DAG that the net found a
+  commit slower than the latency for;
+- the net (``_dags_with_stranded_dataset_events``, in the sweep): every reference of a
+  DAG is read through below its latest run once per ``[dataset_race_fix]
+  full_read_interval_seconds`` (default 300), in small slices spread over the sweeps,
+  whether or not anything else brings the DAG into a loop (BUG_REPORT, "The net");
 - a run only when the DAG's dataset condition holds on the datasets that have such
   events (no empty run, and an AND condition is not met by a queue row whose events an
   earlier run already took);
@@ -235,7 +237,12 @@ class SchedulerJobRunner:
             )
             .exists()
         )
-        oldest_new: dict[str, datetime] = {}
+        # The net under the floor: DAGs with a late commit below their latest run.
+        oldest_new: dict[str, datetime] = {
+            dag_id: stamp
+            for dag_id, stamp in self._dags_with_stranded_dataset_events(now, session).items()
+            if dag_id not in dataset_triggered_dag_info
+        }
         for dag_id, newest_event in session.execute(
             select(reference.dag_id, newest)
             .join(DagModel, DagModel.dag_id == reference.dag_id)
@@ -281,11 +288,122 @@ class SchedulerJobRunner:
             dataset_triggered_dag_info[dag_model.dag_id] = (oldest_new[dag_model.dag_id],) * 2
         if runnable:
             self.log.info(
-                "%d dataset-scheduled DAG(s) have new dataset events without a queue row; deciding their runs: %s",
+                "%d dataset-scheduled DAG(s) have dataset events that no queue row brings in; deciding their runs: %s",
                 len(runnable),
                 [dm.dag_id for dm in runnable],
             )
         return runnable
+
+    def _dags_with_stranded_dataset_events(self, now: datetime, session: Session) -> dict[str, datetime]:
+        """
+        The net under the floor: DAGs with an event that no run of theirs consumed, dated below their latest run.
+
+        Such an event committed after a run read past its stamp, more slowly than
+        ``commit_latency_seconds``, and no queue row of its own pulled a floor down to it
+        (BUG_REPORT, "The net"). Nothing else brings its DAG into a loop: its queue row is
+        gone and the sweep looks above the latest run only. So every (DAG, dataset)
+        reference of an active, unpaused DAG that has a dataset-triggered run is read
+        through, from ``min(latest run, database clock) - event_lookback_seconds`` to the
+        latest run, once per ``[dataset_race_fix] full_read_interval_seconds``, whatever
+        else happens to the DAG, by every scheduler process, a restarted one included.
+
+        Cheap per sweep: a reference is read in slices of at most ``slice_size`` events in
+        stamp order (a range of the ``(dataset_id, timestamp)`` index, LIMIT first, then
+        one probe of the consumption record per event), and each sweep reads the share of
+        the references due that keeps each within the interval: ``references * elapsed /
+        interval``, at least one slice, and more while the sweep has spent less than
+        ``budget_seconds``. The place a reference's read has reached is this process's
+        memory; losing it (a restart) only starts that read again.
+
+        Returns ``{dag_id: oldest such stamp}`` for the DAGs found, kept until the DAG is
+        decided: ``_decide_dataset_triggered_runs`` reads their whole window once.
+        """
+        from math import ceil
+
+        from sqlalchemy import bindparam, case, false, true
+
+        from airflow.models.dataset import association_table
+
+        slice_size = 5000  # events per statement: a few milliseconds of index probes
+        budget_seconds = 0.02  # a sweep reads on while it has spent less (a fraction of a loop)
+
+        net = self.__dict__.setdefault(
+            "_dataset_race_fix_net", {"found": {}, "cursor": {}, "read_through_at": {}, "ran_at": None, "only": None}
+        )
+        only = net["only"]  # explain: these DAGs' references read through at once, no round
+        interval = max(0, conf.getint("dataset_race_fix", "full_read_interval_seconds", fallback=300))
+        lookback = timedelta(seconds=max(0, conf.getint("dataset_race_fix", "event_lookback_seconds", fallback=900)))
+        started = time.monotonic()
+        elapsed = started - net["ran_at"] if net["ran_at"] is not None else 0.0
+        net["ran_at"] = started
+
+        latest_run = (
+            select(func.max(DagRun.execution_date))
+            .where(
+                DagRun.dag_id == DagScheduleDatasetReference.dag_id,
+                DagRun.run_type == DagRunType.DATASET_TRIGGERED,
+            )
+            .scalar_subquery()
+        )
+        references = {
+            (dag_id, dataset_id): latest
+            for dag_id, dataset_id, latest in session.execute(
+                select(DagScheduleDatasetReference.dag_id, DagScheduleDatasetReference.dataset_id, latest_run)
+                .join(DagModel, DagModel.dag_id == DagScheduleDatasetReference.dag_id)
+                .where(DagModel.is_paused == false(), DagModel.is_active == true(), latest_run.is_not(None))
+                .where(DagScheduleDatasetReference.dag_id.in_(only) if only is not None else true())
+            )
+        }
+        read_through_at: dict[tuple[str, int], float] = net["read_through_at"]
+        cursor: dict[tuple[str, int], datetime] = net["cursor"]
+        for forgotten in (read_through_at.keys() | cursor.keys()) - references.keys():
+            read_through_at.pop(forgotten, None), cursor.pop(forgotten, None)
+        due = sorted(
+            (key for key in references if started - read_through_at.get(key, float("-inf")) >= interval),
+            key=lambda key: (key not in cursor, read_through_at.get(key, float("-inf")), key),
+        )
+        # slices this sweep reads at least (then more while under budget); all when no round
+        share = float("inf") if not interval or only is not None else max(1, ceil(len(references) * elapsed / interval))
+
+        # One slice of one reference: how many events it read, the newest stamp among them,
+        # and the oldest that no run of the DAG consumed.
+        event = select(DatasetEvent.id, DatasetEvent.timestamp).where(
+            DatasetEvent.dataset_id == bindparam("dataset_id"),
+            DatasetEvent.timestamp >= bindparam("start"),
+            DatasetEvent.timestamp <= bindparam("end"),
+        )
+        piece = event.order_by(DatasetEvent.timestamp).limit(slice_size).subquery()
+        consumed = (
+            select(association_table.c.event_id)
+            .join(DagRun, DagRun.id == association_table.c.dag_run_id)
+            .where(association_table.c.event_id == piece.c.id, DagRun.dag_id == bindparam("dag_id"))
+            .exists()
+        )
+        unconsumed = func.min(case((~consumed, piece.c.timestamp)))
+        slice_of_reference = select(func.count(), func.max(piece.c.timestamp), unconsumed).select_from(piece)
+
+        found: dict[str, datetime] = net["found"]
+        slices = 0
+        for dag_id, dataset_id in due:
+            key, latest = (dag_id, dataset_id), references[(dag_id, dataset_id)]
+            while slices < share or time.monotonic() - started < budget_seconds:
+                start = cursor.get(key) or min(latest, now) - lookback
+                count, newest, stranded = session.execute(
+                    slice_of_reference, {"dataset_id": dataset_id, "start": start, "end": latest, "dag_id": dag_id}
+                ).one()
+                slices += 1
+                if stranded is not None:
+                    found[dag_id] = min(found.get(dag_id, stranded), stranded)
+                if count < slice_size or newest is None:
+                    cursor.pop(key, None)
+                    read_through_at[key] = time.monotonic()
+                    break
+                # More to read: from the newest stamp of this slice (again, for its ties; a
+                # microsecond on when a whole slice shares one stamp).
+                cursor[key] = newest if newest > start else newest + timedelta(microseconds=1)
+            else:
+                break  # this sweep's share and budget are spent
+        return dict(found)
 
     def _decide_dataset_triggered_runs(
         self,
@@ -426,13 +544,14 @@ class SchedulerJobRunner:
         commit_latency = timedelta(
             seconds=max(0, conf.getint("dataset_race_fix", "commit_latency_seconds", fallback=10))
         )
-        full_read_interval = max(0, conf.getint("dataset_race_fix", "full_read_interval_seconds", fallback=300))
-        full_read_at: dict[str, float] = self.__dict__.setdefault("_dataset_race_fix_full_read_at", {})
+        # DAGs the net found a late commit for (``_dags_with_stranded_dataset_events``): their
+        # next decision reads the whole window.
+        net_found: dict[str, datetime] = self.__dict__.get("_dataset_race_fix_net", {}).get("found", {})
         # Nothing dated further ahead of the database's clock dates a run (a stock producer's
         # host clock). The clock is the one events and queue rows are dated on.
-        horizon = (database_now or DatasetManager._database_now(session)) + timedelta(
-            seconds=max(0, conf.getint("dataset_race_fix", "max_event_ahead_seconds", fallback=60))
-        )
+        database_now = database_now or DatasetManager._database_now(session)
+        ahead = timedelta(seconds=max(0, conf.getint("dataset_race_fix", "max_event_ahead_seconds", fallback=60)))
+        horizon = database_now + ahead
 
         def events_not_consumed(groups: int) -> Any:
             """
@@ -517,10 +636,10 @@ class SchedulerJobRunner:
                 # or the oldest queue row of it if older, minus commit_latency_seconds; the
                 # whole look-back (the old rule) for a dataset the latest run did not consume,
                 # and for every dataset once per full_read_interval_seconds (safety net).
-                full_floor = min([latest_run_date, *queued.values()]) - lookback
-                full_read = time.monotonic() - full_read_at.get(dag.dag_id, float("-inf")) >= full_read_interval
-                if full_read:
-                    full_read_at[dag.dag_id] = time.monotonic()
+                # A database clock behind the latest run (stepped back) stamps new events below
+                # every floor: read the window under the clock too, in full, until it catches up.
+                full_floor = min([latest_run_date, database_now, *queued.values()]) - lookback
+                full_read = net_found.pop(dag.dag_id, None) is not None or latest_run_date > horizon
                 for dataset_id in dataset_ids:
                     newest = newest_consumed.get((dag.dag_id, dataset_id))
                     if full_read or newest is None:
