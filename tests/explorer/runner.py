@@ -1,0 +1,392 @@
+"""
+Run one schedule on a fresh ``World`` (real database), on the variant in place (stock or
+fixed: the caller applies or removes the fix), and collect what the oracle needs.
+
+Time is virtual and frozen: every step runs at its own instant (``TICK`` apart), a stall
+moves the clock by ``stall`` seconds. Python's clock is the world's ``Clock``; on a
+server the fix's database clock (``DatasetManager._database_clock``) is replaced by that
+same instant as a literal, so stamps follow the schedule, not the machine's speed (SQLite's
+clock is Python's). No step sleeps.
+
+Lock waits are real: a step that blocks on a row lock is left waiting and the actor's later
+steps wait behind it until it goes on (the executed order is recorded). SQLite has one
+writer: a step that would write while another actor's transaction holds the write lock
+waits the same way (the executor knows which steps write, since SQLite's busy wait cannot
+be observed).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from sqlalchemy import select
+
+from airflow.datasets import DatasetAll, DatasetAny
+from airflow.models.dagrun import DagRun
+from airflow.models.dataset import DatasetDagRunQueue, DatasetEvent, DatasetModel, association_table
+from airflow.utils.session import create_session
+
+from airflow_dataset_race_fix import invariant
+from airflow_dataset_race_fix.harness.world import BLOCKED, DONE, PAUSED, Actor, World
+
+from .model import Step, parse_step
+
+TICK = 0.01
+EVENT_READ = ("select dataset_event.id",)
+QUEUE_DELETE = ("delete from dataset_dag_run_queue", "delete q from")
+STAMP = ("update dataset_event",)
+WRITES = {"atomic", "reg", "stamp", "loop", "e", "c"}
+SCHEDULERS = ("S", "T")  # actor names that are schedulers (T: a second, HA scheduler)
+QUIET_LOOPS = 2
+RESTART_LOOPS = 2
+
+
+@dataclass
+class TxnResult:
+    dataset: str = ""
+    event_id: int | None = None
+    committed: bool = False
+    error: str | None = None
+
+
+@dataclass
+class Outcome:
+    variant: str
+    executed: list[str] = field(default_factory=list)
+    trace: list[str] = field(default_factory=list)  # executed steps with how each ended (done/paused/blocked)
+    txns: dict[str, TxnResult] = field(default_factory=dict)
+    # per DAG, per transaction: how many runs consumed its event, and the loop that first did
+    consumed: dict[str, dict[str, int]] = field(default_factory=dict)
+    needed_restart: dict[str, list[str]] = field(default_factory=dict)
+    lost: dict[str, list[str]] = field(default_factory=dict)
+    doubled: dict[str, list[str]] = field(default_factory=dict)
+    violations: dict[str, int] = field(default_factory=dict)
+    scheduler_errors: list[str] = field(default_factory=list)
+    stuck: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def summary(self) -> str:
+        bits = []
+        for name in ("lost", "doubled", "needed_restart"):
+            value = {k: v for k, v in getattr(self, name).items() if v}
+            if value:
+                bits.append(f"{name}={value}")
+        if self.violations:
+            bits.append(f"violations={self.violations}")
+        failed = {k: v.error for k, v in self.txns.items() if v.error}
+        if failed:
+            bits.append(f"producer_errors={failed}")
+        if self.scheduler_errors:
+            bits.append(f"scheduler_errors={self.scheduler_errors}")
+        if self.stuck:
+            bits.append(f"stuck={self.stuck}")
+        return "; ".join(bits) or "ok"
+
+
+def _schedule_of(spec: str, datasets) -> object:
+    if "|" in spec:
+        return DatasetAny(*(datasets[x] for x in spec.split("|")))
+    if "&" in spec:
+        return DatasetAll(*(datasets[x] for x in spec.split("&")))
+    return [datasets[spec]]
+
+
+class _VirtualClock:
+    """The world's frozen clock, and on servers the fix's database clock, at the same instant."""
+
+    def __init__(self, world: World) -> None:
+        from airflow.datasets.manager import DatasetManager
+
+        self.world = world
+        self.manager = DatasetManager
+        self.saved = DatasetManager.__dict__.get("_database_clock")
+        self.now = 1.0
+        self.world.clock.base = self.world.clock.base + timedelta(hours=1, seconds=5)  # just ahead of real time
+
+    def set(self, seconds: float) -> None:
+        self.now = seconds
+        instant = self.world.clock.at(seconds)
+        if self.saved is None or self.world.backend == "sqlite":
+            return
+        text = instant.strftime("%Y-%m-%d %H:%M:%S.%f")
+        literal = {
+            "postgres": f"CAST('{text}+00' AS TIMESTAMP WITH TIME ZONE)",
+            "mysql": f"CAST('{text}' AS DATETIME(6))",
+        }[self.world.backend]
+        self.manager._database_clock = classmethod(lambda cls, dialect_name, _l=literal: _l)
+
+    def restore(self) -> None:
+        if self.saved is not None:
+            self.manager._database_clock = self.saved
+
+
+class Executor:
+    def __init__(self, dags, tokens: list[str], variant: str, stall: float) -> None:
+        self.dags = tuple(dags)
+        self.steps = [parse_step(t) for t in tokens]
+        self.variant = variant
+        self.stall = stall
+        self.world = World("xp")
+        self.backend = self.world.backend
+        self.clock = _VirtualClock(self.world)
+        letters = sorted({s.dataset for s in self.steps if s.dataset} | {c for _, s in self.dags for c in s if c.isalpha()})
+        self.datasets = {x: self.world.dataset(x) for x in letters}
+        self.dag_ids = {name: self.world.consumer(name, _schedule_of(spec, self.datasets)) for name, spec in self.dags}
+        self.dag_datasets = {name: {c for c in spec if c.isalpha()} for name, spec in self.dags}
+        self.actors: dict[str, Actor] = {}
+        self.loops_done: dict[str, int] = {}
+        self.deferred: dict[str, list[tuple[int, Step]]] = {}
+        self.blocked: set[str] = set()
+        self.paused_txn: dict[str, bool] = {}
+        self.out = Outcome(variant)
+        for step in self.steps:
+            if step.txn is not None and step.dataset:
+                self.out.txns[step.txn] = TxnResult(dataset=step.dataset)
+
+    # -- actors ---------------------------------------------------------------------------
+    def actor(self, name: str) -> Actor:
+        if name not in self.actors:
+            if name in SCHEDULERS:
+                self.actors[name] = self.world.scheduler(name)
+            else:
+                self.actors[name] = self.world.producer(name)
+            self.deferred[name] = []
+        return self.actors[name]
+
+    def _holds_sqlite_write(self, actor: Actor) -> bool:
+        raw = actor.connection.connection
+        raw = getattr(raw, "dbapi_connection", None) or getattr(raw, "connection", raw)
+        return bool(raw.in_transaction)
+
+    def _may_run(self, step: Step) -> bool:
+        if self.backend != "sqlite" or step.kind not in WRITES:
+            return True
+        me = self.actors.get(step.actor)
+        return not any(self._holds_sqlite_write(a) for a in self.actors.values() if a is not me)
+
+    # -- running ------------------------------------------------------------------------
+    def run(self) -> Outcome:
+        try:
+            for step in self.steps:
+                self.submit(step)
+            self.settle(final=True)
+            if not self.out.stuck:
+                self.drain()
+        finally:
+            self.clock.restore()
+        return self.out
+
+    def submit(self, step: Step) -> None:
+        self.actor(step.actor)
+        self.clock.set(self.clock.now + TICK)
+        if step.kind == "stall":
+            self.clock.set(self.clock.now + self.stall)
+            self.out.executed.append(str(step))
+            return
+        self.seq = getattr(self, "seq", 0) + 1
+        self.deferred[step.actor].append((self.seq, step))
+        self.settle()
+
+    def settle(self, final: bool = False) -> None:
+        """Run the deferred steps that can go on now, earliest submitted first, until none can."""
+        while True:
+            for name in list(self.blocked):
+                actor = self.actors[name]
+                if self.world.is_waiting_for_lock(actor) or not (actor._step.done.is_set() or actor._paused.is_set()):
+                    continue
+                self.blocked.discard(name)
+                self._after(name, DONE if actor._step.done.is_set() else PAUSED)
+            ready = [
+                (self.deferred[name][0][0], name)
+                for name in self.deferred
+                if self.deferred[name] and name not in self.blocked and self._may_run(self.deferred[name][0][1])
+            ]
+            if not ready:
+                break
+            _, name = min(ready)
+            _, step = self.deferred[name].pop(0)
+            self.out.executed.append(str(step))
+            state = self.perform(self.actors[name], step)
+            self.out.trace.append(f"{step}[{state}]")
+            self._after(name, state, step)
+        if final and (any(self.deferred.values()) or self.blocked):
+            self.out.stuck = f"blocked {sorted(self.blocked)}, waiting {[str(s) for v in self.deferred.values() for _, s in v]}"
+
+    def _after(self, name: str, state: str, step: Step | None = None) -> None:
+        if state == BLOCKED:
+            self.blocked.add(name)
+            self.current = getattr(self, "current", {})
+            self.current[name] = step
+            return
+        if step is None:
+            step = getattr(self, "current", {}).pop(name, None)
+        actor = self.actors[name]
+        if state == DONE:
+            self._collect(actor, step)
+
+    def _collect(self, actor: Actor, step: Step | None) -> None:
+        """The finished step's result (or error)."""
+        try:
+            result = actor.finish()
+            error = None
+        except Exception as err:  # noqa: BLE001 - reported
+            result, error = None, f"{type(err).__name__}: {str(err).splitlines()[0][:160]}"
+        if step is None:
+            return
+        if step.txn is not None:
+            res = self.out.txns.setdefault(step.txn, TxnResult())
+            if isinstance(result, int):
+                res.event_id = result
+            if error and "Aborted" not in error:
+                res.error = error
+            if step.kind in ("atomic", "commit", "stamp") and not error and result != "open":
+                res.committed = step.kind != "stamp" or result == "committed"
+        else:
+            if error:
+                self.out.scheduler_errors.append(f"{step}: {error}")
+            if step.kind in ("loop", "c", "e", "q") and actor._step is None:
+                actor._pause_patterns.clear()
+
+    def perform(self, actor: Actor, step: Step) -> str:
+        fixed = self.variant == "fixed"
+        if step.kind in ("atomic", "reg"):
+            dataset = self.datasets[step.dataset]
+            commit = step.kind == "atomic"
+
+            def emit(session, dataset=dataset, commit=commit):
+                from airflow.datasets.manager import dataset_manager
+
+                event = dataset_manager.register_dataset_change(dataset=dataset, session=session)
+                session.flush()
+                event_id = event.id
+                if commit:
+                    session.commit()
+                return event_id
+
+            return actor.do(emit)
+        if step.kind == "stamp":
+            if not fixed:
+                return actor.do(lambda session: "open")  # stock: nothing before COMMIT
+            actor.pause_after(*STAMP)
+            state = actor.do(lambda session: (session.commit(), "committed")[1])
+            if state in (PAUSED, BLOCKED):
+                self.paused_txn[step.actor] = True
+            else:
+                actor._pause_after_patterns.clear()
+                self.out.notes.append(f"{step}: no stamp statement to pause after ({state})")
+            return state
+        if step.kind in ("commit", "rollback"):
+            if self.paused_txn.pop(step.actor, False):
+                return actor.resume() if step.kind == "commit" else actor.abort()
+            if step.kind == "commit":
+                return actor.do(lambda session: session.commit())
+            return actor.do(lambda session: session.rollback())
+        if step.kind == "restart":
+            self.actors[step.actor] = self.world.scheduler(step.actor)
+            return DONE
+        # scheduler loop parts
+        if step.kind in ("loop", "q"):
+            actor._pause_patterns.clear()
+            if step.kind == "q":
+                actor.pause_before(*EVENT_READ)
+                actor.pause_before(*QUEUE_DELETE)
+            self.loops_done[step.actor] = self.loops_done.get(step.actor, 0) + 1
+            return World.loop(actor)
+        # e, c: go on to the next pause point, or to the end
+        if actor._step is None or actor._step.done.is_set():
+            return DONE
+        if step.kind == "c":
+            actor._pause_patterns.clear()
+        return actor.resume()
+
+    # -- the end: quiet loops, a restarted scheduler, then the oracle's readings -------------
+    def drain(self) -> None:
+        scheduler = "S"
+        for _ in range(QUIET_LOOPS):
+            self.submit(Step(scheduler, None, "loop"))
+        self.settle(final=True)
+        before_restart = self._consumption()
+        self.submit(Step(scheduler, None, "restart"))
+        for _ in range(RESTART_LOOPS):
+            self.submit(Step(scheduler, None, "loop"))
+        self.settle(final=True)
+        after = self._consumption()
+        self._judge(before_restart, after)
+
+    def _consumption(self) -> dict[str, dict[int, int]]:
+        with create_session() as session:
+            rows = session.execute(
+                select(DagRun.dag_id, association_table.c.event_id)
+                .join(association_table, association_table.c.dag_run_id == DagRun.id)
+                .where(DagRun.dag_id.in_(list(self.dag_ids.values())))
+            ).all()
+        counts: dict[str, dict[int, int]] = {d: {} for d in self.dag_ids.values()}
+        for dag_id, event_id in rows:
+            counts[dag_id][event_id] = counts[dag_id].get(event_id, 0) + 1
+        return counts
+
+    def _judge(self, before: dict, after: dict) -> None:
+        with create_session() as session:
+            committed = set(
+                session.scalars(
+                    select(DatasetEvent.id).join(DatasetModel, DatasetModel.id == DatasetEvent.dataset_id).where(
+                        DatasetModel.uri.startswith(f"race://{self.world.prefix}/")
+                    )
+                )
+            )
+            queued = set(
+                session.execute(
+                    select(DatasetDagRunQueue.target_dag_id, DatasetModel.uri)
+                    .join(DatasetModel, DatasetModel.id == DatasetDagRunQueue.dataset_id)
+                    .where(DatasetDagRunQueue.target_dag_id.in_(list(self.dag_ids.values())))
+                ).all()
+            )
+            report = invariant.check(session, list(self.dag_ids.values()))
+        self.out.violations = report.violations()
+        for res in self.out.txns.values():
+            res.committed = res.event_id in committed
+        for name, dag_id in self.dag_ids.items():
+            self.out.consumed[name] = {}
+            self.out.lost[name], self.out.doubled[name], self.out.needed_restart[name] = [], [], []
+            for txn, res in self.out.txns.items():
+                if not res.committed or res.dataset not in self.dag_datasets[name]:
+                    continue
+                n = after[dag_id].get(res.event_id, 0)
+                self.out.consumed[name][txn] = n
+                if n == 0 and (dag_id, self.datasets[res.dataset].uri) not in queued:
+                    self.out.lost[name].append(txn)
+                if n > 1:
+                    self.out.doubled[name].append(txn)
+                if n and not before[dag_id].get(res.event_id):
+                    self.out.needed_restart[name].append(txn)
+
+    def close(self) -> None:
+        self.clock.restore()
+        self.world.close()
+
+
+def run_schedule(dags, tokens: list[str], variant: str, stall: float) -> Outcome:
+    ex = Executor(dags, tokens, variant, stall)
+    try:
+        return ex.run()
+    finally:
+        ex.close()
+
+
+def settings_env(latency: int = 1) -> dict[str, str]:
+    """The [dataset_race_fix] settings of an exploration (env vars, read at each use)."""
+    return {
+        "AIRFLOW__DATASET_RACE_FIX__COMMIT_LATENCY_SECONDS": str(latency),
+        # full reads at each scheduler process's first loop only: real time must not decide
+        "AIRFLOW__DATASET_RACE_FIX__FULL_READ_INTERVAL_SECONDS": "100000",
+        "AIRFLOW__DATASET_RACE_FIX__REQUEUE_INTERVAL_SECONDS": "0",
+    }
+
+
+def apply_settings(latency: int = 1) -> dict[str, str | None]:
+    env = settings_env(latency)
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    return saved
