@@ -117,7 +117,42 @@ def test_an_event_is_dated_at_its_commit_on_the_databases_clock(world):
     assert before <= stamp <= after
     with create_session() as session:
         created_at = session.scalar(select(DatasetDagRunQueue.created_at).where(DatasetDagRunQueue.target_dag_id == d))
-    assert before <= created_at <= stamp  # the queue row on the same clock, written just before the stamp
+    # the queue row on the same clock, dated just after its event, as Airflow orders them
+    # (its test_outlet_datasets checks it; a stock scheduler selects events up to created_at)
+    assert stamp < created_at <= after + timedelta(microseconds=1)
+
+
+def test_queue_rows_are_dated_after_the_events_they_announce(world):
+    """
+    Airflow's order (2.10's ``test_outlet_datasets``): every queue row a producer writes is
+    dated after the events it announces, for a task with two outlets in either order, each
+    with two consumers, an existing row and a new one, on every backend.
+    """
+    w = world
+    a, b = w.dataset("a"), w.dataset("b")
+    w.consumer("d", [a, b]), w.consumer("e", DatasetAny(a, b))
+    p = w.producer("P")
+    w.clock.stop()
+    for first, second in ((a, b), (b, a), (a, b)):  # new rows first, then existing ones
+        w.emit(p, first, commit=False), p.finish()
+        w.emit(p, second, commit=False), p.finish()
+        w.commit(p), p.finish()
+        with create_session() as session:
+            newest = dict(
+                session.execute(
+                    select(DatasetEvent.dataset_id, DatasetEvent.timestamp)
+                    .join(DatasetModel, DatasetModel.id == DatasetEvent.dataset_id)
+                    .where(DatasetModel.uri.startswith(f"race://{w.prefix}/"))
+                    .order_by(DatasetEvent.id)
+                ).all()
+            )
+            rows = session.execute(
+                select(DatasetDagRunQueue.dataset_id, DatasetDagRunQueue.created_at).where(
+                    DatasetDagRunQueue.target_dag_id.in_(w.dag_ids)
+                )
+            ).all()
+        assert len(rows) == 4
+        assert all(newest[dataset_id] < created_at for dataset_id, created_at in rows), (newest, rows)
 
 
 @servers_only

@@ -99,6 +99,7 @@ MEMBERS = (
     Member("airflow.datasets.manager", "DatasetManager", "_busy_queue_rows", None),
     Member("airflow.datasets.manager", "DatasetManager", "_queue_keys_joined_first", None),
     Member("airflow.datasets.manager", "DatasetManager", "_upsert_queue_dagruns", None),
+    Member("airflow.datasets.manager", "DatasetManager", "_date_queue_rows_after_their_events", None),
     Member("airflow.datasets.manager", "DatasetManager", "_upsert_queue_rows_not_held", None),
     Member(
         "airflow.jobs.scheduler_job_runner",

@@ -54,7 +54,8 @@ scheduler already took, so the scheduler had to read a long look-back window on 
 run. Here the last statement before the COMMIT, after the queue upsert, re-dates the
 transaction's events on one clock, the database's (PostgreSQL ``clock_timestamp()``,
 MySQL/MariaDB ``NOW(6)``; SQLite: this host's clock, which is the database's), and the
-queue rows get the same clock. Why that bounds how late an event can be: the upsert has
+queue rows get the same clock, then one microsecond past their events' stamps (Airflow's
+order: a queue row is never dated before the events it announces). Why that bounds how late an event can be: the upsert has
 locked the (dataset, DAG) queue row before the stamp is taken, and holds it to the end
 of the COMMIT, so the producers of one dataset for one DAG stamp and commit one after
 the other; an event that commits after a run read the events is stamped no earlier than
@@ -564,6 +565,7 @@ class DatasetManager:
             time.sleep(pause)
             pause = min(2 * pause, 0.008)
             busy = cls._upsert_queue_rows_not_held(sorted(busy), events, session)
+        cls._date_queue_rows_after_their_events([row for row in rows if row not in busy], events, session)
         if busy:
             Stats.incr("dataset_race_fix.busy_queue_rows_left_out", len(busy))
             cls.logger().info(
@@ -572,6 +574,76 @@ class DatasetManager:
                 len(busy),
                 sorted(busy)[:10],
             )
+
+    @classmethod
+    def _date_queue_rows_after_their_events(
+        cls, rows: list[tuple[int, str]], events: list[DatasetEvent], session: Session
+    ) -> None:
+        """
+        Date the queue rows this transaction wrote one microsecond after its events' stamps, as Airflow orders them.
+
+        The stamp is taken once the rows are locked (the floor's argument), so it is later
+        than the rows' own write; Airflow dates a queue row no earlier than the events it
+        announces (a stock scheduler, during an upgrade, selects events up to the rows'
+        ``created_at``; Airflow's tests check the order). The rows are this transaction's,
+        locked already: this waits for nothing, one statement per dataset (PostgreSQL: one).
+        """
+        from datetime import timedelta
+
+        from sqlalchemy import bindparam, func, inspect, text, update
+
+        from airflow.utils.sqlalchemy import UtcDateTime
+
+        after: dict[int, datetime] = {}
+        for dataset_event in events:
+            if inspect(dataset_event).persistent:
+                stamp = dataset_event.timestamp + timedelta(microseconds=1)
+                after[dataset_event.dataset_id] = max(after.get(dataset_event.dataset_id, stamp), stamp)
+        rows = [row for row in rows if row[0] in after]
+        if not rows:
+            return
+        dialect = session.bind.dialect.name
+        if dialect == "postgresql":
+            session.execute(
+                text(
+                    "UPDATE dataset_dag_run_queue AS q SET created_at = GREATEST(q.created_at, k.after) "
+                    "FROM unnest(CAST(:dataset_ids AS INTEGER[]), CAST(:dag_ids AS VARCHAR[]), "
+                    "CAST(:afters AS TIMESTAMPTZ[])) AS k(dataset_id, target_dag_id, after) "
+                    "WHERE q.dataset_id = k.dataset_id AND q.target_dag_id = k.target_dag_id"
+                ),
+                {
+                    "dataset_ids": [dataset_id for dataset_id, _ in rows],
+                    "dag_ids": [dag_id for _, dag_id in rows],
+                    "afters": [after[dataset_id] for dataset_id, _ in rows],
+                },
+            )
+            return
+        for dataset_id in sorted({dataset_id for dataset_id, _ in rows}):
+            keys = [row for row in rows if row[0] == dataset_id]
+            for start in range(0, len(keys), 500):
+                chunk = keys[start : start + 500]
+                if dialect == "mysql":  # by primary key, keys joined first (see _queue_keys_joined_first)
+                    keys_first, params = cls._queue_keys_joined_first(chunk)
+                    session.execute(
+                        text(f"UPDATE {keys_first} SET q.created_at = GREATEST(q.created_at, :after)").bindparams(
+                            **params
+                        ),
+                        {"after": after[dataset_id]},
+                    )
+                    continue
+                session.execute(
+                    update(DatasetDagRunQueue)
+                    .where(
+                        DatasetDagRunQueue.dataset_id == dataset_id,
+                        DatasetDagRunQueue.target_dag_id.in_([dag_id for _, dag_id in chunk]),
+                    )
+                    .values(
+                        created_at=func.max(
+                            DatasetDagRunQueue.created_at, bindparam("after", after[dataset_id], type_=UtcDateTime)
+                        )
+                    )
+                    .execution_options(synchronize_session=False)
+                )
 
     @classmethod
     def _upsert_queue_rows_not_held(
