@@ -14,7 +14,11 @@ stays well inside its 90 minutes (a full 3.11 env took 14-16 min before this pla
 - what no installed release can change (the source patches of all nine releases, read from
   files in the repository; statement sizes, set by the database): the 2.10.4 envs only;
 - the web page (a real webserver and Chromium, about a minute and a half): once per
-  release and once per server backend, 2.10.4 on SQLite and 2.11.2 on PostgreSQL.
+  release and once per server backend, 2.10.4 on SQLite and 2.11.2 on PostgreSQL;
+- the interleaving explorer (tests/test_explorer.py, 2-3 min per env): the 3.11 shim envs of
+  2.10.4 on each backend, SQLite for breadth, the servers with a smaller budget (their
+  locks); the fix's SQL is the same in both releases' envs, and stock cannot run in the
+  source-patched envs.
 """
 
 from __future__ import annotations
@@ -43,4 +47,8 @@ WEB_PAGE_ENVS = {(MAIN_RELEASE, "sqlite"), ("2.11.2", "postgres")}
 ON_WEB_PAGE_ENVS = pytest.mark.skipif(
     SOURCE_MODE or sys.version_info[:2] != MAIN_PYTHON or (AIRFLOW_VERSION, BACKEND) not in WEB_PAGE_ENVS,
     reason="a real webserver and Chromium: airflow2104-sqlite and airflow2112-postgres run it",
+)
+ON_EXPLORER_ENVS = pytest.mark.skipif(
+    SOURCE_MODE or sys.version_info[:2] != MAIN_PYTHON or AIRFLOW_VERSION != MAIN_RELEASE,
+    reason="the explorer runs in airflow2104-{sqlite,postgres,mysql} (docs/explorer.md)",
 )

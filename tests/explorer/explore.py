@@ -257,7 +257,7 @@ def explore(
 
 def default_budget(backend: str) -> int:
     """Interleavings per program in CI (a few minutes per env); ADRF_EXPLORER_BUDGET overrides."""
-    return int(os.environ.get("ADRF_EXPLORER_BUDGET", {"sqlite": 40, "postgres": 12, "mysql": 10}[backend]))
+    return int(os.environ.get("ADRF_EXPLORER_BUDGET", {"sqlite": 35, "postgres": 12, "mysql": 10}[backend]))
 
 
 def default_seed() -> int:

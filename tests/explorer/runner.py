@@ -18,6 +18,7 @@ be observed).
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -40,6 +41,10 @@ STAMP = ("update dataset_event",)
 WRITES = {"atomic", "reg", "stamp", "loop", "e", "c"}
 SCHEDULERS = ("S", "T")  # actor names that are schedulers (T: a second, HA scheduler)
 QUIET_LOOPS = 2
+# After a step that may release a lock, how long a waiting actor gets to wake up before it
+# counts as still waiting (the server updates its lock view a moment after the release).
+WAKE_GRACE = 0.5
+FULL_READ = "AIRFLOW__DATASET_RACE_FIX__FULL_READ_INTERVAL_SECONDS"
 RESTART_LOOPS = 2
 
 
@@ -59,7 +64,7 @@ class Outcome:
     txns: dict[str, TxnResult] = field(default_factory=dict)
     # per DAG, per transaction: how many runs consumed its event, and the loop that first did
     consumed: dict[str, dict[str, int]] = field(default_factory=dict)
-    needed_restart: dict[str, list[str]] = field(default_factory=dict)
+    needed_net: dict[str, list[str]] = field(default_factory=dict)
     lost: dict[str, list[str]] = field(default_factory=dict)
     doubled: dict[str, list[str]] = field(default_factory=dict)
     violations: dict[str, int] = field(default_factory=dict)
@@ -69,7 +74,7 @@ class Outcome:
 
     def summary(self) -> str:
         bits = []
-        for name in ("lost", "doubled", "needed_restart"):
+        for name in ("lost", "doubled", "needed_net"):
             value = {k: v for k, v in getattr(self, name).items() if v}
             if value:
                 bits.append(f"{name}={value}")
@@ -140,6 +145,7 @@ class Executor:
         self.deferred: dict[str, list[tuple[int, Step]]] = {}
         self.blocked: set[str] = set()
         self.paused_txn: dict[str, bool] = {}
+        self.grace = False
         self.out = Outcome(variant)
         for step in self.steps:
             if step.txn is not None and step.dataset:
@@ -192,12 +198,16 @@ class Executor:
     def settle(self, final: bool = False) -> None:
         """Run the deferred steps that can go on now, earliest submitted first, until none can."""
         while True:
+            grace, self.grace = self.grace, False
             for name in list(self.blocked):
                 actor = self.actors[name]
-                if self.world.is_waiting_for_lock(actor) or not (actor._step.done.is_set() or actor._paused.is_set()):
+                if self._still_waiting(actor, grace):
+                    continue
+                state = actor._wait()  # it goes on: until done, paused, or blocked again
+                if state == BLOCKED:
                     continue
                 self.blocked.discard(name)
-                self._after(name, DONE if actor._step.done.is_set() else PAUSED)
+                self._after(name, state)
             ready = [
                 (self.deferred[name][0][0], name)
                 for name in self.deferred
@@ -209,10 +219,20 @@ class Executor:
             _, step = self.deferred[name].pop(0)
             self.out.executed.append(str(step))
             state = self.perform(self.actors[name], step)
+            self.grace = self.grace or bool(self.blocked)  # it may have released what they wait for
             self.out.trace.append(f"{step}[{state}]")
             self._after(name, state, step)
         if final and (any(self.deferred.values()) or self.blocked):
             self.out.stuck = f"blocked {sorted(self.blocked)}, waiting {[str(s) for v in self.deferred.values() for _, s in v]}"
+
+    def _still_waiting(self, actor: Actor, grace: bool) -> bool:
+        """Waiting for a lock; after a step that may have released it, give the server time to wake it."""
+        deadline = time.monotonic() + (WAKE_GRACE if grace else 0)
+        while self.world.is_waiting_for_lock(actor):
+            if time.monotonic() >= deadline:
+                return True
+            time.sleep(0.01)
+        return False
 
     def _after(self, name: str, state: str, step: Step | None = None) -> None:
         if state == BLOCKED:
@@ -303,17 +323,27 @@ class Executor:
 
     # -- the end: quiet loops, a restarted scheduler, then the oracle's readings -------------
     def drain(self) -> None:
+        """
+        Quiet loops; then the full-read interval passes (the running scheduler's net is due:
+        ``full_read_interval_seconds`` 0 for one loop); then a restarted scheduler's loops.
+        """
         scheduler = "S"
         for _ in range(QUIET_LOOPS):
             self.submit(Step(scheduler, None, "loop"))
         self.settle(final=True)
-        before_restart = self._consumption()
+        before_net = self._consumption()
+        saved = os.environ.get(FULL_READ)
+        os.environ[FULL_READ] = "0"
+        try:
+            self.submit(Step(scheduler, None, "loop"))
+            self.settle(final=True)
+        finally:
+            os.environ[FULL_READ] = saved if saved is not None else "100000"
         self.submit(Step(scheduler, None, "restart"))
         for _ in range(RESTART_LOOPS):
             self.submit(Step(scheduler, None, "loop"))
         self.settle(final=True)
-        after = self._consumption()
-        self._judge(before_restart, after)
+        self._judge(before_net, self._consumption())
 
     def _consumption(self) -> dict[str, dict[int, int]]:
         with create_session() as session:
@@ -349,7 +379,7 @@ class Executor:
             res.committed = res.event_id in committed
         for name, dag_id in self.dag_ids.items():
             self.out.consumed[name] = {}
-            self.out.lost[name], self.out.doubled[name], self.out.needed_restart[name] = [], [], []
+            self.out.lost[name], self.out.doubled[name], self.out.needed_net[name] = [], [], []
             for txn, res in self.out.txns.items():
                 if not res.committed or res.dataset not in self.dag_datasets[name]:
                     continue
@@ -360,7 +390,7 @@ class Executor:
                 if n > 1:
                     self.out.doubled[name].append(txn)
                 if n and not before[dag_id].get(res.event_id):
-                    self.out.needed_restart[name].append(txn)
+                    self.out.needed_net[name].append(txn)  # the net's full read, not the quiet loops
 
     def close(self) -> None:
         self.clock.restore()
