@@ -106,6 +106,28 @@ def count(text: str, needle: str) -> int:
     return sum(1 for line in text.splitlines() if needle in line)
 
 
+def fixed_targets(text: str, level: str = "INFO") -> list[str]:
+    """The target modules named by the "fix in place" lines of ``text`` logged at ``level``,
+    in order; a target named twice appears twice."""
+    import re
+
+    return [
+        match[1]
+        for line in text.splitlines()
+        if level in line and (match := re.search(re.escape(INFO_LINE) + r" \(([\w.]+): ", line))
+    ]
+
+
+def assert_fixed_once(text: str, *expected: str) -> list[str]:
+    """Each "fix in place" INFO line names one target, no target twice, and at least the
+    ``expected`` ones (a process imports only the targets it uses); the targets named."""
+    named = fixed_targets(text)
+    assert count(text, INFO_LINE) == len(named) >= max(1, len(expected)), text[-3000:]
+    assert len(set(named)) == len(named), f"a target announced twice: {named}\n{text[-3000:]}"
+    assert set(expected) <= set(named), f"expected {expected} among {named}\n{text[-3000:]}"
+    return named
+
+
 def readme_local_settings() -> str:
     """The README's ``airflow_local_settings.py`` (Managed platforms), as an operator copies it."""
     import re

@@ -41,6 +41,8 @@ import pytest
 from shim_children import (
     INFO_LINE,
     PYTHON,
+    assert_fixed_once,
+    fixed_targets,
     WARNING_MARK,
     airflow_shadow,
     change_one_byte,
@@ -210,7 +212,9 @@ def world(tmp_path_factory):
         migrate = world.airflow("db", "migrate")
         assert count(output(migrate), "airflow-dataset-race-fix") == 0, output(migrate)[-3000:]
         reserialize = world.airflow("dags", "reserialize", log_level="DEBUG")
-        assert count(output(reserialize), INFO_LINE) == 1 and count(output(reserialize), "WARNING") == 0
+        announced = fixed_targets(output(reserialize), level="DEBUG")
+        assert announced and len(set(announced)) == len(announced), output(reserialize)[-3000:]
+        assert count(output(reserialize), INFO_LINE) == len(announced) and count(output(reserialize), "WARNING") == 0
         yield world
     finally:
         database.drop()
@@ -229,7 +233,7 @@ def test_a_task_process_with_the_shim_runs_the_fixed_producer(world, variant, lo
 
     created_at = world.probe(f"state({key})")["queue_created_at"]
     if variant == "fixed":
-        assert count(output(run), INFO_LINE) == 1, output(run)[-3000:]
+        assert_fixed_once(output(run), "airflow.datasets.manager")
         assert created_at > "2026", "the fixed producer moves the queue row's created_at forward"
     else:
         assert count(output(run), INFO_LINE) == 0
@@ -246,7 +250,8 @@ def test_a_scheduler_with_the_shim_runs_the_fixed_scheduler(world, variant):
 
     after = world.probe(f"state({key})")
     if variant == "fixed":
-        assert count(output(run), INFO_LINE) == 1, output(run)[-3000:]
+        # the scheduler's log says that its own code is fixed, at INFO
+        assert_fixed_once(output(run), "airflow.datasets.manager", "airflow.jobs.scheduler_job_runner")
         assert after["runs"] == before["runs"], "no run without an event (S5)"
         assert after["queue_created_at"] is None, "the queue row without events is dropped"
     else:
@@ -329,7 +334,7 @@ def test_dags_test_on_a_managed_route_runs_the_fixed_producer(world, route, logi
 
     run = world.airflow("dags", "test", "adrf_shim_producer", logical_date, route=route)
 
-    assert count(output(run), INFO_LINE) == 1, output(run)[-3000:]
+    assert_fixed_once(output(run), "airflow.datasets.manager")
     assert world.probe(f"state({key})")["queue_created_at"] > "2026", "the fixed producer moved the row forward"
 
 
@@ -342,7 +347,7 @@ def test_a_scheduler_on_a_managed_route_runs_the_fixed_scheduler(world, route):
     run = world.airflow("scheduler", "--num-runs", "1", route=route)
 
     after = world.probe(f"state({key})")
-    assert count(output(run), INFO_LINE) == 1, output(run)[-3000:]
+    assert_fixed_once(output(run), "airflow.datasets.manager", "airflow.jobs.scheduler_job_runner")
     assert after["runs"] == before["runs"], "no run without an event (S5)"
     assert after["queue_created_at"] is None, "the queue row without events is dropped"
 
@@ -392,7 +397,7 @@ def test_tasks_run_on_a_managed_route_runs_the_fixed_producer(world, route):
 
     run = world.airflow("tasks", "run", "adrf_shim_producer", "emit", run_id, "--local", route=route)
 
-    assert count(output(run), INFO_LINE) == 1, output(run)[-3000:]
+    assert_fixed_once(output(run), "airflow.datasets.manager")
     assert world.probe(f"state({key})")["queue_created_at"] > "2026", "the fixed producer moved the row forward"
 
 
@@ -401,7 +406,7 @@ def test_tasks_run_on_a_managed_route_runs_the_fixed_producer(world, route):
 def test_tasks_test_on_a_managed_route_has_the_fix_before_the_task_runs(world, route, date):
     # 'tasks test' registers no dataset event (test mode): the fix is in place before the task runs.
     run = world.airflow("tasks", "test", "adrf_shim_marker", "mark", date, route=route)
-    assert count(run.stdout, INFO_LINE) == 1, output(run)[-3000:]
+    assert_fixed_once(run.stdout)
     assert run.stdout.index(INFO_LINE) < run.stdout.index("ADRF TASK RAN")
 
 
@@ -437,7 +442,7 @@ def test_a_triggerer_on_a_managed_route_has_the_fix_before_its_loop(world, route
     with _server(["triggerer", "--skip-serve-logs"], world.env(shim=False, route=route), log_path):
         _wait_for(lambda: "Starting the triggerer" in log_path.read_text(), "triggerer loop", log_path)
     text = log_path.read_text()
-    assert count(text, INFO_LINE) == 1, text[-3000:]
+    assert_fixed_once(text)
     assert text.index(INFO_LINE) < text.index("Starting the triggerer")
 
 

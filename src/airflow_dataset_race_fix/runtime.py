@@ -14,9 +14,10 @@ reason. Originals are kept in one registry (first original wins), so ``unpatch_m
 restores them exactly.
 
 ``on_import(module, strict)`` is what the start-up shim's post-import hook calls. It
-reports once per process: one "fix in place" line the first time a target is fixed, one
+reports once per process and target: one "fix in place" line naming each target the
+first time it is fixed (the scheduler logs its own, not only the dataset manager's), one
 WARNING for a refusal (or :class:`RefusedError` in strict mode, on every import of a
-target). The "fix in place" line is INFO in processes that run for a while (the
+target). The "fix in place" lines are INFO in processes that run for a while (the
 scheduler, triggerer, webserver, DAG processor, Celery worker, a task runner, or any
 program that is not the ``airflow`` CLI) and DEBUG in every other ``airflow`` command, so
 that ``airflow dags list`` and the like print nothing of ours.
@@ -69,7 +70,7 @@ _states: dict[str, ModuleState] = {}
 # The refusal that keeps every target of this process unpatched (the first one found).
 _refusal: ModuleState | None = None
 # Reporting is once per process (hooks, apply() and reloads may see the same module again).
-_announced = False  # the "fix in place" line
+_announced: set[str] = set()  # targets whose "fix in place" line is logged
 _warned = False  # the refusal's WARNING
 _warned_half_source = False
 
@@ -337,7 +338,7 @@ def _announce_level() -> int:
 
 def report(state: ModuleState, strict: bool = False) -> None:
     """Log the outcome of patching once per process; in strict mode a refusal raises."""
-    global _announced, _warned
+    global _warned
     if state.state == REFUSED:
         refusal = _refusal or state
         if strict:
@@ -357,13 +358,15 @@ def report(state: ModuleState, strict: bool = False) -> None:
     if state.state not in (PATCHED, SOURCE_PATCHED):
         return
     how = "patched by the shim" if state.state == PATCHED else "the installed source already has the fix, shim idle"
-    if _announced:
+    if state.module in _announced:
         log.debug("airflow-dataset-race-fix: %s: %s", state.module, how)
         return
-    _announced = True
+    # One line per target, each as it is fixed: a worker never imports the scheduler, and a
+    # scheduler's log then says that its own code is fixed.
+    _announced.add(state.module)
     log.log(
         _announce_level(),
-        "airflow-dataset-race-fix: fix in place (%s: %s; Airflow %s); other targets are handled when imported",
+        "airflow-dataset-race-fix: fix in place (%s: %s; Airflow %s)",
         state.module,
         how,
         airflow_version(),
