@@ -116,23 +116,43 @@ def _quick_start_script(repo: Path) -> str:
     "run once, in the env of the quick start's release on SQLite",
 )
 def test_quick_start_install_outside_the_repository(tmp_path):
-    """The README's quick start, word for word, in a fresh virtualenv and a directory outside
-    the repository: the wheel builds, installs with Airflow from the constraints file by absolute
-    path, ``status`` and ``audit`` run against a migrated SQLite database, and neither needs
-    the reproduction-only time-machine."""
+    """The README's quick start, word for word, in an existing Airflow deployment (a virtualenv
+    with Airflow and one package at a version of its own, not ours) and a directory outside
+    the repository, on a PATH without ``python`` (Debian without a virtualenv has only
+    ``python3``): the wheel builds and installs alone, so that no package of the deployment
+    moves; ``status`` and ``audit`` run against a migrated SQLite database, neither needs the
+    reproduction-only time-machine, and ``apply --help`` names the patches the wheel installed."""
     venv = tmp_path / "venv"
     subprocess.run([sys._base_executable, "-m", "venv", str(venv)], check=True, timeout=120)
     home = tmp_path / "airflow-home"
     home.mkdir()
+    no_python = tmp_path / "no-python"  # first on PATH: 'python' is not there, as on Debian
+    no_python.mkdir()
+    (no_python / "python").write_text("#!/bin/sh\necho 'python: command not found' >&2\nexit 127\n")
+    (no_python / "python").chmod(0o755)
     env = {
         key: value for key, value in os.environ.items()
         if not key.startswith(("AIRFLOW", "PYTHON", "VIRTUAL_ENV", "PIP_CONSTRAINT"))
     }
     env.update(
-        PATH=f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}",
+        PATH=f"{no_python}{os.pathsep}{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}",
         AIRFLOW_HOME=str(home),
         AIRFLOW__CORE__LOAD_EXAMPLES="False",
     )
+    # The deployment: Airflow (from our pins, for speed: pip's cache has them), and six at a
+    # version of its own (our pins say 1.17.0; python-dateutil takes any six >= 1.5).
+    python = str(venv / "bin" / "python")
+    for requirements in (["-c", str(PINS), f"apache-airflow=={AIRFLOW_VERSION}"], ["six==1.16.0"]):
+        deployed = subprocess.run([python, "-m", "pip", "install", "-q", *requirements], env=env,
+                                  capture_output=True, text=True, timeout=1200)
+        assert deployed.returncode == 0, deployed.stderr[-3000:]
+
+    def freeze() -> set[str]:
+        return set(subprocess.run([python, "-m", "pip", "freeze", "--all"], env=env, capture_output=True, text=True,
+                                  timeout=120, check=True).stdout.splitlines())
+
+    before = freeze()
+    assert "six==1.16.0" in before
     # the quick start builds into $ADRF/dist: a copy of the tracked files, so that the test
     # neither writes into this worktree nor depends on its build leftovers
     clone = tmp_path / "clone"
@@ -154,10 +174,20 @@ def test_quick_start_install_outside_the_repository(tmp_path):
     assert "exit of audit: 0" in run.stdout, output[-4000:]
     assert "exit of explain: 2" in run.stdout and "no DAG 'DAG_ID' in the metadata database" in output, output[-4000:]
     assert "Traceback" not in output, output[-4000:]
+    after = freeze()
+    added = after - before
+    assert before - after == set() and len(added) == 1 and next(iter(added)).startswith("airflow-dataset-race-fix"), (
+        f"the quick start moved packages of the deployment: gone {sorted(before - after)}, new {sorted(added)}"
+    )
+    # apply's default patches directory, from a wheel: the copy it installed
+    apply_help = subprocess.run([str(venv / "bin" / "airflow-dataset-race-fix"), "apply", "--help"], cwd=elsewhere,
+                                env=env, capture_output=True, text=True, timeout=120)
+    installed_patches = venv / "share" / "airflow-dataset-race-fix" / "patches"
+    assert (installed_patches / AIRFLOW_VERSION / "series").is_file()
+    assert str(installed_patches) in "".join(apply_help.stdout.split()), apply_help.stdout  # wrapped lines joined
     # time-machine is only the [reproduce] extra's. (Airflow's pendulum 3 requires it on CPython
     # anyway, so it is installed here; what matters is that this package neither requires nor
     # imports it outside the reproduction harness.)
-    python = str(venv / "bin" / "python")
     requires = subprocess.run(
         [python, "-c", "import json; from importlib import metadata; "
          "print(json.dumps(metadata.requires('airflow-dataset-race-fix')))"],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -30,7 +31,7 @@ EXERCISED_ELSEWHERE = {
     "reproduce/run": "test_reproduce_run_script_starts (and the reproduction tests)",
     ".ci/run": "CI itself",
     "ADRF=": "test_install.py's test_quick_start_install_outside_the_repository sets it",
-    "python -m pip wheel": "test_install.py's test_quick_start_install_outside_the_repository",
+    "python3 -m pip wheel": "test_install.py's test_quick_start_install_outside_the_repository",
     "pip install": "the quick start's: test_install.py; the others: .ci/run and tox install the same way",
     "tox": ".ci/run runs tox; tox -e <env> -- <args> is tox's own syntax",
     "pg_ctlcluster": ".ci/run starts PostgreSQL with it",
@@ -79,13 +80,22 @@ def test_the_quick_start_installs_turns_on_checks_and_audits():
     commands = quick_start_commands()
     assert commands[0].startswith("ADRF=/")
     wheel = f"airflow_dataset_race_fix-{__version__}-py3-none-any.whl"
-    assert any(c.startswith("pip install -c \"$ADRF/requirements/constraints-") and wheel in c for c in commands), (
-        f"the quick start must install the wheel this version builds ({wheel}) with a constraints file by absolute path"
+    installs = [c for c in commands if c.startswith("pip install")]
+    # It is for the environment where Airflow runs: the wheel alone, so that nothing of that
+    # deployment moves to our pins (issue 31: they moved cryptography and packaging).
+    assert installs == [f'pip install --no-deps "$ADRF/dist/{wheel}"'], (
+        f"the quick start installs the wheel this version builds ({wheel}) alone, by absolute path: {installs}"
     )
+    assert not any("constraints-" in c or "apache-airflow" in c for c in commands)
+    # Debian without a virtualenv has python3 but no python
+    assert not [c for c in commands if shlex.split(c)[0] == "python"], commands
     assert any("shim path" in c for c in commands)
     assert f"{CLI} status" in commands and f"{CLI} audit" in commands
     section = README.read_text().split("## Quick start\n", 1)[1].split("\n## ", 1)[0]
     assert "AIRFLOW_DATASET_RACE_FIX_DISABLED=1" in section, "the quick start says how to turn the fix off"
+    assert "`--no-deps`" in section and "**new** environment" in section and "(#install)" in section, (
+        "where the command stands, the README says which install is for which environment"
+    )
     assert len(section.splitlines()) <= 45, "the quick start fits on one screen"
 
 
@@ -142,3 +152,54 @@ def test_reproduce_run_script_starts():
 def test_bench_script_starts():
     result = _run(sys.executable, str(REPO / "reproduce" / "bench.py"), "--help")
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+# Words of the README's "why" column and the reproduction's counter each names.
+STOCK_COUNTERS = {"empty run": "empty_runs", "lost": "lost", "doubled": "doubled", "out of order": "out_of_order"}
+
+
+def test_behaviour_that_differs_names_what_each_scenario_shows_on_stock():
+    """A scenario the "Behaviour that differs" table cites for a stock outcome shows that outcome
+    in the reproduction (its catalog's expectation, which ``reproduce`` and the scenario tests
+    hold stock to): issue 31 found S4 cited for empty runs where stock loses the event."""
+    from airflow_dataset_race_fix.harness.catalog import CATALOG
+
+    expected = {info.id: set(info.expect_stock) for info in CATALOG}
+    section = README.read_text().split("## Behaviour that differs from stock Airflow\n", 1)[1].split("\n## ", 1)[0]
+    table = section.split("**Upgrade", 1)[0]
+    cited = 0
+    for row in (line for line in table.splitlines() if line.startswith("| ") and not line.startswith("| what")):
+        why = row.split(" | ")[1]
+        scenarios = re.findall(r"\bS\d+b?\b", why)
+        counters = {counter for word, counter in STOCK_COUNTERS.items() if word in why}
+        for scenario in scenarios:
+            cited += bool(counters)
+            assert counters <= expected[scenario], (
+                f"README says stock shows {sorted(counters)} in {scenario}; the reproduction shows "
+                f"{sorted(expected[scenario])}: {why!r}"
+            )
+    assert cited >= 2
+
+
+def test_what_installing_alone_changes_is_what_airflow_loads():
+    """The README's sentence on installing the package alone names every plugin of ours that
+    Airflow loads without the opt-in (a real plugin manager in a child interpreter)."""
+    code = (
+        "import json\n"
+        "from airflow import plugins_manager\n"
+        "plugins_manager.ensure_plugins_loaded()\n"
+        "print('PLUGINS ' + json.dumps([p.name for p in plugins_manager.plugins"
+        " if type(p).__module__.startswith('airflow_dataset_race_fix')]))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "AIRFLOW__DATASET_RACE_FIX__ENABLE_VIA_PLUGIN")}
+    child = _run(sys.executable, "-c", code, env=env)
+    assert child.returncode == 0, child.stderr[-3000:]
+    loaded = json.loads(next(line for line in child.stdout.splitlines() if line.startswith("PLUGINS "))[8:])
+    assert loaded, "installed, the package gives Airflow its web page's plugin"
+    section = README.read_text().split("## Turn it on in every Airflow process\n", 1)[1]
+    intro = " ".join(section.strip().split("\n\n", 1)[0].split())
+    assert "Installing the package" in intro and "changes nothing" not in intro, intro
+    for name in loaded:
+        assert f"`{name}`" in intro, f"installing adds plugin {name}: the README's sentence must say so: {intro}"
+    assert "Browse > Dataset runs" in intro
+    assert "Same section." not in README.read_text(), "a sentence that names no section"

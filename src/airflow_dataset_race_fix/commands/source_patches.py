@@ -41,16 +41,23 @@ def register(subparsers) -> None:
 
 
 def _add_locations(parser: argparse.ArgumentParser) -> None:
+    from airflow_dataset_race_fix.source_patches import locations
+
     parser.add_argument(
         "--site-packages",
         type=Path,
         help="the site-packages holding Airflow (default: the one this Python imports airflow from)",
     )
+    # The default of this installation, not only the rule: from a wheel it is the copy under
+    # <prefix>/share, which no operator would guess from "the source tree's patches/".
+    here = locations.default_patches_dir()
     parser.add_argument(
         "--patches-dir",
         type=Path,
-        help="directory with <airflow-version>/series (default: $ADRF_PATCHES_DIR, or the patches/ "
-        "of the source tree this package runs from)",
+        help="directory with <airflow-version>/series (default: $ADRF_PATCHES_DIR, else the patches/ of "
+        "the source tree this package runs from, else the copy a wheel installs in "
+        "<prefix>/share/airflow-dataset-race-fix/patches; here: "
+        + (str(here).replace("%", "%%") if here else "none found") + ")",
     )
 
 
