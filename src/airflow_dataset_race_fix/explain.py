@@ -191,14 +191,19 @@ class LoopSelection:
         query, self.info = dags_needing_dagruns(session)
         self.picked = [dm.dag_id for dm in query.all()]
         # the sweep's net reads no round here: explain reads the explained DAG's references itself
-        self.runner.__dict__["_dataset_race_fix_net"] = {
-            "found": {}, "cursor": {}, "read_through_at": {}, "ran_at": None, "only": set()
-        }
+        self.runner.__dict__["_dataset_race_fix_net"] = {"only": set()}
         self.swept = {dm.dag_id for dm in self.runner._dags_with_unqueued_dataset_events(dict(self.info), session)}
 
 
-def explain(session: Session, dag_id: str, *, runs: int = 10, loop: LoopSelection | None = None) -> dict[str, Any]:
-    """The explanation of ``dag_id`` as a JSON-able dict (``SCHEMA``); ExplainError for bad input."""
+def explain(
+    session: Session, dag_id: str, *, runs: int = 10, loop: LoopSelection | None = None, events_per_run: int | None = None
+) -> dict[str, Any]:
+    """
+    The explanation of ``dag_id`` as a JSON-able dict (``SCHEMA``); ExplainError for bad input.
+
+    ``events_per_run``: read at most that many events of each shown run (its lowest ids), and
+    give each run its ``events_total`` (the web page: a run may have consumed 50 000). None: all.
+    """
     from airflow.models.dagrun import DagRun
     from airflow.models.dataset import DagScheduleDatasetReference, DatasetDagRunQueue, DatasetEvent, DatasetModel
     from airflow.timetables.simple import DatasetTriggeredTimetable
@@ -356,7 +361,7 @@ def explain(session: Session, dag_id: str, *, runs: int = 10, loop: LoopSelectio
         "verdict": verdict,
         "pending_events": [_event(e, uris) for e in events],
         "deferred_events": [_event(e, uris) for e in deferred],
-        "runs": _last_runs(session, dag_id, runs, uris, found),
+        "runs": _last_runs(session, dag_id, runs, uris, found, events_per_run),
         "audit": {
             "since": _iso(since),
             "counts": {k: v for k, v in asdict(report).items() if k != "dag_id"} if report is not None else {},
@@ -430,8 +435,11 @@ def _beyond_reach(found, events, uris) -> list[dict[str, str]]:
     return notes
 
 
-def _last_runs(session: Session, dag_id: str, limit: int, uris: dict[int, str], found) -> list[dict[str, Any]]:
-    """The DAG's last ``limit`` dataset-triggered runs, newest first, with their events and flags."""
+def _last_runs(
+    session: Session, dag_id: str, limit: int, uris: dict[int, str], found, events_per_run: int | None = None
+) -> list[dict[str, Any]]:
+    """The DAG's last ``limit`` dataset-triggered runs, newest first, with their events and flags
+    (at most ``events_per_run`` events of each, and then each run's ``events_total``)."""
     from airflow.models.dagrun import DagRun
     from airflow.models.dataset import DatasetEvent, association_table
     from airflow.utils.types import DagRunType
@@ -442,8 +450,33 @@ def _last_runs(session: Session, dag_id: str, limit: int, uris: dict[int, str], 
         .order_by(DagRun.execution_date.desc())
         .limit(limit + 1)  # and the one before the oldest shown: its date tells late events
     ).all()
-    events_of: dict[int, list] = {row.id: [] for row in rows}
-    if rows:
+    events_of: dict[int, list] = {row.id: [] for row in rows[:limit]}  # the one before: its date only
+    totals: dict[int, int] = {}
+    if events_of and events_per_run is not None:
+        # Index-only reads of the association's primary key (dag_run_id, event_id), whatever the
+        # statistics: a count per run, and each run's first ids; then those events by id.
+        totals = dict(
+            session.execute(
+                select(association_table.c.dag_run_id, func.count())
+                .where(association_table.c.dag_run_id.in_(list(events_of)))
+                .group_by(association_table.c.dag_run_id)
+            ).all()
+        )
+        wanted: dict[int, int] = {}
+        for run_id in events_of:
+            for event_id in session.scalars(
+                select(association_table.c.event_id)
+                .where(association_table.c.dag_run_id == run_id)
+                .order_by(association_table.c.event_id)
+                .limit(events_per_run)
+            ):
+                wanted[event_id] = run_id
+        if wanted:
+            for event in session.scalars(
+                select(DatasetEvent).where(DatasetEvent.id.in_(list(wanted))).order_by(DatasetEvent.timestamp)
+            ):
+                events_of[wanted[event.id]].append(event)
+    elif events_of:
         for run_id, event in session.execute(
             select(association_table.c.dag_run_id, DatasetEvent)
             .join(DatasetEvent, DatasetEvent.id == association_table.c.event_id)
@@ -479,6 +512,7 @@ def _last_runs(session: Session, dag_id: str, limit: int, uris: dict[int, str], 
                 ],
                 "empty": not run_events,
                 "out_of_order": row.run_id in out_of_order,
+                **({"events_total": totals.get(row.id, 0)} if events_per_run is not None else {}),
             }
         )
     return result

@@ -309,11 +309,12 @@ class SchedulerJobRunner:
 
         Cheap per sweep: a reference is read in slices of at most ``slice_size`` events in
         stamp order (a range of the ``(dataset_id, timestamp)`` index, LIMIT first, then
-        one probe of the consumption record per event), and each sweep reads the share of
-        the references due that keeps each within the interval: ``references * elapsed /
-        interval``, at least one slice, and more while the sweep has spent less than
-        ``budget_seconds``. The place a reference's read has reached is this process's
-        memory; losing it (a restart) only starts that read again.
+        one probe of the consumption record per event), and each sweep reads its share of
+        a round: ``slices a round took * elapsed / interval`` (a reference not read yet
+        counts one slice), at least one slice, and more while the sweep has spent less
+        than ``budget_seconds``. Where a reference's read has got to, and how many slices
+        each took, is this process's memory; losing it (a restart) only starts the reads
+        again.
 
         Returns ``{dag_id: oldest such stamp}`` for the DAGs found, kept until the DAG is
         decided: ``_decide_dataset_triggered_runs`` reads their whole window once.
@@ -324,17 +325,17 @@ class SchedulerJobRunner:
 
         from airflow.models.dataset import association_table
 
-        slice_size = 5000  # events per statement: a few milliseconds of index probes
-        budget_seconds = 0.02  # a sweep reads on while it has spent less (a fraction of a loop)
+        slice_size = 2000  # events per statement: about a millisecond of index probes
+        budget_seconds = 0.005  # a sweep reads on while it has spent less (a fraction of a loop)
 
-        net = self.__dict__.setdefault(
-            "_dataset_race_fix_net", {"found": {}, "cursor": {}, "read_through_at": {}, "ran_at": None, "only": None}
-        )
-        only = net["only"]  # explain: these DAGs' references read through at once, no round
+        net = self.__dict__.setdefault("_dataset_race_fix_net", {})
+        for part in ("found", "cursor", "read_through_at", "slices"):
+            net.setdefault(part, {})
+        only = net.get("only")  # explain: these DAGs' references read through at once, no round
         interval = max(0, conf.getint("dataset_race_fix", "full_read_interval_seconds", fallback=300))
         lookback = timedelta(seconds=max(0, conf.getint("dataset_race_fix", "event_lookback_seconds", fallback=900)))
         started = time.monotonic()
-        elapsed = started - net["ran_at"] if net["ran_at"] is not None else 0.0
+        elapsed = started - net["ran_at"] if net.get("ran_at") is not None else 0.0
         net["ran_at"] = started
 
         latest_run = (
@@ -355,15 +356,18 @@ class SchedulerJobRunner:
             )
         }
         read_through_at: dict[tuple[str, int], float] = net["read_through_at"]
-        cursor: dict[tuple[str, int], datetime] = net["cursor"]
-        for forgotten in (read_through_at.keys() | cursor.keys()) - references.keys():
-            read_through_at.pop(forgotten, None), cursor.pop(forgotten, None)
+        cursor: dict[tuple[str, int], tuple[datetime, int]] = net["cursor"]  # a read under way: from, slices so far
+        slices_of: dict[tuple[str, int], int] = net["slices"]  # what a reference's last read took
+        for forgotten in (read_through_at.keys() | cursor.keys() | slices_of.keys()) - references.keys():
+            read_through_at.pop(forgotten, None), cursor.pop(forgotten, None), slices_of.pop(forgotten, None)
         due = sorted(
             (key for key in references if started - read_through_at.get(key, float("-inf")) >= interval),
             key=lambda key: (key not in cursor, read_through_at.get(key, float("-inf")), key),
         )
-        # slices this sweep reads at least (then more while under budget); all when no round
-        share = float("inf") if not interval or only is not None else max(1, ceil(len(references) * elapsed / interval))
+        # Slices this sweep reads at least (then more while under budget): its share of a
+        # round, as long as the last round's reads took (a reference not read yet: one slice).
+        round_slices = sum(slices_of.get(key, 1) for key in references)
+        share = float("inf") if not interval or only is not None else max(1, ceil(round_slices * elapsed / interval))
 
         # One slice of one reference: how many events it read, the newest stamp among them,
         # and the oldest that no run of the DAG consumed.
@@ -387,7 +391,7 @@ class SchedulerJobRunner:
         for dag_id, dataset_id in due:
             key, latest = (dag_id, dataset_id), references[(dag_id, dataset_id)]
             while slices < share or time.monotonic() - started < budget_seconds:
-                start = cursor.get(key) or min(latest, now) - lookback
+                start, read = cursor.get(key) or (min(latest, now) - lookback, 0)
                 count, newest, stranded = session.execute(
                     slice_of_reference, {"dataset_id": dataset_id, "start": start, "end": latest, "dag_id": dag_id}
                 ).one()
@@ -396,11 +400,11 @@ class SchedulerJobRunner:
                     found[dag_id] = min(found.get(dag_id, stranded), stranded)
                 if count < slice_size or newest is None:
                     cursor.pop(key, None)
-                    read_through_at[key] = time.monotonic()
+                    read_through_at[key], slices_of[key] = time.monotonic(), read + 1
                     break
                 # More to read: from the newest stamp of this slice (again, for its ties; a
                 # microsecond on when a whole slice shares one stamp).
-                cursor[key] = newest if newest > start else newest + timedelta(microseconds=1)
+                cursor[key] = (newest if newest > start else newest + timedelta(microseconds=1), read + 1)
             else:
                 break  # this sweep's share and budget are spent
         return dict(found)
