@@ -150,7 +150,6 @@ def programs(backend: str) -> list[Program]:
             one,
             (Txn("P1", "a", open=True, stall=True), Txn("Q1", "a")),
             loops=(("S", 2), ("T", 2)),
-            split=True,
             prefix=("Q0:a", "S.loop"),
             backends=("postgres",),
         ),
