@@ -497,6 +497,27 @@ class SchedulerJobRunner:
                 )
                 .scalar_subquery()
             )
+            if dialect == "postgresql":
+                from sqlalchemy import true
+
+                # From the latest run's events (one loop's worth) to their rows, one primary-key
+                # probe each, whatever the statistics: with none, PostgreSQL started from the
+                # dataset's whole history and probed the association table per event (issue 30).
+                # OFFSET 0 keeps the LATERAL subquery from being pulled up into a plain join.
+                event_of_link = (
+                    select(DatasetEvent.timestamp)
+                    .where(DatasetEvent.id == association_table.c.event_id, DatasetEvent.dataset_id == reference.dataset_id)
+                    .offset(0)
+                    .correlate(association_table, reference)  # the link beside it, the reference two levels up
+                    .lateral()
+                )
+                newest_consumed_by_latest_run = (
+                    select(func.max(event_of_link.c.timestamp))
+                    .select_from(association_table.join(event_of_link, true()))
+                    .where(association_table.c.dag_run_id == latest_run_of(DagRun.id))
+                    .correlate(reference)
+                    .scalar_subquery()
+                )
             return (
                 select(
                     DagModel.dag_id,
