@@ -224,3 +224,46 @@ def test_the_newest_consumed_event_starts_from_the_latest_runs_events(world, sta
     for plan in plans:
         assert "idx_dataset_id_timestamp" not in plan and "Seq Scan on dataset_event" not in plan, plan
         assert "dataset_event_pkey" in plan, plan
+
+
+@pytest.mark.parametrize("statistics", ["none", "fresh"])
+def test_the_net_reads_a_slice_of_the_index_and_probes_each_event_once(world, statistics, monkeypatch):
+    """
+    The net under the floor (BUG_REPORT, "The net") reads a reference's window in slices: a
+    LIMIT on the ``(dataset_id, timestamp)`` index first, then one probe of the consumption
+    record per event read, never a scan of the DAG's runs or of the association table per
+    event, with no statistics as with fresh ones.
+    """
+    monkeypatch.setenv("AIRFLOW__DATASET_RACE_FIX__FULL_READ_INTERVAL_SECONDS", "0")
+    w = world
+    a = w.dataset("a")
+    dag_id = w.consumer("busy", [a])
+    with create_session() as session:
+        dataset_id = session.scalar(select(DatasetModel.id).where(DatasetModel.uri == a.uri))
+    end = w.clock.base - timedelta(seconds=30)
+    instants = [end - timedelta(minutes=10) * (CONSUMED - i) / CONSUMED for i in range(CONSUMED)]
+    add_history({"single_a": dag_id}, {"a": dataset_id}, instants, 0, watches={"single_a": {"a"}})
+    tables = ("dataset_event", "dag_run", "dagrun_dataset_event")
+    scheduler = w.scheduler()
+    try:
+        if statistics == "none":
+            forget_statistics(tables)
+        else:
+            with settings.engine.begin() as conn:
+                for table in tables:
+                    conn.execute(text(f"ANALYZE {table}"))
+        with explained(lambda statement: "CASE WHEN (NOT (EXISTS" in statement) as plans, create_session() as session:
+            from airflow.datasets.manager import DatasetManager
+
+            found = scheduler.runner._dags_with_stranded_dataset_events(DatasetManager._database_now(session), session)
+            session.rollback()
+    finally:
+        with settings.engine.begin() as conn:
+            for table in tables:
+                conn.execute(text(f"ANALYZE {table}"))
+    assert dag_id not in found
+    assert len(plans) >= -(-CONSUMED // 2000), len(plans)  # one statement per slice of 2 000 events
+    for plan in plans:
+        assert "Limit" in plan and "idx_dataset_id_timestamp" in plan, plan
+        assert "idx_dagrun_dataset_events_event_id" in plan and "dag_run_pkey" in plan, plan  # per event
+        assert "Seq Scan" not in plan and "Hash" not in plan, plan

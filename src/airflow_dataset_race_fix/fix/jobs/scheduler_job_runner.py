@@ -377,10 +377,12 @@ class SchedulerJobRunner:
             DatasetEvent.timestamp <= bindparam("end"),
         )
         piece = event.order_by(DatasetEvent.timestamp).limit(slice_size).subquery()
+        # From the event to its links, then each link's run by primary key: a scalar
+        # subquery, so that no plan can start from the DAG's runs (thousands) per event.
+        run_of_link = select(DagRun.dag_id).where(DagRun.id == association_table.c.dag_run_id).scalar_subquery()
         consumed = (
             select(association_table.c.event_id)
-            .join(DagRun, DagRun.id == association_table.c.dag_run_id)
-            .where(association_table.c.event_id == piece.c.id, DagRun.dag_id == bindparam("dag_id"))
+            .where(association_table.c.event_id == piece.c.id, run_of_link == bindparam("dag_id"))
             .exists()
         )
         unconsumed = func.min(case((~consumed, piece.c.timestamp)))
