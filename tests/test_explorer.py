@@ -75,3 +75,18 @@ def test_explore_the_default_budget(explorer_settings):
     print("\n" + result.report())
     assert result.explored > 0
     assert not result.worse, "the fix does worse than stock:\n" + result.report()
+
+
+@pytest.mark.skipif(BACKEND != "sqlite", reason="the command line: the SQLite env runs it")
+def test_the_command_line_replays_a_step_list():
+    """README's larger run is this command's ``explore``; ``replay`` runs the same machinery."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    result = subprocess.run(
+        [sys.executable, "-m", "tests.explorer", "replay", "--backend", "sqlite", "--dags", "d=a", "Q1:a S.loop Q2:a S.loop"],
+        cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "the fix does worse: no" in result.stdout, result.stdout

@@ -39,6 +39,7 @@ EXERCISED_ELSEWHERE = {
     "apt-get install": ".ci/run installs the same packages",
     "export PYTHONPATH=": "tests/test_shim.py runs Python and Airflow with the shim on PYTHONPATH",
     "python reproduce/bench.py": "test_bench_script_starts",
+    "python -m tests.explorer": "test_explorer.py's test_the_command_line_replays_a_step_list (and the exploration itself)",
 }
 
 
