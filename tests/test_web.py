@@ -6,7 +6,10 @@ an event's ``extra`` hold ``<script>``), a late commit that a later run consumed
 DAG whose events are dated ahead. Two users log in through Airflow's login form: an admin,
 and a user whose role may read only the AND DAG. The pages must say what ``explain`` says
 against the same database, the second user must see neither the other DAGs' pages nor
-their JSON, and nothing from the database may run as script. Screenshots are kept in
+their JSON, nor what Airflow denies that role (the DAG's runs, dataset events, a producer
+DAG's ids), and nothing from the database may run as script. More DAGs than a page holds:
+sorting and filtering take the whole list. A run and a queue of more events than the page
+shows: the page reads a bounded number, and links to the rest. Screenshots are kept in
 ``test-artifacts/screenshots/``.
 """
 
@@ -14,11 +17,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -27,6 +32,10 @@ from sqlalchemy import select, update
 
 from airflow import settings
 from airflow.datasets import DatasetAll, DatasetAny
+from airflow.models.dag import DagModel
+from airflow.models.dagrun import DagRun
+from airflow.utils.state import DagRunState
+from airflow.utils.types import DagRunType
 from airflow.models.dataset import DatasetEvent, DatasetModel
 from airflow.utils.session import create_session
 
@@ -44,6 +53,54 @@ SCREENSHOTS = REPO / "test-artifacts" / "screenshots" / f"airflow-{AIRFLOW_VERSI
 XSS_URI_NAME = "<script>window.__xss_uri=1</script>"
 XSS_EXTRA = {"note": "<script>window.__xss_extra=1</script>"}
 PASSWORD = "adrf-web-test-1"
+PRODUCER_RUN = "producer_run_not_for_limited"
+MANY = 52  # paused consumers, more than a page (views.PAGE_SIZE) before the two that run
+EVENTS_SHOWN = 100  # views.EVENTS_SHOWN (not imported: Flask AppBuilder stays out of pytest)
+BULK = 130  # events of one run, and pending: more than the page shows
+
+
+def _build_many():
+    """More DAGs than a page: MANY paused ones, then (by dag_id) two unpaused with pending events."""
+    from airflow_dataset_race_fix.harness.world import World
+
+    w = World("web_many")
+    try:
+        x, y = w.dataset("x"), w.dataset("y")
+        paused = w.consumers("m", [x], MANY)
+        running = [w.consumer("z_y1", [y]), w.consumer("z_y2", [y])]
+        p = w.producer("P")
+        w.emit(p, x), p.finish()
+        for _ in range(3):
+            w.emit(p, y), p.finish()
+        return paused, running
+    finally:
+        w.close()
+
+
+def _add_bulk(w, dag_id: str, dataset) -> None:
+    """A run of ``dag_id`` that consumed BULK events of ``dataset``, and BULK events after it."""
+    from datetime import datetime, timedelta, timezone
+
+    from sqlalchemy import insert
+
+    from airflow.models.dagrun import DagRun
+    from airflow.models.dataset import association_table
+    from airflow.utils.state import DagRunState
+    from airflow.utils.types import DagRunType
+
+    now = datetime.now(timezone.utc)
+    with create_session() as session:
+        dataset_id = session.scalar(select(DatasetModel.id).where(DatasetModel.uri == dataset.uri))
+        stamps = [now - timedelta(seconds=300) + timedelta(milliseconds=i) for i in range(2 * BULK)]
+        session.execute(insert(DatasetEvent), [{"dataset_id": dataset_id, "timestamp": t, "extra": {}} for t in stamps])
+        ids = session.scalars(select(DatasetEvent.id).where(DatasetEvent.dataset_id == dataset_id).order_by(DatasetEvent.id)).all()
+        run_date = stamps[BULK - 1] + timedelta(milliseconds=0.5)
+        session.execute(insert(DagRun), [{
+            "dag_id": dag_id, "run_id": "dataset_triggered__bulk", "execution_date": run_date, "state": DagRunState.SUCCESS,
+            "run_type": DagRunType.DATASET_TRIGGERED, "external_trigger": False, "data_interval_start": stamps[0],
+            "data_interval_end": stamps[BULK - 1], "clear_number": 0}])
+        run = session.scalar(select(DagRun.id).where(DagRun.dag_id == dag_id))
+        session.execute(insert(association_table), [{"dag_run_id": run, "event_id": i} for i in ids[:BULK]])
 
 
 def _build_states():
@@ -61,15 +118,18 @@ def _build_states():
         waiting = w.consumer("waits_for_both", DatasetAll(a, evil))
         late = w.consumer("late_commit", DatasetAny(b, c))
         ahead = w.consumer("dated_ahead", [w.dataset("ahead")])
+        bulk = w.consumer("bulk", [w.dataset("bulk")])
         p, q, s = w.producer("P"), w.producer("Q"), w.scheduler()
         w.emit(p, a), p.finish()
         with create_session() as session:  # an event whose extra holds a script
             session.execute(
                 update(DatasetEvent)
                 .where(DatasetEvent.dataset_id == select(DatasetModel.id).where(DatasetModel.uri == a.uri).scalar_subquery())
-                .values(extra=XSS_EXTRA)
+                .values(extra=XSS_EXTRA, source_dag_id=late, source_run_id=PRODUCER_RUN, source_task_id="emit")
                 .execution_options(synchronize_session=False)
             )
+            session.add(DagRun(dag_id=waiting, run_id="dataset_triggered__before", run_type=DagRunType.DATASET_TRIGGERED,
+                               execution_date=w.clock.base - timedelta(hours=1), state=DagRunState.SUCCESS))  # a run to withhold
         if BACKEND == "sqlite":  # the host's clock dates events: a producer whose clock lags
             w.clock.at(3600), w.emit(q, c), q.finish()
             w.loop(s), s.finish()
@@ -97,7 +157,8 @@ def _build_states():
                 w.emit(p, w.dataset("ahead")), p.finish()
             finally:
                 DatasetManager._database_clock = original
-        return {"waiting": waiting, "late": late, "ahead": ahead}
+        _add_bulk(w, bulk, w.dataset("bulk"))
+        return {"waiting": waiting, "late": late, "ahead": ahead, "bulk": bulk}
     finally:
         w.close()
         if not SOURCE_MODE:
@@ -110,31 +171,37 @@ def _airflow(*args: str, env: dict) -> None:
 
 
 GRANT = """
-import sys
+import json, sys
 from airflow.providers.fab.auth_manager.cli_commands.utils import get_application_builder
 
 with get_application_builder() as appbuilder:
     sm = appbuilder.sm
-    role = sm.find_role(sys.argv[1]) or sm.add_role(sys.argv[1])
-    for resource in sys.argv[2:]:
-        sm.add_permission_to_role(role, sm.create_permission("can_read", resource))
+    for user, resources in json.loads(sys.argv[1]).items():
+        role = sm.find_role(user) or sm.add_role(user)
+        for resource in resources:
+            sm.add_permission_to_role(role, sm.create_permission("can_read", resource))
+        assert sm.add_user(user, "L", "Imited", user + "@example.com", role, password=sys.argv[2])
 """
 
 
-def _grant(role: str, resources: list[str], env: dict) -> None:
-    """A role that may read only ``resources``, made with Airflow's own security manager (the CLI's
-    'roles add-perms' needs the resources made first, and 'sync-perm --include-dags' makes one per
-    DAG of the whole database: minutes on a test database with hundreds)."""
-    done = subprocess.run([sys.executable, "-c", GRANT, role, *resources], env=env, capture_output=True, text=True,
-                          timeout=300)
-    assert done.returncode == 0, f"granting {resources} to {role}: {done.stderr[-3000:]}"
+def _grant(roles: dict[str, list[str]], env: dict) -> None:
+    """Per user, a role of its own that may read only its resources, made with Airflow's own security
+    manager in one process (the CLI's 'roles add-perms' needs the resources made first, and
+    'sync-perm --include-dags' makes one per DAG of the whole database: minutes on a test database
+    with hundreds)."""
+    done = subprocess.run([sys.executable, "-c", GRANT, json.dumps(roles), PASSWORD], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, f"granting {roles}: {done.stderr[-3000:]}"
 
 
 @pytest.fixture(scope="module")
 def site():
     if not all(chromium_found()):
         pytest.fail("Debian's chromium and chromium-driver are needed (.ci/run installs them)")
-    dags = _build_states()
+    many = _build_many()
+    dags = _build_states()  # pauses the other worlds' DAGs: the two that run are unpaused again
+    with create_session() as session:
+        session.execute(update(DagModel).where(DagModel.dag_id.in_(many[1])).values(is_paused=False))
     home = tempfile.TemporaryDirectory(prefix="adrf-web-")
     port = free_port()
     env = {
@@ -151,9 +218,10 @@ def site():
     env.pop("PYTHONPATH", None)  # no shim in the webserver: the page says the fix is off there
     _airflow("users", "create", "--role", "Admin", "--username", "admin", "--password", PASSWORD,
              "--firstname", "A", "--lastname", "Dmin", "--email", "admin@example.com", env=env)
-    _grant("OneDag", ["Website", f"DAG:{dags['waiting']}"], env=env)
-    _airflow("users", "create", "--role", "OneDag", "--username", "limited", "--password", PASSWORD,
-             "--firstname", "L", "--lastname", "Imited", "--email", "limited@example.com", env=env)
+    # limited: the website and one DAG (Airflow answers 403 for its runs and for dataset events);
+    # events: and DAG Runs and Datasets (not the producer's DAG)
+    one_dag = ["Website", f"DAG:{dags['waiting']}"]
+    _grant({"limited": one_dag, "events": one_dag + ["DAG Runs", "Datasets"]}, env=env)
     log = open(os.path.join(home.name, "webserver.log"), "w")
     server = subprocess.Popen([sys.executable, "-m", "airflow", "webserver", "--port", str(port)], env=env,
                               stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -171,7 +239,7 @@ def site():
         else:
             pytest.fail("the webserver did not start: " + Path(log.name).read_text()[-4000:])
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-        yield base, dags
+        yield base, dags, many
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         try:
@@ -196,7 +264,7 @@ def _login(base: str, user: str) -> Browser:
 
 
 def test_the_pages_say_what_explain_says_and_run_no_script_from_the_database(site):
-    base, dags = site
+    base, dags, _ = site
     browser = _login(base, "admin")
     try:
         # the test database holds the other tests' DAGs too (50 a page): this world's, by the filter
@@ -229,7 +297,8 @@ def test_the_pages_say_what_explain_says_and_run_no_script_from_the_database(sit
             browser.screenshot(SCREENSHOTS / f"dag-{role}.png")
             page_json = json.loads(requests.get(f"{base}/dataset-race-fix/dag/{dag_id}/json", cookies=browser.cookies(), timeout=30).text)
             assert page_json["verdict"] == found["verdict"]
-            assert page_json["pending_events"] == found["pending_events"]
+            assert page_json["pending_events"] == found["pending_events"][:EVENTS_SHOWN]
+            assert page_json["pending_events_total"] == len(found["pending_events"]) and not page_json["withheld"]
         waiting = _explained(dags["waiting"])
         assert "condition_not_met" in [r["code"] for r in waiting["verdict"]["reasons"]]
         assert any(e["late"] for run in _explained(dags["late"])["runs"] for e in run["events"])
@@ -247,7 +316,7 @@ def test_the_pages_say_what_explain_says_and_run_no_script_from_the_database(sit
 
 
 def test_a_user_sees_only_the_dags_they_may_read(site):
-    base, dags = site
+    base, dags, _ = site
     browser = _login(base, "limited")
     try:
         browser.get(f"{base}/dataset-race-fix/")
@@ -265,5 +334,84 @@ def test_a_user_sees_only_the_dags_they_may_read(site):
         browser.screenshot(SCREENSHOTS / "dags-limited-user.png")
     finally:
         browser.close()
+    # What Airflow answers 403 for (the DAG's runs, dataset events) and a producer DAG the user may
+    # not read: left out of the page and its JSON, and said so
+    found = _explained(dags["waiting"])
+    assert found["runs"] and found["pending_events"][0]["source_run_id"] == PRODUCER_RUN  # there to withhold
+    for user, withheld in (("limited", {"runs", "events"}), ("events", {"producers"})):
+        browser = _login(base, user)
+        try:
+            browser.get(f"{base}/dataset-race-fix/dag/{dags['waiting']}")
+            assert browser.text("#dag-id") == dags["waiting"]
+            shown = {browser.attribute(e, "data-part") for e in browser.find_all(".withheld")}
+            assert shown == withheld, shown
+            source = browser.source()
+            assert PRODUCER_RUN not in source and dags["late"] not in source
+            assert ("__xss_extra" in source) == ("events" not in withheld)
+            assert len(browser.find_all("h4.run")) == (0 if "runs" in withheld else len(found["runs"]))
+            assert len(browser.find_all("#timeline svg rect.event")) == (0 if "events" in withheld else len(
+                {e["id"] for e in found["pending_events"] + [e for r in found["runs"] for e in r["events"]]}))
+            browser.screenshot(SCREENSHOTS / f"dag-withheld-{user}.png")
+            answer = requests.get(f"{base}/dataset-race-fix/dag/{dags['waiting']}/json", cookies=browser.cookies(), timeout=30)
+            page_json = json.loads(answer.text)
+            assert set(page_json["withheld"]) == withheld and page_json["verdict"]["reasons"] == found["verdict"]["reasons"]
+            assert PRODUCER_RUN not in answer.text and dags["late"] not in answer.text
+            assert ("__xss_extra" in answer.text) == ("events" not in withheld)
+            assert (page_json["runs"] == []) == ("runs" in withheld)
+        finally:
+            browser.close()
     anonymous = requests.get(f"{base}/dataset-race-fix/dag/{dags['waiting']}/json", timeout=30, allow_redirects=False)
     assert anonymous.status_code in (302, 401, 403) and '"verdict"' not in anonymous.text  # to the login form
+
+
+def test_sorting_and_filtering_take_every_page(site):
+    base, dags, (paused, running) = site
+    prefix = os.path.commonprefix(paused + running)
+    cookies = _login_cookies(base, "admin")
+
+    def shown(query: str) -> tuple[list[str], str]:
+        page = requests.get(f"{base}/dataset-race-fix/?filter={prefix}&{query}", cookies=cookies, timeout=120).text
+        return re.findall(r'data-dag-id="([^"]+)"', page), page
+
+    by_id, page = shown("sort=dag_id")
+    assert by_id == sorted(paused)[:50] and f"{len(paused) + 2} DAG(s)" in page  # the two that run: page 2
+    by_pending, _ = shown("sort=pending")
+    assert by_pending[:2] == sorted(running), by_pending[:5]
+    runs = [d for d in running if _explained(d)["verdict"]["creates_run"]]
+    assert runs, "the unpaused DAGs with events run"
+    assert shown("verdict=runs")[0] == runs
+    waits, page = shown("verdict=waits&sort=verdict")
+    assert len(waits) == 50 and f"{len(paused) + len(running) - len(runs)} DAG(s)" in page
+    for dag_id in running + paused[:1]:  # the list's row is explain's verdict
+        found = _explained(dag_id)
+        row = re.search(rf'data-dag-id="{dag_id}">(.*?)</tr>', shown("sort=pending")[1] if dag_id in running else page, re.S)
+        assert row and (("runs" if found["verdict"]["creates_run"] else "waits") in row.group(1)), dag_id
+        for reason in found["verdict"]["reasons"]:
+            assert reason["code"] in row.group(1), (dag_id, reason)
+
+
+def test_the_page_reads_a_bounded_number_of_events(site):
+    base, dags, _ = site
+    cookies = _login_cookies(base, "admin")
+    found = _explained(dags["bulk"])
+    assert len(found["runs"][0]["events"]) == BULK and len(found["pending_events"]) == BULK
+    page_json = requests.get(f"{base}/dataset-race-fix/dag/{dags['bulk']}/json", cookies=cookies, timeout=60).json()
+    run = page_json["runs"][0]
+    assert len(run["events"]) == EVENTS_SHOWN and run["events_total"] == BULK
+    assert len(page_json["pending_events"]) == EVENTS_SHOWN and page_json["pending_events_total"] == BULK
+    for first, more, wanted in ((run["events"], run["events_more"], found["runs"][0]["events"]),
+                                (page_json["pending_events"], page_json["pending_events_more"], found["pending_events"])):
+        rest = requests.get(base + more, cookies=cookies, timeout=60).json()  # the "more" link: the rest
+        assert rest["more"] is None and len(rest["events"]) == BULK - EVENTS_SHOWN
+        assert {e["id"] for e in first + rest["events"]} == {e["id"] for e in wanted}
+    page = requests.get(f"{base}/dataset-race-fix/dag/{dags['bulk']}", cookies=cookies, timeout=60).text
+    assert page.count('<tr class="event">') == 2 * EVENTS_SHOWN and page.count('class="more"') == 2
+
+
+def _login_cookies(base: str, user: str) -> dict[str, str]:
+    """A logged-in session's cookies, through Airflow's login form without a browser."""
+    session = requests.Session()
+    form = session.get(f"{base}/login/", timeout=30).text
+    token = re.search(r'name="csrf_token" type="hidden" value="([^"]+)"', form).group(1)
+    session.post(f"{base}/login/", data={"username": user, "password": PASSWORD, "csrf_token": token}, timeout=30)
+    return session.cookies.get_dict()

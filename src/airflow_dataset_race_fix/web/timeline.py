@@ -102,7 +102,7 @@ def render(found: dict) -> Markup:
         colour = WARN if run["empty"] or run["out_of_order"] else RUN
         parts.append(
             f'<rect class="run" x="{x1:.1f}" y="{runs_y + 6}" width="{max(x2 - x1, 3):.1f}" height="{LANE - 12}" '
-            f'fill="{colour}" fill-opacity="0.7"><title>{escape(run["run_id"])}: {len(run["events"])} event(s)'
+            f'fill="{colour}" fill-opacity="0.7"><title>{escape(run["run_id"])}: {run.get("events_total", len(run["events"]))} event(s)'
             f"</title></rect>"
         )
         if lines <= MAX_LINES:
