@@ -262,8 +262,14 @@ def test_the_net_reads_a_slice_of_the_index_and_probes_each_event_once(world, st
             for table in tables:
                 conn.execute(text(f"ANALYZE {table}"))
     assert dag_id not in found
-    assert len(plans) >= -(-CONSUMED // 2000), len(plans)  # one statement per slice of 2 000 events
+    assert len(plans) >= -(-CONSUMED // 1000), len(plans)  # one statement per slice of 1 000 events
     for plan in plans:
-        assert "Limit" in plan and "idx_dataset_id_timestamp" in plan, plan
-        assert "idx_dagrun_dataset_events_event_id" in plan and "dag_run_pkey" in plan, plan  # per event
-        assert "Seq Scan" not in plan and "Hash" not in plan, plan
+        assert "Limit" in plan, plan
+        # per event read: its links by event_id, each link's run by primary key (never the DAG's runs)
+        assert "idx_dagrun_dataset_events_event_id" in plan and "dag_run_pkey" in plan, plan
+        assert "Seq Scan on dag_run" not in plan and "Seq Scan on dagrun_dataset_event" not in plan, plan
+        assert "Hash" not in plan, plan
+        if statistics == "none":
+            # (with fresh statistics of this small test table PostgreSQL may read it once in
+            # full instead, rightly by its estimate; on a large table the index range wins)
+            assert "idx_dataset_id_timestamp" in plan, plan

@@ -325,7 +325,7 @@ class SchedulerJobRunner:
 
         from airflow.models.dataset import association_table
 
-        slice_size = 2000  # events per statement: about a millisecond of index probes
+        slice_size = 1000  # events per statement: a few milliseconds of index probes
         budget_seconds = 0.005  # a sweep reads on while it has spent less (a fraction of a loop)
 
         net = self.__dict__.setdefault("_dataset_race_fix_net", {})
@@ -490,6 +490,10 @@ class SchedulerJobRunner:
                 )
 
             reference = DagScheduleDatasetReference
+            latest_of_any_type = select(func.max(DagRun.execution_date)).where(DagRun.dag_id == DagModel.dag_id)
+            clock_column = literal_column(clock, UtcDateTime) if clock else null()  # SQLite: this host's clock
+            if dialect == "postgresql":
+                return postgres_runs_and_datasets(reference, latest_of_any_type.scalar_subquery(), clock_column)
             newest_consumed_by_latest_run = (
                 select(func.max(DatasetEvent.timestamp))
                 .join(association_table, association_table.c.event_id == DatasetEvent.id)
@@ -499,38 +503,70 @@ class SchedulerJobRunner:
                 )
                 .scalar_subquery()
             )
-            if dialect == "postgresql":
-                from sqlalchemy import true
-
-                # From the latest run's events (one loop's worth) to their rows, one primary-key
-                # probe each, whatever the statistics: with none, PostgreSQL started from the
-                # dataset's whole history and probed the association table per event (issue 30).
-                # OFFSET 0 keeps the LATERAL subquery from being pulled up into a plain join.
-                event_of_link = (
-                    select(DatasetEvent.timestamp)
-                    .where(DatasetEvent.id == association_table.c.event_id, DatasetEvent.dataset_id == reference.dataset_id)
-                    .offset(0)
-                    .correlate(association_table, reference)  # the link beside it, the reference two levels up
-                    .lateral()
-                )
-                newest_consumed_by_latest_run = (
-                    select(func.max(event_of_link.c.timestamp))
-                    .select_from(association_table.join(event_of_link, true()))
-                    .where(association_table.c.dag_run_id == latest_run_of(DagRun.id))
-                    .correlate(reference)
-                    .scalar_subquery()
-                )
             return (
                 select(
                     DagModel.dag_id,
                     latest_run_of(DagRun.execution_date),
                     latest_run_of(DagRun.data_interval_end),
-                    select(func.max(DagRun.execution_date)).where(DagRun.dag_id == DagModel.dag_id).scalar_subquery(),
-                    literal_column(clock, UtcDateTime) if clock else null(),  # SQLite: this host's clock
+                    latest_of_any_type.scalar_subquery(),
+                    clock_column,
                     DatasetModel.id,
                     DatasetModel.uri,
                     newest_consumed_by_latest_run,
                 )
+                .outerjoin(reference, reference.dag_id == DagModel.dag_id)
+                .outerjoin(DatasetModel, DatasetModel.id == reference.dataset_id)
+                .where(DagModel.dag_id.in_(bindparam("dag_ids", expanding=True)))
+            )
+
+        def postgres_runs_and_datasets(reference: Any, latest_of_any_type: Any, clock_column: Any) -> Any:
+            """
+            ``runs_and_datasets`` on PostgreSQL, in shapes whose plans follow the rows they need
+            whatever the statistics (issue 30): the latest run looked up once per DAG (LATERAL),
+            and the newest event each dataset's latest run consumed read from that run's links to
+            their events by primary key (with none, the planner started from the dataset's whole
+            history and probed the links per event). OFFSET 0 keeps a LATERAL subquery from being
+            pulled up into a plain join.
+            """
+            from sqlalchemy import true
+
+            from airflow.models.dataset import association_table
+
+            latest = (
+                select(DagRun.id, DagRun.execution_date, DagRun.data_interval_end)
+                .where(DagRun.dag_id == DagModel.dag_id, DagRun.run_type == DagRunType.DATASET_TRIGGERED)
+                .order_by(DagRun.execution_date.desc())
+                .limit(1)
+                .correlate(DagModel)
+                .lateral()
+            )
+            event_of_link = (
+                select(DatasetEvent.timestamp)
+                .where(DatasetEvent.id == association_table.c.event_id, DatasetEvent.dataset_id == reference.dataset_id)
+                .offset(0)
+                .correlate(association_table, reference)  # the link beside it, the reference two levels up
+                .lateral()
+            )
+            newest_consumed_by_latest_run = (
+                select(func.max(event_of_link.c.timestamp))
+                .select_from(association_table.join(event_of_link, true()))
+                .where(association_table.c.dag_run_id == latest.c.id)
+                .correlate(reference, latest)
+                .scalar_subquery()
+            )
+            return (
+                select(
+                    DagModel.dag_id,
+                    latest.c.execution_date,
+                    latest.c.data_interval_end,
+                    latest_of_any_type,
+                    clock_column,
+                    DatasetModel.id,
+                    DatasetModel.uri,
+                    newest_consumed_by_latest_run,
+                )
+                .select_from(DagModel)
+                .outerjoin(latest, true())
                 .outerjoin(reference, reference.dag_id == DagModel.dag_id)
                 .outerjoin(DatasetModel, DatasetModel.id == reference.dataset_id)
                 .where(DagModel.dag_id.in_(bindparam("dag_ids", expanding=True)))
