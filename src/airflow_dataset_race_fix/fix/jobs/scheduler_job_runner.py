@@ -224,9 +224,13 @@ class SchedulerJobRunner:
             )
             .scalar_subquery()
         )
+        # ORDER BY .. LIMIT 1, not max(): MySQL reads every run of the DAG for a max() with
+        # a filter, and stops at the first match walking (dag_id, execution_date) backwards.
         latest_run = (
-            select(func.max(DagRun.execution_date))
+            select(DagRun.execution_date)
             .where(DagRun.dag_id == reference.dag_id, DagRun.run_type == DagRunType.DATASET_TRIGGERED)
+            .order_by(DagRun.execution_date.desc())
+            .limit(1)
             .scalar_subquery()
         )
         queued = (
@@ -338,12 +342,14 @@ class SchedulerJobRunner:
         elapsed = started - net["ran_at"] if net.get("ran_at") is not None else 0.0
         net["ran_at"] = started
 
-        latest_run = (
-            select(func.max(DagRun.execution_date))
+        latest_run = (  # as the sweep's (ORDER BY .. LIMIT 1: see there)
+            select(DagRun.execution_date)
             .where(
                 DagRun.dag_id == DagScheduleDatasetReference.dag_id,
                 DagRun.run_type == DagRunType.DATASET_TRIGGERED,
             )
+            .order_by(DagRun.execution_date.desc())
+            .limit(1)
             .scalar_subquery()
         )
         references = {
