@@ -34,6 +34,8 @@ BIG = 50_000
 PASSWORD = "adrf-web-bench-1"
 TIMEOUT = 120  # seconds a statement may run (PostgreSQL)
 SAMPLES = int(os.environ.get("ADRF_BENCH_SAMPLES", "1"))
+# PostgreSQL: log the plan of every statement slower than this many ms to the server's log (auto_explain)
+EXPLAIN_MS = os.environ.get("ADRF_BENCH_EXPLAIN_MS")
 
 
 def build(prefix_note: str = "") -> dict:
@@ -129,6 +131,11 @@ def main() -> None:
 
         if settings.engine.dialect.name == "postgresql":  # a request that would run for minutes fails at 2
             database._admin(f'ALTER DATABASE "{database.name}" SET statement_timeout = \'{TIMEOUT}s\'')
+            if EXPLAIN_MS:
+                for setting in ("session_preload_libraries = 'auto_explain'", f"auto_explain.log_min_duration = {int(EXPLAIN_MS)}",
+                                "auto_explain.log_analyze = on", "auto_explain.log_timing = off"):
+                    database._admin(f'ALTER DATABASE "{database.name}" SET {setting}')
+                print(f"plans of statements over {EXPLAIN_MS} ms: the server's log, database {database.name}")
 
         env = {**os.environ, "AIRFLOW__WEBSERVER__SECRET_KEY": "adrf-web-bench", "AIRFLOW__WEBSERVER__WORKERS": "1",
                "AIRFLOW__WEBSERVER__WORKER_CLASS": "gthread", "AIRFLOW__WEBSERVER__WEB_SERVER_HOST": "127.0.0.1",

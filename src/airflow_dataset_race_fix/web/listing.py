@@ -122,7 +122,7 @@ def add_findings(session: Session, found: list[dict[str, Any]], now) -> None:
     explained = [row for row in found if row["verdict"] != "not explained"]
     if not explained:
         return
-    by_dag = invariant.check(session, [row["dag_id"] for row in explained], since=since).by_dag()
+    by_dag = invariant.check_window(session, [row["dag_id"] for row in explained], since=since).by_dag()
     for row in explained:
         report = by_dag.get(row["dag_id"])
         findings = dict(report.findings()) if report is not None else {}

@@ -41,6 +41,10 @@ def _read_only_session():
     try:
         if session.bind.dialect.name in ("postgresql", "mysql"):
             session.execute(text("SET TRANSACTION READ ONLY"))
+        if session.bind.dialect.name == "postgresql":
+            # No JIT: statements costed in millions (the scheduler's, with fresh statistics on a
+            # 50 000-event run) compiled for 0.2-0.3 s and then ran in 0.1 s.
+            session.execute(text("SET LOCAL jit = off"))
         yield session
     finally:
         session.rollback()
