@@ -18,6 +18,8 @@ MySQL/MariaDB only.
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 from sqlalchemy import event, func, select, text
 
@@ -140,13 +142,15 @@ def test_a_producer_does_not_wait_for_the_schedulers_run_creation(world):
 
 
 @pytest.mark.skipif(BACKEND != "postgres", reason="PostgreSQL's producer statements")
-def test_a_postgres_producer_commit_sends_one_statement_as_stock_did(world):
+def test_a_postgres_producer_commit_sends_two_statements_whatever_its_outlets(world):
     """
     Stock PostgreSQL sends one queue statement per event (``INSERT .. ON CONFLICT DO
-    NOTHING``). The fix sends one statement at COMMIT for the whole transaction (the SKIP
-    LOCKED take, the check for held rows, the upsert, then the stamps of all its events),
-    whatever the number of outlets and DAGs, and whether a row is new, existing or held by
-    another transaction.
+    NOTHING``). The fix sends two at COMMIT for the whole transaction, whatever the number
+    of outlets and DAGs, and whether a row is new, existing or held by another transaction:
+    the SKIP LOCKED take, the check for held rows, the insert, then the stamps of all its
+    events; and the queue rows dated one microsecond after their events (Airflow's order),
+    which writes the rows it only took first (a second write of a row would check its
+    foreign key again, and wait for a scheduler holding the DAG's row).
     """
     w = world
     a, b = w.dataset("a"), w.dataset("b")
@@ -176,9 +180,10 @@ def test_a_postgres_producer_commit_sends_one_statement_as_stock_did(world):
             event.remove(settings.engine, "before_cursor_execute", record)
         other.rollback()
     writes = [s for s in sent if not s.startswith(("commit", "release", "savepoint"))]
-    assert len(writes) == 1, writes
+    assert len(writes) == 2, writes
     assert "for update of q skip locked" in writes[0] and "insert into dataset_dag_run_queue" in writes[0]
     assert "(select count(*) from written)" in writes[0] and "update dataset_event" in writes[0]
+    assert writes[1].startswith("update dataset_dag_run_queue as q set created_at = greatest("), writes[1]
     assert _queued(x) == sorted((_dataset_id(a.uri), _dataset_id(b.uri))) and _queued(y) == [_dataset_id(a.uri)]
 
 
@@ -276,10 +281,11 @@ def test_sqlite_rows_in_any_text_format_are_deleted_as_read(world):
             text("INSERT INTO dataset_dag_run_queue (dataset_id, target_dag_id, created_at) VALUES (:ds, :d, :stored)"),
             {"stored": base + "+00:00", "ds": _dataset_id(a.uri), "d": d},
         )
-    w.clock.at(-1), w.emit(p, a), p.finish()  # a lagging clock: stored + 1 microsecond
+    w.clock.at(-1), w.emit(p, a), p.finish()  # a lagging clock: the stamp follows a's newest event
     with create_session() as session:
         stored = session.scalar(text("SELECT created_at FROM dataset_dag_run_queue WHERE target_dag_id = :d"), {"d": d})
-    assert stored == base + ".000001"
+    # canonical text, one microsecond after its event (stamped one past a's newest, at second 1)
+    assert stored == (w.clock.base + timedelta(seconds=1, microseconds=2)).strftime("%Y-%m-%d %H:%M:%S.%f"), stored
     w.drain(s, start=10)
     assert w.report().violations() == {}
 

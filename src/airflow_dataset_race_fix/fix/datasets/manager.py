@@ -389,7 +389,12 @@ class DatasetManager:
         - ``taken``: the existing rows among ``rows``, locked ``FOR UPDATE SKIP LOCKED`` in
           key order (never waits); ``held``: those that exist but were not taken;
         - ``written``: the upsert of the others (``_upsert_queue_rows_not_held``), new keys
-          inserted in key order;
+          inserted in key order, except the rows ``taken`` of a dataset whose events this
+          statement stamps: those are only locked here, and
+          ``_date_queue_rows_after_their_events`` writes them once, after the stamps (a row this transaction has already written gets its foreign
+          key checked again on a second write, ``FOR KEY SHARE`` on its DAG row, which waits
+          for a scheduler loop holding that row ``FOR UPDATE``; a row it inserted holds that
+          lock already);
         - ``clock``: read only once ``written`` is done (it counts ``written``'s rows, so
           every queue row is locked first: the floor's argument in the module docstring);
           ``stamped``: the events' stamps (``_stamp_events``), per dataset the clock or one
@@ -423,12 +428,19 @@ class DatasetManager:
                 "written AS (INSERT INTO dataset_dag_run_queue (dataset_id, target_dag_id, created_at) "
                 f"SELECT k.dataset_id, k.target_dag_id, {clock} FROM k JOIN dag ON dag.dag_id = k.target_dag_id "
                 f"WHERE NOT EXISTS (SELECT FROM held WHERE {key.format('held')}) "
+                # a row of a dataset stamped here is only locked: written after the stamps
+                f"AND NOT (k.dataset_id = ANY(CAST(:stamped_dataset_ids AS INTEGER[])) "
+                f"AND EXISTS (SELECT FROM taken WHERE {key.format('taken')})) "
                 "ORDER BY k.dataset_id, k.target_dag_id "
                 "ON CONFLICT (dataset_id, target_dag_id) DO UPDATE SET created_at = GREATEST("
                 "excluded.created_at, dataset_dag_run_queue.created_at + interval '1 microsecond') RETURNING 1)",
             ]
             results.append("SELECT dataset_id, target_dag_id, NULL::INTEGER AS event_id, NULL::TIMESTAMPTZ AS stamp FROM held")
-            params.update(dataset_ids=[r[0] for r in rows], dag_ids=[r[1] for r in rows])
+            params.update(
+                dataset_ids=[r[0] for r in rows],
+                dag_ids=[r[1] for r in rows],
+                stamped_dataset_ids=sorted({e.dataset_id for e in events}),
+            )
         if events:
             after_written = " FROM (SELECT count(*) FROM written) AS w" if rows else ""
             parts += [
@@ -586,13 +598,14 @@ class DatasetManager:
         than the rows' own write; Airflow dates a queue row no earlier than the events it
         announces (a stock scheduler, during an upgrade, selects events up to the rows'
         ``created_at``; Airflow's tests check the order). The rows are this transaction's,
-        locked already: this waits for nothing, one statement per dataset (PostgreSQL: one).
+        locked already: this waits for nothing (PostgreSQL: see ``_postgres_write`` for why the
+        rows it only locked are written here first); one statement (executemany on MySQL and
+        SQLite). Every row is moved forward here, so a scheduler that read one before this
+        transaction leaves it in place.
         """
-        from datetime import timedelta
+        from datetime import timedelta, timezone
 
-        from sqlalchemy import bindparam, func, inspect, text, update
-
-        from airflow.utils.sqlalchemy import UtcDateTime
+        from sqlalchemy import inspect, text
 
         after: dict[int, datetime] = {}
         for dataset_event in events:
@@ -606,7 +619,8 @@ class DatasetManager:
         if dialect == "postgresql":
             session.execute(
                 text(
-                    "UPDATE dataset_dag_run_queue AS q SET created_at = GREATEST(q.created_at, k.after) "
+                    "UPDATE dataset_dag_run_queue AS q SET created_at = "
+                    "GREATEST(q.created_at + interval '1 microsecond', k.after) "
                     "FROM unnest(CAST(:dataset_ids AS INTEGER[]), CAST(:dag_ids AS VARCHAR[]), "
                     "CAST(:afters AS TIMESTAMPTZ[])) AS k(dataset_id, target_dag_id, after) "
                     "WHERE q.dataset_id = k.dataset_id AND q.target_dag_id = k.target_dag_id"
@@ -618,32 +632,24 @@ class DatasetManager:
                 },
             )
             return
-        for dataset_id in sorted({dataset_id for dataset_id, _ in rows}):
-            keys = [row for row in rows if row[0] == dataset_id]
-            for start in range(0, len(keys), 500):
-                chunk = keys[start : start + 500]
-                if dialect == "mysql":  # by primary key, keys joined first (see _queue_keys_joined_first)
-                    keys_first, params = cls._queue_keys_joined_first(chunk)
-                    session.execute(
-                        text(f"UPDATE {keys_first} SET q.created_at = GREATEST(q.created_at, :after)").bindparams(
-                            **params
-                        ),
-                        {"after": after[dataset_id]},
-                    )
-                    continue
-                session.execute(
-                    update(DatasetDagRunQueue)
-                    .where(
-                        DatasetDagRunQueue.dataset_id == dataset_id,
-                        DatasetDagRunQueue.target_dag_id.in_([dag_id for _, dag_id in chunk]),
-                    )
-                    .values(
-                        created_at=func.max(
-                            DatasetDagRunQueue.created_at, bindparam("after", after[dataset_id], type_=UtcDateTime)
-                        )
-                    )
-                    .execution_options(synchronize_session=False)
-                )
+        # MySQL and SQLite: by primary key, one statement run for all rows (executemany). The
+        # value in the form each stores: MySQL's DATETIME(6) in UTC (Airflow's session time
+        # zone), SQLite's 'YYYY-MM-DD HH:MM:SS.ffffff' text, which compares chronologically.
+        greatest = "GREATEST(created_at, CAST(:after AS DATETIME(6)))" if dialect == "mysql" else "max(created_at, :after)"
+        session.execute(
+            text(
+                f"UPDATE dataset_dag_run_queue SET created_at = {greatest} "
+                "WHERE dataset_id = :dataset_id AND target_dag_id = :dag_id"
+            ),
+            [
+                {
+                    "after": after[dataset_id].astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f"),
+                    "dataset_id": dataset_id,
+                    "dag_id": dag_id,
+                }
+                for dataset_id, dag_id in rows
+            ],
+        )
 
     @classmethod
     def _upsert_queue_rows_not_held(
