@@ -590,6 +590,22 @@ class _WindowFact:
 class _WindowScan(_Scan):
     """``_Scan`` with the events' findings read by ``_window_event_facts`` (``since`` required)."""
 
+    def _events(self, dag_ids: list[str]) -> None:
+        session = self.session
+        if session.bind.dialect.name != "postgresql":
+            return super()._events(dag_ids)
+        # Index probes, as the statements are shaped for: statistics behind a bulk load put an
+        # event's links at thousands of rows and scanned the link table once per event, and a
+        # window that is a third of a young table was counted by reading all of it; no JIT,
+        # whose compiling costs more than these probes (their cost guessed in millions).
+        session.execute(text("SET LOCAL enable_seqscan = off"))
+        session.execute(text("SET LOCAL jit = off"))
+        try:
+            super()._events(dag_ids)
+        finally:
+            session.execute(text("RESET enable_seqscan"))
+            session.execute(text("RESET jit"))
+
     def _event_findings(self, dag_ids: list[str]) -> None:
         session, ref = self.session, DagScheduleDatasetReference
         dataset_ids = sorted(set(session.scalars(select(ref.dataset_id).where(ref.dag_id.in_(dag_ids)))))
@@ -608,20 +624,8 @@ class _WindowScan(_Scan):
                 .where(DatasetDagRunQueue.target_dag_id.in_(dag_ids))
             )
         }
-        dialect = session.bind.dialect.name
-        query = _window_event_facts(dag_ids, dataset_ids, self.since, dialect)
-        if dialect == "postgresql":
-            # Index probes, as the statement is shaped for: statistics behind a bulk load put a
-            # link table's event at thousands of rows and chose a scan of the table per event;
-            # and no JIT, whose compiling costs more than these probes (a cost guessed in millions).
-            session.execute(text("SET LOCAL enable_seqscan = off"))
-            session.execute(text("SET LOCAL jit = off"))
-        try:
-            rows = session.execute(query).all()  # the findings only: no cursor, no plan for a first row
-        finally:
-            if dialect == "postgresql":
-                session.execute(text("RESET enable_seqscan"))
-                session.execute(text("RESET jit"))
+        query = _window_event_facts(dag_ids, dataset_ids, self.since, session.bind.dialect.name)
+        rows = session.execute(query).all()  # the findings only: no cursor, no plan for a first row
         for dag_id, event_id, dataset_id, timestamp, n in rows:
             n, timestamp = int(n), _utc(timestamp)
             fact = _WindowFact(dag_id, event_id, dataset_id, timestamp, n, latest.get(dag_id), queued.get((dag_id, dataset_id)))
