@@ -48,18 +48,21 @@ def _dataset_id(uri: str) -> int:
         return session.scalar(select(DatasetModel.id).where(DatasetModel.uri == uri))
 
 
+_tags = iter(range(10**9))
+
+
 def _events(dataset_id: int, instants: list[datetime]) -> list[int]:
     """Events of ``dataset_id`` at ``instants``; their ids in that order."""
+    tag = f"bulk_{next(_tags)}"
     with create_session() as session:
-        ids = []
         for start in range(0, len(instants), 5000):
-            part = instants[start : start + 5000]
-            ids += session.scalars(
-                insert(DatasetEvent).returning(DatasetEvent.id),
-                [{"dataset_id": dataset_id, "timestamp": t, "extra": {}, "source_dag_id": "producer",
-                  "source_task_id": "emit", "source_run_id": "bulk", "source_map_index": -1} for t in part],
-            ).all()
-        return ids
+            session.execute(insert(DatasetEvent), [
+                {"dataset_id": dataset_id, "timestamp": t, "extra": {}, "source_dag_id": "producer",
+                 "source_task_id": "emit", "source_run_id": tag, "source_map_index": -1}
+                for t in instants[start : start + 5000]])
+        return list(session.scalars(
+            select(DatasetEvent.id).where(DatasetEvent.dataset_id == dataset_id, DatasetEvent.source_run_id == tag)
+            .order_by(DatasetEvent.id)))
 
 
 def _run(dag_id: str, name: str, date: datetime, event_ids: list[int]) -> None:
