@@ -308,20 +308,29 @@ def test_a_commit_slower_than_the_latency_is_consumed_at_the_next_full_read(worl
     assert w.report().violations() == {}
 
 
-@pytest.mark.parametrize("step_back", [30, 3600], ids=["30s", "1h"])
-def test_a_database_clock_stepped_back_loses_nothing_and_dates_nothing_ahead(world, monkeypatch, step_back):
-    monkeypatch.setenv(FULL_READ, "100000")
-    w = world
+def first_run_before_a_clock_step(w: World):
+    """
+    d on ``a``, producer P and a scheduler; run 1 made. Returns ``(a, d, P, scheduler, at)``,
+    ``at(s)`` moving SQLite's clock (this host's) to second ``s``; the servers' clocks run on.
+    """
     a = w.dataset("a")
     d = w.consumer("d", [a])
     p, s = w.producer("P"), w.scheduler()
 
-    def at(seconds: float) -> None:  # SQLite's clock is this host's; the servers' run on
+    def at(seconds: float) -> None:
         if BACKEND == "sqlite":
             w.clock.at(seconds)
 
     at(1), w.emit(p, a), p.finish()
     at(2), w.loop(s), s.finish()  # run 1
+    return a, d, p, s, at
+
+
+@pytest.mark.parametrize("step_back", [30, 3600], ids=["30s", "1h"])
+def test_a_database_clock_stepped_back_loses_nothing_and_dates_nothing_ahead(world, monkeypatch, step_back):
+    monkeypatch.setenv(FULL_READ, "100000")
+    w = world
+    a, d, p, s, at = first_run_before_a_clock_step(w)
     before_step = _db_now()
     if BACKEND == "sqlite":
         at(3 - step_back)

@@ -78,18 +78,10 @@ def nested_loops_only(session) -> None:
 
 def test_the_consumed_event_check_reads_the_runs_since_the_floor_not_the_association_table(world):
     w = world
-    a = w.dataset("a")
-    dag_id = w.consumer("busy", [a])
-    with create_session() as session:
-        dataset_id = session.scalar(select(DatasetModel.id).where(DatasetModel.uri == a.uri))
-    end = w.clock.base - timedelta(seconds=30)
-    instants = [end - timedelta(minutes=10) * (CONSUMED - i) / CONSUMED for i in range(CONSUMED)]
-    add_history({"single_a": dag_id}, {"a": dataset_id}, instants, 0, watches={"single_a": {"a"}})
+    a, _ = busy_dag(w)
     # Fresh statistics for the tables this plan reads, as autovacuum keeps them (the queue's
     # near-empty statistics are the next test's case).
-    with settings.engine.begin() as conn:
-        for table in ("dataset_event", "dag_run", "dagrun_dataset_event"):
-            conn.execute(text(f"ANALYZE {table}"))
+    analyze()
     producer, scheduler = w.producer("p"), w.scheduler()
     assert w.emit(producer, a) == DONE
 
@@ -179,13 +171,44 @@ def test_the_sweep_probes_by_index_whatever_the_statistics(world):
         assert f"Seq Scan on {table}" not in plans[0], plans[0]
 
 
-def forget_statistics(tables: tuple[str, ...]) -> None:
+PLANNED_TABLES = ("dataset_event", "dag_run", "dagrun_dataset_event")
+
+
+def busy_dag(w: World):
+    """One DAG on one dataset whose last ten minutes hold ``CONSUMED`` consumed events; (dataset, dag_id)."""
+    a = w.dataset("a")
+    dag_id = w.consumer("busy", [a])
+    with create_session() as session:
+        dataset_id = session.scalar(select(DatasetModel.id).where(DatasetModel.uri == a.uri))
+    end = w.clock.base - timedelta(seconds=30)
+    instants = [end - timedelta(minutes=10) * (CONSUMED - i) / CONSUMED for i in range(CONSUMED)]
+    add_history({"single_a": dag_id}, {"a": dataset_id}, instants, 0, watches={"single_a": {"a"}})
+    return a, dag_id
+
+
+def analyze(tables: tuple[str, ...] = PLANNED_TABLES) -> None:
+    with settings.engine.begin() as conn:
+        for table in tables:
+            conn.execute(text(f"ANALYZE {table}"))
+
+
+def forget_statistics(tables: tuple[str, ...] = PLANNED_TABLES) -> None:
     """As if never analyzed (a bulk load or a restore that autovacuum has not reached): no
     column statistics, and row counts the planner must guess from the tables' sizes."""
     with settings.engine.begin() as conn:
         for table in tables:
             conn.execute(text("DELETE FROM pg_statistic WHERE starelid = CAST(:t AS regclass)"), {"t": table})
             conn.execute(text("UPDATE pg_class SET reltuples = -1 WHERE oid = CAST(:t AS regclass)"), {"t": table})
+
+
+@contextmanager
+def statistics_state(statistics: str) -> Iterator[None]:
+    """``none`` (forgotten) or ``fresh`` statistics of the planned tables while inside; fresh after."""
+    try:
+        forget_statistics() if statistics == "none" else analyze()
+        yield
+    finally:
+        analyze()  # the next tests' statistics
 
 
 @pytest.mark.parametrize("statistics", ["none", "fresh"])
@@ -197,29 +220,12 @@ def test_the_newest_consumed_event_starts_from_the_latest_runs_events(world, sta
     once per event (270-340 ms at 200 000 events, issue 30).
     """
     w = world
-    a = w.dataset("a")
-    dag_id = w.consumer("busy", [a])
-    with create_session() as session:
-        dataset_id = session.scalar(select(DatasetModel.id).where(DatasetModel.uri == a.uri))
-    end = w.clock.base - timedelta(seconds=30)
-    instants = [end - timedelta(minutes=10) * (CONSUMED - i) / CONSUMED for i in range(CONSUMED)]
-    add_history({"single_a": dag_id}, {"a": dataset_id}, instants, 0, watches={"single_a": {"a"}})
-    tables = ("dataset_event", "dag_run", "dagrun_dataset_event")
-    try:
-        if statistics == "none":
-            forget_statistics(tables)
-        else:
-            with settings.engine.begin() as conn:
-                for table in tables:
-                    conn.execute(text(f"ANALYZE {table}"))
+    a, _ = busy_dag(w)
+    with statistics_state(statistics):
         producer, scheduler = w.producer("p"), w.scheduler()
         assert w.emit(producer, a) == DONE
         with explained(lambda statement: "LEFT OUTER JOIN dag_schedule_dataset_reference" in statement) as plans:
             assert w.loop(scheduler) == DONE
-    finally:
-        with settings.engine.begin() as conn:  # the next tests' statistics
-            for table in tables:
-                conn.execute(text(f"ANALYZE {table}"))
     assert plans, "the loop sent no statement for the newest consumed events"
     for plan in plans:
         assert "idx_dataset_id_timestamp" not in plan and "Seq Scan on dataset_event" not in plan, plan
@@ -234,33 +240,16 @@ def test_the_net_reads_a_slice_of_the_index_and_probes_each_event_once(world, st
     record per event read, never a scan of the DAG's runs or of the association table per
     event, with no statistics as with fresh ones.
     """
+    from airflow.datasets.manager import DatasetManager
+
     monkeypatch.setenv("AIRFLOW__DATASET_RACE_FIX__FULL_READ_INTERVAL_SECONDS", "0")
     w = world
-    a = w.dataset("a")
-    dag_id = w.consumer("busy", [a])
-    with create_session() as session:
-        dataset_id = session.scalar(select(DatasetModel.id).where(DatasetModel.uri == a.uri))
-    end = w.clock.base - timedelta(seconds=30)
-    instants = [end - timedelta(minutes=10) * (CONSUMED - i) / CONSUMED for i in range(CONSUMED)]
-    add_history({"single_a": dag_id}, {"a": dataset_id}, instants, 0, watches={"single_a": {"a"}})
-    tables = ("dataset_event", "dag_run", "dagrun_dataset_event")
+    _, dag_id = busy_dag(w)
     scheduler = w.scheduler()
-    try:
-        if statistics == "none":
-            forget_statistics(tables)
-        else:
-            with settings.engine.begin() as conn:
-                for table in tables:
-                    conn.execute(text(f"ANALYZE {table}"))
+    with statistics_state(statistics):
         with explained(lambda statement: "CASE WHEN (NOT (EXISTS" in statement) as plans, create_session() as session:
-            from airflow.datasets.manager import DatasetManager
-
             found = scheduler.runner._dags_with_stranded_dataset_events(DatasetManager._database_now(session), session)
             session.rollback()
-    finally:
-        with settings.engine.begin() as conn:
-            for table in tables:
-                conn.execute(text(f"ANALYZE {table}"))
     assert dag_id not in found
     assert len(plans) >= -(-CONSUMED // 1000), len(plans)  # one statement per slice of 1 000 events
     for plan in plans:

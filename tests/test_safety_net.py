@@ -118,20 +118,11 @@ def test_a_database_clock_stepped_back_with_a_queue_row_pending(world, monkeypat
     is behind the latest run, so that event is consumed at once; the pending one, stamped
     before the step, is dated ahead of the clock now and waits until the clock gets back there.
     """
-    from test_commit_stamps import _db_now, _move_server_clock
+    from test_commit_stamps import _db_now, _move_server_clock, first_run_before_a_clock_step
 
     monkeypatch.setenv(FULL_READ, "100000")  # no net read in this test: the step alone
     w = world
-    a = w.dataset("a")
-    d = w.consumer("d", [a])
-    p, s = w.producer("P"), w.scheduler()
-
-    def at(seconds: float) -> None:  # SQLite's clock is this host's; the servers' run on
-        if BACKEND == "sqlite":
-            w.clock.at(seconds)
-
-    at(1), w.emit(p, a), p.finish()
-    at(2), w.loop(s), s.finish()  # run 1
+    a, d, p, s, at = first_run_before_a_clock_step(w)
     at(3), w.emit(p, a), p.finish()  # pending: its queue row waits for the next loop
     if BACKEND == "sqlite":
         at(4 - 3600)
