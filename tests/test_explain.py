@@ -15,12 +15,13 @@ import json
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import event, select, update
+from sqlalchemy import delete, event, select, update
 
 from airflow import settings
 from airflow.datasets import DatasetAll, DatasetAny
 from airflow.models.dag import DagModel
 from airflow.models.dagrun import DagRun
+from airflow.models.dataset import DatasetDagRunQueue
 from airflow.utils.session import create_session
 from airflow.utils.types import DagRunType
 
@@ -403,3 +404,28 @@ def test_a_late_commit_on_a_quiet_dag_is_the_nets_run_and_pending(world, monkeyp
     w.loop(s), s.finish()  # the net reads d: the run explain named
     assert [ids["late"]] in [events for _, events in _runs(d).values()]
     assert w.checker.runs_predicted >= 1
+
+
+def test_events_no_loop_reaches_are_never_pending(world, monkeypatch):
+    """
+    An event newer than the DAG's latest run whose queue row is gone, older than the sweep's
+    reach (``event_lookback_seconds``): no loop picks the DAG, so explain says it waits
+    (``not_queued``) and lists nothing as pending, "its next run takes them" (issue 31, item 9).
+    """
+    monkeypatch.setenv("AIRFLOW__DATASET_RACE_FIX__EVENT_LOOKBACK_SECONDS", "60")
+    w = world
+    a = w.dataset("a")
+    d = w.consumer("d", [a])
+    p, s = w.producer("P"), w.scheduler()
+    w.clock.at(1), w.emit(p, a), p.finish()
+    w.clock.at(2), w.loop(s), s.finish()  # run 1
+    w.clock.at(3), w.emit(p, a), p.finish()
+    with create_session() as session:  # its queue row lost (a stock scheduler's delete, say)
+        session.execute(delete(DatasetDagRunQueue).where(DatasetDagRunQueue.target_dag_id == d))
+    w.clock.at(200)  # beyond the sweep's reach
+    found = _explain(d)
+    assert not found["verdict"]["creates_run"]
+    assert [r["code"] for r in found["verdict"]["reasons"]] == ["not_queued"], found["verdict"]
+    assert found["pending_events"] == [] and all(not ds["pending_event_ids"] for ds in found["datasets"])
+    w.loop(s), s.finish()
+    assert len(_runs(d)) == 1  # and indeed no loop takes it
