@@ -704,7 +704,7 @@ class SchedulerJobRunner:
                 # The floor per dataset: the newest event of it that the latest run consumed,
                 # or the oldest queue row of it if older, minus commit_latency_seconds; the
                 # whole look-back (the old rule) for a dataset the latest run did not consume,
-                # and for every dataset once per full_read_interval_seconds (safety net).
+                # and for every dataset of a DAG the net found a late commit for.
                 # A database clock behind the latest run (stepped back) stamps new events below
                 # every floor: read the window under the clock too, in full, until it catches up.
                 full_floor = min([latest_run_date, database_now, *queued.values()]) - lookback
