@@ -598,13 +598,13 @@ class _WindowScan(_Scan):
         # event's links at thousands of rows and scanned the link table once per event, and a
         # window that is a third of a young table was counted by reading all of it; no JIT,
         # whose compiling costs more than these probes (their cost guessed in millions).
-        session.execute(text("SET LOCAL enable_seqscan = off"))
-        session.execute(text("SET LOCAL jit = off"))
+        scan, jit = session.execute(text("SELECT current_setting('enable_seqscan'), current_setting('jit')")).one()
+        session.execute(text("SELECT set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true)"))
         try:
             super()._events(dag_ids)
-        finally:
-            session.execute(text("RESET enable_seqscan"))
-            session.execute(text("RESET jit"))
+        finally:  # as the transaction had them
+            session.execute(text("SELECT set_config('enable_seqscan', :scan, true), set_config('jit', :jit, true)"),
+                            {"scan": scan, "jit": jit})
 
     def _event_findings(self, dag_ids: list[str]) -> None:
         session, ref = self.session, DagScheduleDatasetReference
