@@ -206,7 +206,7 @@ def test_events_dated_ahead_wait(world, monkeypatch):
         ahead.setattr(DatasetManager, "_database_clock", classmethod(lambda cls, dialect_name: clock))
         w.emit(p, a), p.finish()  # dated 10 minutes ahead of the database's clock
     found = _explain(d)
-    assert not found["verdict"]["creates_run"]
+    assert not found["verdict"]["creates_run"], found["verdict"]
     assert {r["code"] for r in found["verdict"]["reasons"]} >= {"deferred"}
     assert len(found["deferred_events"]) == 1
     assert w.loop(s) == DONE
@@ -406,6 +406,7 @@ def test_a_late_commit_on_a_quiet_dag_is_the_nets_run_and_pending(world, monkeyp
     assert w.checker.runs_predicted >= 1
 
 
+@pytest.mark.skipif(BACKEND != "sqlite", reason="moves the database clock: SQLite's is this host's (explain reads the fix's own clock)")
 def test_events_no_loop_reaches_are_never_pending(world, monkeypatch):
     """
     An event newer than the DAG's latest run whose queue row is gone, older than the sweep's
@@ -424,7 +425,7 @@ def test_events_no_loop_reaches_are_never_pending(world, monkeypatch):
         session.execute(delete(DatasetDagRunQueue).where(DatasetDagRunQueue.target_dag_id == d))
     w.clock.at(200)  # beyond the sweep's reach
     found = _explain(d)
-    assert not found["verdict"]["creates_run"]
+    assert not found["verdict"]["creates_run"], found["verdict"]
     assert [r["code"] for r in found["verdict"]["reasons"]] == ["not_queued"], found["verdict"]
     assert found["pending_events"] == [] and all(not ds["pending_event_ids"] for ds in found["datasets"])
     w.loop(s), s.finish()
