@@ -100,12 +100,13 @@ def test_a_late_commit_on_a_quiet_dag_is_consumed_within_the_full_read_interval(
     # Nothing else happens to d: no event, no queue row. The net must still find P's event.
     scheduler = s if then == "the same scheduler" else w.scheduler("restarted")
     began = time.monotonic()
-    while late not in sum(_consumed(d), []) and time.monotonic() - began < full_read + 3:
+    while late not in sum(_consumed(d), []) and time.monotonic() - began < full_read + 6:
         w.loop(scheduler), scheduler.finish()
         time.sleep(0.25)
     took = time.monotonic() - began
     assert _consumed(d)[3:] == [[late]], f"not consumed after {took:.1f} s"
-    assert took <= full_read + 1, took  # within full_read_interval_seconds and a loop
+    # within full_read_interval_seconds and a loop (a second and a half for one on a busy CI machine)
+    assert took <= full_read + 1.5, took
     w.drain(scheduler, start=None)
     assert w.report().violations() == {}
 
