@@ -34,6 +34,7 @@ from airflow_dataset_race_fix.harness.world import World
 
 from conftest import BACKEND
 from matrix import ON_MAIN_RELEASE_ONLY
+from test_lock_discipline import _dataset_id
 
 
 @pytest.fixture
@@ -41,11 +42,6 @@ def world(request, variant_fixed):
     w = World(request.node.name[:20])
     yield w
     w.close()
-
-
-def _dataset_id(uri: str) -> int:
-    with create_session() as session:
-        return session.scalar(select(DatasetModel.id).where(DatasetModel.uri == uri))
 
 
 _tags = iter(range(10**9))
