@@ -40,7 +40,7 @@ EXERCISED_ELSEWHERE = {
     "apt-get install": ".ci/run installs the same packages",
     "export PYTHONPATH=": "tests/test_shim.py runs Python and Airflow with the shim on PYTHONPATH",
     "python reproduce/bench.py": "test_bench_script_starts",
-    "SP=$(python3 -c": "docs/source-patches.md's plain-patch loop: test_source_patches.py applies the series with plain patch -p1",
+    "SP=": "docs/source-patches.md's plain-patch loop sets it: test_source_patches.py applies the series with plain patch -p1",
     "for p in $(grep -v '^#' patches/": "test_source_patches.py's test_plain_patch_takes_the_series_one_file_at_a_time",
     "python -m tests.explorer": "test_explorer.py's test_the_command_line_replays_a_step_list (and the exploration itself)",
 }
