@@ -21,6 +21,7 @@ pytestmark = ON_SQLITE_ONLY
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
+BEHAVIOUR = REPO / "docs" / "behaviour.md"  # the README's "Behaviour that differs from stock Airflow", moved
 # The README and the documents it links to under docs/: their commands are held to the same rule.
 DOCUMENTS = [README, *sorted((REPO / "docs").glob("*.md"))]
 CLI = "airflow-dataset-race-fix"
@@ -39,6 +40,8 @@ EXERCISED_ELSEWHERE = {
     "apt-get install": ".ci/run installs the same packages",
     "export PYTHONPATH=": "tests/test_shim.py runs Python and Airflow with the shim on PYTHONPATH",
     "python reproduce/bench.py": "test_bench_script_starts",
+    "SP=": "docs/source-patches.md's plain-patch loop sets it: test_source_patches.py applies the series with plain patch -p1",
+    "for p in $(grep -v '^#' patches/": "test_source_patches.py's test_plain_patch_takes_the_series_one_file_at_a_time",
     "python -m tests.explorer": "test_explorer.py's test_the_command_line_replays_a_step_list (and the exploration itself)",
 }
 
@@ -160,13 +163,13 @@ STOCK_COUNTERS = {"empty run": "empty_runs", "lost": "lost", "doubled": "doubled
 
 
 def test_behaviour_that_differs_names_what_each_scenario_shows_on_stock():
-    """A scenario the "Behaviour that differs" table cites for a stock outcome shows that outcome
+    """A scenario the "Behaviour that differs" table (docs/behaviour.md) cites for a stock outcome shows that outcome
     in the reproduction (its catalog's expectation, which ``reproduce`` and the scenario tests
     hold stock to): issue 31 found S4 cited for empty runs where stock loses the event."""
     from airflow_dataset_race_fix.harness.catalog import CATALOG
 
     expected = {info.id: set(info.expect_stock) for info in CATALOG}
-    section = README.read_text().split("## Behaviour that differs from stock Airflow\n", 1)[1].split("\n## ", 1)[0]
+    section = BEHAVIOUR.read_text().split("## Behaviour that differs from stock Airflow\n", 1)[1].split("\n## ", 1)[0]
     table = section.split("**Upgrade", 1)[0]
     cited = 0
     for row in (line for line in table.splitlines() if line.startswith("| ") and not line.startswith("| what")):
