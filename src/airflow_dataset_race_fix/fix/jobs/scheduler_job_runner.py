@@ -216,16 +216,19 @@ class SchedulerJobRunner:
         ahead = conf.getint("dataset_race_fix", "max_event_ahead_seconds", fallback=60)
         lookback = conf.getint("dataset_race_fix", "event_lookback_seconds", fallback=900)
         reference = DagScheduleDatasetReference
+        # ORDER BY .. LIMIT 1, not max(), here and below: MySQL reads every event of the
+        # dataset (every run of the DAG) for a correlated max() with a filter, and stops at the
+        # first match walking (dataset_id, timestamp) ((dag_id, execution_date)) backwards.
         newest = (
-            select(func.max(DatasetEvent.timestamp))
+            select(DatasetEvent.timestamp)
             .where(
                 DatasetEvent.dataset_id == reference.dataset_id,
                 DatasetEvent.timestamp <= now + timedelta(seconds=max(0, ahead)),
             )
+            .order_by(DatasetEvent.timestamp.desc())
+            .limit(1)
             .scalar_subquery()
         )
-        # ORDER BY .. LIMIT 1, not max(): MySQL reads every run of the DAG for a max() with
-        # a filter, and stops at the first match walking (dag_id, execution_date) backwards.
         latest_run = (
             select(DagRun.execution_date)
             .where(DagRun.dag_id == reference.dag_id, DagRun.run_type == DagRunType.DATASET_TRIGGERED)
