@@ -151,7 +151,7 @@ def _sha(digest: str | None) -> str:
 def load_series(patches_dir: Path) -> list[PatchFile]:
     series_file = patches_dir / SERIES
     if not series_file.is_file():
-        old_layout = sorted(d.name for d in patches_dir.glob(f"*/{SERIES}")) if patches_dir.is_dir() else []
+        old_layout = sorted(d.parent.name for d in patches_dir.glob(f"*/{SERIES}")) if patches_dir.is_dir() else []
         if old_layout:
             raise Refused(
                 f"{patches_dir} has one series per release ({', '.join(old_layout)}), the layout of earlier "
@@ -180,6 +180,12 @@ def load_series(patches_dir: Path) -> list[PatchFile]:
 def load_verified(patches_dir: Path, version: str) -> dict[str, Verified]:
     """Target path -> its recorded sha256s for ``version``."""
     path = patches_dir / VERIFIED
+    if not path.is_file():
+        raise Refused(
+            f"{patches_dir} has no {VERIFIED} (the sha256s the series was verified against): it is not the "
+            "patches/ of this version of airflow-dataset-race-fix; omit --patches-dir or restore patches/ "
+            "from the repository; nothing was changed"
+        )
     try:
         releases = read_verified(path)
     except (OSError, UnicodeDecodeError, SeriesError) as err:
