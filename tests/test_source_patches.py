@@ -374,7 +374,8 @@ def test_release_whose_record_is_not_the_verified_one_is_refused(tmp_path, capsy
     shutil.copytree(PATCHES_DIR, patches)
     record = patches / VERIFIED
     pristine = record_to_hex(record_digest(release(VERSION).files[SCHEDULER]))
-    record.write_text(record.read_text().replace(f"{VERSION}\t{SCHEDULER}\t{pristine}", f"{VERSION}\t{SCHEDULER}\t{'0' * 64}"))
+    row = f"{VERSION}\t{SCHEDULER}\t"
+    record.write_text(record.read_text().replace(row + pristine, row + "0" * 64))
     sp = site_packages(VERSION, tmp_path)
     before = snapshot(sp)
     rc, _, err = cli(capsys, "apply", sp, patches_dir=patches)

@@ -54,7 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=COMMAND, description=__doc__.strip().split("\n\n")[0])
     parser.add_argument("--patches-dir", type=Path, help=f"default: {REPO / 'patches'}")
     parser.add_argument("--airflow-version", action="append", dest="versions", metavar="VERSION",
-                        help="verify and record only these releases (default: every supported one)")
+                        help="verify and record only these releases, the series made from the newest "
+                        "(default: all supported)")
     parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if patches/ is not up to date")
     parser.add_argument("--wheel-cache", type=Path,
                         help="default: $ADRF_WHEEL_CACHE or ~/.cache/airflow-dataset-race-fix/wheels")

@@ -38,7 +38,7 @@ def register(subparsers) -> None:
     generate.add_argument("--patches-dir", type=Path, help="default: the repository's patches/")
     generate.add_argument(
         "--airflow-version", action="append", dest="versions", metavar="VERSION",
-        help="verify and record only these releases (default: every supported one)",
+        help="verify and record only these releases, the series made from the newest (default: all supported)",
     )
     generate.add_argument("--check", action="store_true", help="write nothing; exit 1 if patches/ is not up to date")
     generate.add_argument("--wheel-cache", type=Path, help="default: $ADRF_WHEEL_CACHE or ~/.cache/airflow-dataset-race-fix/wheels")
@@ -59,8 +59,8 @@ def _add_locations(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--patches-dir",
         type=Path,
-        help="directory with the series, its patch files and verified-releases (default: $ADRF_PATCHES_DIR, else the patches/ of "
-        "the source tree this package runs from, else the copy a wheel installs in "
+        help="directory with the series, its patch files and verified-releases (default: $ADRF_PATCHES_DIR, "
+        "else the patches/ of the source tree this package runs from, else the copy a wheel installs in "
         "<prefix>/share/airflow-dataset-race-fix/patches; here: "
         + (str(here).replace("%", "%%") if here else "none found") + ")",
     )
