@@ -151,10 +151,10 @@ def airflow_shadow(root: str) -> str:
     """A directory to put first on PYTHONPATH (or to pass as ``--site-packages``) whose
     ``airflow`` package and dist-info are trees of symlinks to this virtualenv's. A test
     changes a file there by replacing its link; the installed Airflow is never touched."""
-    import airflow_dataset_race_fix.source_patches.wheels as wheels
+    import airflow_dataset_race_fix.source_patches.record as record
 
-    installed = wheels.default_site_packages()
-    dist_info = wheels.installed_airflow(installed).dist_info
+    installed = record.default_site_packages()
+    dist_info = record.installed_airflow(installed).dist_info
     for source in (installed / "airflow", dist_info):
         for directory, subdirectories, files in os.walk(source):
             subdirectories[:] = [d for d in subdirectories if d != "__pycache__"]

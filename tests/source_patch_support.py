@@ -11,8 +11,8 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
-from airflow_dataset_race_fix.source_patches import generator, wheels
 from airflow_dataset_race_fix.source_patches.locations import repo_patches_dir
+from tools.patchgen import generator, wheels
 
 PATCHES_DIR = repo_patches_dir()
 

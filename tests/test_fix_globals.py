@@ -18,8 +18,9 @@ from types import CodeType
 
 import pytest
 
-from airflow_dataset_race_fix.source_patches import generator, members
+from airflow_dataset_race_fix.source_patches import members
 from airflow_dataset_race_fix.targets import MEMBERS, SUPPORTED_AIRFLOW_VERSIONS
+from tools.patchgen import generator
 
 from source_patch_support import release
 from matrix import ON_SQLITE_ONLY

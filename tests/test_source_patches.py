@@ -1,8 +1,9 @@
 """
-Source patches on every supported release: generated from the fix (the committed files
-must be what the generator writes), taken by the pristine files of the release's wheel
-with our CLI and with plain ``patch -p1``, compiled, and reverted to the exact pristine
-bytes. No Airflow install is touched: each test patches a throw-away site-packages.
+The one series on every supported release: generated from the fix (the committed files
+must be what tools/patchgen writes), taken by the pristine files of each release's wheel
+with our CLI and with plain ``patch -p1`` (at an offset, never with fuzz), compiled, and
+reverted to the exact pristine bytes. No Airflow install is touched: each test patches a
+throw-away site-packages.
 """
 
 from __future__ import annotations
@@ -19,10 +20,12 @@ from pathlib import Path
 import pytest
 
 from airflow_dataset_race_fix.cli import main
-from airflow_dataset_race_fix.source_patches import applier, generator, members
+from airflow_dataset_race_fix.source_patches import applier, members
+from airflow_dataset_race_fix.source_patches.record import record_digest, record_to_hex
 from airflow_dataset_race_fix.source_patches.safe_write import TEMP_SUFFIX
-from airflow_dataset_race_fix.source_patches.wheels import record_digest, record_to_hex
+from airflow_dataset_race_fix.source_patches.series import SERIES, VERIFIED, read_series, read_verified
 from airflow_dataset_race_fix.targets import MEMBERS, SUPPORTED_AIRFLOW_VERSIONS, members_of
+from tools.patchgen import generator
 
 from conftest import AIRFLOW_VERSION
 from source_patch_support import PATCHES_DIR, release, site_packages, snapshot
@@ -47,8 +50,8 @@ def sources(snap: dict[str, bytes]) -> dict[str, bytes]:
     return {path: data for path, data in snap.items() if "__pycache__" not in path}
 
 
-def series(version: str) -> list[str]:
-    return generator.read_series((PATCHES_DIR / version / "series").read_text())
+def series() -> list[str]:
+    return read_series((PATCHES_DIR / SERIES).read_text())
 
 
 def assert_patched(sp, version: str) -> None:
@@ -66,15 +69,15 @@ def assert_patched(sp, version: str) -> None:
 # -- generated, one source of truth -------------------------------------------------------
 
 
-@pytest.mark.parametrize("version", VERSIONS)
-def test_committed_patches_are_what_the_generator_writes(version):
-    generated = generator.render_version(version, release(version).files, PATCHES_DIR / version)
-    problems = generator.differences(PATCHES_DIR, {version: generated})
-    assert not problems, "run 'airflow-dataset-race-fix generate-patches': " + "; ".join(problems)
+def test_committed_patches_are_what_the_generator_writes():
+    """One series, made from the fix and verified against all nine releases' files."""
+    generated = generator.render({version: release(version).files for version in VERSIONS}, PATCHES_DIR)
+    problems = generator.differences(PATCHES_DIR, generated)
+    assert not problems, "run 'python -m tools.patchgen': " + "; ".join(problems)
 
 
 def test_patches_exist_for_exactly_the_supported_versions():
-    assert sorted(d.name for d in PATCHES_DIR.iterdir() if d.is_dir()) == sorted(VERSIONS)
+    assert sorted(read_verified(PATCHES_DIR / VERIFIED)) == sorted(VERSIONS)
 
 
 @pytest.mark.parametrize("version", VERSIONS)
@@ -89,7 +92,7 @@ def test_targeted_members_are_the_fingerprinted_originals(version):
 
 
 def test_patch_headers_are_dep3_with_the_license_notice():
-    for path in sorted(PATCHES_DIR.glob("*/*.patch")):
+    for path in sorted(PATCHES_DIR.glob("*.patch")):
         header = path.read_text().split("\n---\n", 1)[0]
         fields = {line.split(":", 1)[0] for line in header.splitlines() if line and not line.startswith(" ")}
         assert {"Description", "Origin", "Bug", "Forwarded", "Last-Update"} <= fields, path
@@ -135,7 +138,8 @@ def run_patch(sp, patch_file, *options: str) -> str:
         text=True,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "offset" not in result.stdout and "fuzz" not in result.stdout, result.stdout  # exact fit
+    # one series for all releases: their hunks at an offset, but every line as the patch says
+    assert "fuzz" not in result.stdout, result.stdout
     return result.stdout
 
 
@@ -144,18 +148,18 @@ def run_patch(sp, patch_file, *options: str) -> str:
 def test_plain_patch_takes_the_series_one_file_at_a_time(version, tmp_path, capsys):
     sp = site_packages(version, tmp_path)
     pristine = snapshot(sp)
-    for name in series(version):
-        run_patch(sp, PATCHES_DIR / version / name, "--dry-run")
-        run_patch(sp, PATCHES_DIR / version / name)
+    for name in series():
+        run_patch(sp, PATCHES_DIR / name, "--dry-run")
+        run_patch(sp, PATCHES_DIR / name)
     assert_patched(sp, version)
     assert cli(capsys, "check", sp)[0] == 0  # our CLI knows a tree patched without it
 
-    for name in reversed(series(version)):
-        run_patch(sp, PATCHES_DIR / version / name, "--reverse")
+    for name in reversed(series()):
+        run_patch(sp, PATCHES_DIR / name, "--reverse")
     assert snapshot(sp) == pristine
 
-    for name in series(version):
-        run_patch(sp, PATCHES_DIR / version / name)
+    for name in series():
+        run_patch(sp, PATCHES_DIR / name)
     rc, _, err = cli(capsys, "revert", sp)  # no backups here: revert by the patches, checked by RECORD
     assert rc == 0, err
     assert sources(snapshot(sp)) == pristine
@@ -219,7 +223,7 @@ def test_files_of_another_release_are_refused(tmp_path, capsys):
 def test_half_applied_series_is_refused_and_revert_recovers(tmp_path, capsys):
     sp = site_packages(VERSION, tmp_path)
     pristine = snapshot(sp)
-    run_patch(sp, PATCHES_DIR / VERSION / series(VERSION)[0])
+    run_patch(sp, PATCHES_DIR / series()[0])
     before = snapshot(sp)
     rc, out, err = cli(capsys, "apply", sp)
     assert rc == 1 and "half applied" in err and "revert" in err, err
@@ -236,7 +240,7 @@ def test_half_applied_patch_is_refused(tmp_path, capsys):
     sp = site_packages(VERSION, tmp_path)
     from airflow_dataset_race_fix.source_patches import unidiff
 
-    _, (file_patch,) = unidiff.parse((PATCHES_DIR / VERSION / series(VERSION)[1]).read_text())
+    _, (file_patch,) = unidiff.parse((PATCHES_DIR / series()[1]).read_text())
     file_patch.hunks = file_patch.hunks[:1]
     (sp / SCHEDULER).write_text(unidiff.apply(file_patch, (sp / SCHEDULER).read_text()))
     before = snapshot(sp)
@@ -256,8 +260,8 @@ def test_half_applied_patch_is_refused(tmp_path, capsys):
 )
 def test_hand_edited_patch_file_is_refused(edit, message, tmp_path, capsys):
     patches = tmp_path / "patches"
-    shutil.copytree(PATCHES_DIR / VERSION, patches / VERSION)
-    edited = patches / VERSION / series(VERSION)[1]
+    shutil.copytree(PATCHES_DIR, patches)
+    edited = patches / series()[1]
     text = edited.read_text()
     assert edit(text) != text
     edited.write_text(edit(text))
@@ -324,7 +328,7 @@ def test_patches_of_another_version_of_the_fix_are_updated_or_reverted(tmp_path,
     real = generator.patched_source
     monkeypatch.setattr(generator, "patched_source", lambda *a: real(*a) + "# fix v2\n")
     patches = tmp_path / "patches"
-    generator.write_version(patches, VERSION, generator.render_version(VERSION, release(VERSION).files))
+    generator.write(patches, generator.render({VERSION: release(VERSION).files}))
 
     rc, out, err = cli(capsys, "check", sp, patches_dir=patches)
     assert rc == 1 and "another version" in out, out + err
@@ -345,13 +349,57 @@ def test_patches_of_another_version_of_the_fix_are_updated_or_reverted(tmp_path,
 
 def test_series_missing_a_patch_is_refused(tmp_path, capsys):
     patches = tmp_path / "patches"
-    shutil.copytree(PATCHES_DIR / VERSION, patches / VERSION)
-    (patches / VERSION / "series").write_text(series(VERSION)[0] + "\n")
+    shutil.copytree(PATCHES_DIR, patches)
+    (patches / SERIES).write_text(series()[0] + "\n")
     sp = site_packages(VERSION, tmp_path)
     before = snapshot(sp)
     rc, _, err = cli(capsys, "apply", sp, patches_dir=patches)
     assert rc == 1 and SCHEDULER in err and "restore patches/" in err, err
     assert snapshot(sp) == before
+
+
+def test_patches_dir_of_the_old_per_release_layout_is_refused(tmp_path, capsys):
+    patches = tmp_path / "patches"
+    shutil.copytree(PATCHES_DIR, patches / VERSION)
+    sp = site_packages(VERSION, tmp_path)
+    before = snapshot(sp)
+    rc, _, err = cli(capsys, "apply", sp, patches_dir=patches)
+    assert rc == 1 and "one series per release" in err and VERIFIED in err, err
+    assert snapshot(sp) == before
+
+
+def test_release_whose_record_is_not_the_verified_one_is_refused(tmp_path, capsys):
+    """A RECORD that names other pristine bytes than verified-releases (a rebuilt wheel)."""
+    patches = tmp_path / "patches"
+    shutil.copytree(PATCHES_DIR, patches)
+    record = patches / VERIFIED
+    pristine = record_to_hex(record_digest(release(VERSION).files[SCHEDULER]))
+    row = f"{VERSION}\t{SCHEDULER}\t"
+    record.write_text(record.read_text().replace(row + pristine, row + "0" * 64))
+    sp = site_packages(VERSION, tmp_path)
+    before = snapshot(sp)
+    rc, _, err = cli(capsys, "apply", sp, patches_dir=patches)
+    assert rc == 1 and "not the file the series was verified against" in err and pristine in err, err
+    assert snapshot(sp) == before
+
+
+def test_hunks_are_found_at_an_offset_never_with_fuzz():
+    from airflow_dataset_race_fix.source_patches import unidiff
+
+    _, (file_patch,) = unidiff.parse("--- a/f.py\n+++ b/f.py\n@@ -2,3 +2,3 @@\n a\n-b\n+B\n c\n")
+    text = "x\ny\na\nb\nc\na\nb\nc\n"  # two places: the nearest to line 2 wins, as GNU patch picks it
+    assert unidiff.apply(file_patch, text) == "x\ny\na\nB\nc\na\nb\nc\n"
+    assert unidiff.apply(file_patch, unidiff.apply(file_patch, text), reverse=True) == text
+    with pytest.raises(unidiff.PatchError):
+        unidiff.apply(file_patch, "a\nb2\nc\n")
+
+
+def test_generate_patches_outside_a_clone_says_it_is_a_development_command(tmp_path, capsys, monkeypatch):
+    import airflow_dataset_race_fix
+
+    monkeypatch.setattr(airflow_dataset_race_fix, "__file__", str(tmp_path / "lib" / "site" / "pkg" / "__init__.py"))
+    assert main(["generate-patches", "--check"]) == 2
+    assert "development command" in capsys.readouterr().err
 
 
 def test_apply_refuses_a_sqlite_database_whose_library_has_no_upsert(tmp_path, capsys, monkeypatch):

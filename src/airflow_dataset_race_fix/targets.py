@@ -19,7 +19,8 @@ from dataclasses import dataclass
 # against each release's wheel by tests/test_source_patches.py (all nine: one fingerprint
 # per member is enough). The target files themselves differ between releases, away from
 # the members (2.10.0-2.10.2's manager.py priority-parsing helpers; the scheduler file in
-# five variants), which only moves the hunks of patch 0002: see patches/<version>/.
+# five variants), which only moves the hunks: patches/ has one series, applied at an offset,
+# with each release's sha256s in patches/verified-releases.
 SUPPORTED_AIRFLOW_VERSIONS = (
     "2.10.0",
     "2.10.1",

@@ -1,6 +1,7 @@
 """
 ``apply``, ``revert``, ``check``: the source patches in an installed Airflow;
-``generate-patches``: write ``patches/`` from the fix (a repository tool).
+``generate-patches``: write ``patches/`` from the fix (a development command of the
+repository: it runs ``tools/patchgen`` of the clone this package is installed from).
 
 Exit codes: 0 done (or nothing to do; ``check``: the patches are applied), 1 refused or
 ``check`` found them not (fully) applied, 2 bad usage.
@@ -29,12 +30,16 @@ def register(subparsers) -> None:
 
     generate = subparsers.add_parser(
         "generate-patches",
-        help="write patches/<version>/ from the fix (repository tool; downloads release wheels)",
-        description="Generate the source patches from the fixed members, for every supported "
-        "Airflow release (wheels are downloaded with pip once and cached).",
+        help="write patches/ from the fix (development command of the repository: python -m tools.patchgen)",
+        description="Generate the source patches from the fixed members and verify them against every "
+        "supported Airflow release (wheels are downloaded with pip once and cached). A development "
+        "command: it runs tools/patchgen of the repository clone this package is installed from.",
     )
     generate.add_argument("--patches-dir", type=Path, help="default: the repository's patches/")
-    generate.add_argument("--airflow-version", action="append", dest="versions", metavar="VERSION")
+    generate.add_argument(
+        "--airflow-version", action="append", dest="versions", metavar="VERSION",
+        help="verify and record only these releases, the series made from the newest (default: all supported)",
+    )
     generate.add_argument("--check", action="store_true", help="write nothing; exit 1 if patches/ is not up to date")
     generate.add_argument("--wheel-cache", type=Path, help="default: $ADRF_WHEEL_CACHE or ~/.cache/airflow-dataset-race-fix/wheels")
     generate.set_defaults(handler=_generate)
@@ -54,17 +59,17 @@ def _add_locations(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--patches-dir",
         type=Path,
-        help="directory with <airflow-version>/series (default: $ADRF_PATCHES_DIR, else the patches/ of "
-        "the source tree this package runs from, else the copy a wheel installs in "
+        help="directory with the series, its patch files and verified-releases (default: $ADRF_PATCHES_DIR, "
+        "else the patches/ of the source tree this package runs from, else the copy a wheel installs in "
         "<prefix>/share/airflow-dataset-race-fix/patches; here: "
         + (str(here).replace("%", "%%") if here else "none found") + ")",
     )
 
 
 def _locations(args) -> tuple[Path, Path]:
-    from airflow_dataset_race_fix.source_patches import locations, wheels
+    from airflow_dataset_race_fix.source_patches import locations, record
 
-    site_packages = args.site_packages or wheels.default_site_packages()
+    site_packages = args.site_packages or record.default_site_packages()
     if site_packages is None:
         raise cli.UsageError("Airflow is not importable from this Python; pass --site-packages PATH")
     if not site_packages.is_dir():
@@ -154,35 +159,18 @@ def _check(args) -> int:
 
 
 def _generate(args) -> int:
-    from airflow_dataset_race_fix.source_patches import generator, locations, wheels
-    from airflow_dataset_race_fix.targets import SUPPORTED_AIRFLOW_VERSIONS
+    """Run ``tools/patchgen`` of the clone this package is installed from (editable or PYTHONPATH)."""
+    import airflow_dataset_race_fix
 
-    patches_dir = args.patches_dir or locations.repo_patches_dir()
-    if patches_dir is None:
-        raise cli.UsageError("not running from the source tree; pass --patches-dir PATH")
-    versions = args.versions or list(SUPPORTED_AIRFLOW_VERSIONS)
-    unknown = [v for v in versions if v not in SUPPORTED_AIRFLOW_VERSIONS]
-    if unknown:
-        raise cli.UsageError(f"not a supported version: {', '.join(unknown)} (see targets.SUPPORTED_AIRFLOW_VERSIONS)")
-    generated = {}
-    for version in versions:
-        release = wheels.release_files(version, generator.target_paths(), args.wheel_cache)
-        try:
-            generated[version] = generator.render_version(version, release.files, patches_dir / version)
-        except generator.GenerationError as err:
-            print(f"airflow-dataset-race-fix generate-patches: {err}", file=sys.stderr)
-            return 1
-    if args.check:
-        problems = generator.differences(patches_dir, generated)
-        for problem in problems:
-            print(problem)
-        if problems:
-            print("patches/ is not up to date: run 'airflow-dataset-race-fix generate-patches'", file=sys.stderr)
-            return 1
-        print(f"patches/ is up to date for {', '.join(versions)}")
-        return 0
-    for version, files in generated.items():
-        for path in generator.write_version(patches_dir, version, files):
-            print(f"wrote {path}")
-    print(f"patches/ is up to date for {', '.join(versions)}")
-    return 0
+    repo = Path(airflow_dataset_race_fix.__file__).resolve().parents[2]
+    if not (repo / "tools" / "patchgen" / "__main__.py").is_file():
+        raise cli.UsageError(
+            "generate-patches is a development command of the airflow-dataset-race-fix repository: run it "
+            "(or 'python -m tools.patchgen') in a clone, with the package installed from it (pip install -e); "
+            f"this package runs from {repo}, which is not a clone. The installed patches need no generating"
+        )
+    if str(repo) not in sys.path:
+        sys.path.insert(0, str(repo))
+    from tools.patchgen.__main__ import generate
+
+    return generate(args.patches_dir or repo / "patches", args.versions, args.check, args.wheel_cache)

@@ -127,9 +127,9 @@ def _load_plugins_if_opted_in() -> str | None:
 
 def _interrupted_source_patches() -> str | None:
     """Why the source patches are mid-change (an apply or revert was killed), or None."""
-    from airflow_dataset_race_fix.source_patches import applier, wheels
+    from airflow_dataset_race_fix.source_patches import applier, record
 
-    site_packages = wheels.default_site_packages()
+    site_packages = record.default_site_packages()
     if site_packages is None or not (site_packages / applier.BACKUP_DIR / applier.JOURNAL).exists():
         return None
     return (

@@ -2,8 +2,9 @@
 Apply, revert and check the source patches in a site-packages directory.
 
 Everything is decided before anything is written (the dry run): the installed Airflow
-version, each target file's state against the wheel's RECORD hash, and that every patch
-file produces exactly what the fix in this package produces. Only then are backups
+version, each target file's state against the wheel's RECORD hash and the sha256s that
+``verified-releases`` records for the release (pristine, and after the series), and that
+the series turns the pristine file into exactly the recorded result. Only then are backups
 written and the targets replaced: each through a temporary file in the same directory
 and ``os.replace``, with SIGINT/SIGTERM held off while the files are swapped and the
 swapped ones put back if a later one fails. Then the bytecode of the touched files is
@@ -28,7 +29,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from airflow_dataset_race_fix import __version__
-from airflow_dataset_race_fix.source_patches import generator, unidiff
+from airflow_dataset_race_fix.source_patches import unidiff
+from airflow_dataset_race_fix.source_patches.record import (
+    InstalledAirflow,
+    RecordError,
+    installed_airflow,
+    record_digest,
+    record_to_hex,
+)
 from airflow_dataset_race_fix.source_patches.safe_write import (
     NotWritable,
     atomic_write,
@@ -40,12 +48,13 @@ from airflow_dataset_race_fix.source_patches.safe_write import (
     replace_all,
     step_point,
 )
-from airflow_dataset_race_fix.source_patches.wheels import (
-    InstalledAirflow,
-    RecordError,
-    installed_airflow,
-    record_digest,
-    record_to_hex,
+from airflow_dataset_race_fix.source_patches.series import (
+    SERIES,
+    VERIFIED,
+    SeriesError,
+    Verified,
+    read_series,
+    read_verified,
 )
 from airflow_dataset_race_fix.targets import SUPPORTED_AIRFLOW_VERSIONS
 
@@ -62,7 +71,7 @@ JOURNAL = "in-progress.json"  # present while target files are being swapped
 
 # The target whose file is absent while the targets disagree: without it no scheduler
 # starts, which strands nothing; without the manager's file no task could run.
-SWAPPED_LAST = generator.target_path("airflow.jobs.scheduler_job_runner")
+SWAPPED_LAST = "airflow/jobs/scheduler_job_runner.py"
 
 
 class Refused(RuntimeError):
@@ -82,6 +91,7 @@ class Target:
     path: str  # relative to site-packages
     patches: list[PatchFile]
     expected: str  # RECORD digest of the pristine file
+    verified: Verified  # its sha256s in verified-releases: pristine, and with the series
     found: str | None = None  # RECORD-style digest of the file now; None if missing
     state: str = MISSING
     pristine: bytes | None = None
@@ -138,17 +148,21 @@ def _sha(digest: str | None) -> str:
     return "none (file missing)" if digest is None else f"sha256 {record_to_hex(digest)}"
 
 
-def load_series(patches_dir: Path, version: str) -> list[PatchFile]:
-    directory = patches_dir / version
-    series_file = directory / "series"
+def load_series(patches_dir: Path) -> list[PatchFile]:
+    series_file = patches_dir / SERIES
     if not series_file.is_file():
-        raise Refused(
-            f"no source patches for apache-airflow {version} in {patches_dir} ({series_file} is missing); "
-            "nothing was changed"
-        )
+        old_layout = sorted(d.parent.name for d in patches_dir.glob(f"*/{SERIES}")) if patches_dir.is_dir() else []
+        if old_layout:
+            raise Refused(
+                f"{patches_dir} has one series per release ({', '.join(old_layout)}), the layout of earlier "
+                "versions of airflow-dataset-race-fix; this version applies the one series of its own "
+                f"patches/ ({SERIES}, the patch files and {VERIFIED}): omit --patches-dir or pass that "
+                "directory; nothing was changed"
+            )
+        raise Refused(f"no source patches in {patches_dir} ({series_file} is missing); nothing was changed")
     series = []
-    for name in generator.read_series(series_file.read_text(encoding="utf-8")):
-        path = directory / name
+    for name in read_series(series_file.read_text(encoding="utf-8")):
+        path = patches_dir / name
         try:
             text = path.read_text(encoding="utf-8")
             _, files = unidiff.parse(text)
@@ -161,6 +175,30 @@ def load_series(patches_dir: Path, version: str) -> list[PatchFile]:
     if not series:
         raise Refused(f"{series_file} lists no patch; nothing was changed")
     return series
+
+
+def load_verified(patches_dir: Path, version: str) -> dict[str, Verified]:
+    """Target path -> its recorded sha256s for ``version``."""
+    path = patches_dir / VERIFIED
+    if not path.is_file():
+        raise Refused(
+            f"{patches_dir} has no {VERIFIED} (the sha256s the series was verified against): it is not the "
+            "patches/ of this version of airflow-dataset-race-fix; omit --patches-dir or restore patches/ "
+            "from the repository; nothing was changed"
+        )
+    try:
+        releases = read_verified(path)
+    except (OSError, UnicodeDecodeError, SeriesError) as err:
+        raise Refused(
+            f"{path} cannot be read ({err}): it records the files the series was verified against; "
+            "restore patches/ from the repository; nothing was changed"
+        ) from err
+    if version not in releases:
+        raise Refused(
+            f"the series in {patches_dir} was not verified against apache-airflow {version} ({path} lists "
+            f"{', '.join(releases) or 'no release'}); nothing was changed"
+        )
+    return releases[version]
 
 
 def _read_json(path: Path) -> dict | None:
@@ -233,13 +271,14 @@ def inspect(site_packages: Path, patches_dir: Path) -> Inspection:
             f"cover {', '.join(SUPPORTED_AIRFLOW_VERSIONS)}; nothing was changed. Use a supported "
             "Airflow, or a release of airflow-dataset-race-fix that supports yours"
         )
-    series = load_series(patches_dir, airflow.version)
+    series = load_series(patches_dir)
+    verified = load_verified(patches_dir, airflow.version)
     result = Inspection(airflow, patches_dir, series)
     paths = list(dict.fromkeys(fp.path for patch in series for fp in patch.files))
-    if sorted(paths) != sorted(generator.target_paths()):
+    if sorted(paths) != sorted(verified):
         raise Refused(
-            f"the series in {patches_dir / airflow.version} patches {', '.join(paths)}, but the fix needs "
-            f"{', '.join(generator.target_paths())}: restore patches/ from the repository; nothing was changed"
+            f"the series in {patches_dir} patches {', '.join(paths)}, but the fix needs "
+            f"{', '.join(verified)}: restore patches/ from the repository; nothing was changed"
         )
     manifest = _read_manifest(result.backup_root)
     if (result.backup_root / JOURNAL).exists():
@@ -247,7 +286,15 @@ def inspect(site_packages: Path, patches_dir: Path) -> Inspection:
     for path in paths:
         if path not in airflow.hashes:
             raise Refused(f"{path} is not in {airflow.dist_info / 'RECORD'}; nothing was changed")
-        target = Target(path, [p for p in series if any(fp.path == path for fp in p.files)], airflow.hashes[path])
+        if record_to_hex(airflow.hashes[path]) != verified[path].pristine:
+            raise Refused(
+                f"{path} of apache-airflow {airflow.version} in {site_packages} is not the file the series was "
+                f"verified against: {airflow.dist_info.name}/RECORD says {_sha(airflow.hashes[path])}, "
+                f"{patches_dir / VERIFIED} records sha256 {verified[path].pristine} (a rebuilt distribution?); "
+                "nothing was changed"
+            )
+        patches = [p for p in series if any(fp.path == path for fp in p.files)]
+        target = Target(path, patches, airflow.hashes[path], verified[path])
         _inspect_target(target, result, manifest)
         result.targets.append(target)
     return result
@@ -271,20 +318,18 @@ def _inspect_target(target: Target, inspection: Inspection, manifest: dict) -> N
     else:
         return  # MISSING
     target.pristine = pristine
-    module = target.path.removesuffix(".py").replace("/", ".")
-    try:
-        expected = generator.patched_source(module, pristine.decode("utf-8"), inspection.version)
-    except generator.GenerationError as err:
-        raise Refused(f"{err}; nothing was changed") from err
-    # The patch files must say exactly what the fix says (one source of truth).
-    if _forward(target, pristine, inspection.version) != expected:
+    # The series must give exactly the file it was verified to give (generated from the fix).
+    target.patched = _forward(target, pristine, inspection.version).encode("utf-8")
+    found = hashlib.sha256(target.patched).hexdigest()
+    if found != target.verified.patched:
         raise Refused(
             f"patch file {target.patches[0].path} differs from the fix in this package "
-            f"(airflow-dataset-race-fix {__version__}): it was edited by hand or is stale. Restore it "
+            f"(airflow-dataset-race-fix {__version__}): it makes the pristine {target.path} of apache-airflow "
+            f"{inspection.version} into sha256 {found}, not the sha256 {target.verified.patched} that "
+            f"{inspection.patches_dir / VERIFIED} records. It was edited by hand or is stale. Restore it "
             "from the repository or regenerate it with 'airflow-dataset-race-fix generate-patches'; "
             "nothing was changed"
         )
-    target.patched = expected.encode("utf-8")
     if current is None:
         target.state = INTERRUPTED
     elif current == pristine:

@@ -1,10 +1,13 @@
 """
-A strict unified diff: parse, apply forward or in reverse, with no fuzz and no offset.
+A strict unified diff: parse, apply forward or in reverse, at an offset but with no fuzz.
 
-The applier only patches files whose hash it has verified, so every hunk must match at
-exactly the line its header names; anything else means the patch or the file is not
-what it should be, and the caller refuses. Header text before the first ``--- `` line
-(the DEP-3 header) is kept but not interpreted here.
+One series serves every supported release, whose files differ away from the patched
+members, so a hunk is found where GNU ``patch`` finds it: its context and removed lines,
+exactly, at the line its header names plus the offset of the hunk before, else at the
+nearest line after or before. No line may differ (no fuzz); anything else means the
+patch or the file is not what it should be, and the caller refuses. The applier checks
+the result's sha256 besides. Header text before the first ``--- `` line (the DEP-3
+header) is kept but not interpreted here.
 """
 
 from __future__ import annotations
@@ -95,23 +98,39 @@ def parse(text: str) -> tuple[str, list[FilePatch]]:
 
 
 def apply(patch: FilePatch, text: str, reverse: bool = False) -> str:
-    """Apply ``patch`` to ``text`` (or undo it); each hunk must match exactly where it says."""
+    """Apply ``patch`` to ``text`` (or undo it); each hunk must match exactly, at an offset."""
     lines = text.splitlines(keepends=True)
     out: list[str] = []
     pos = 0  # next unread line of ``lines``
+    offset = 0  # where the previous hunk was found, against where its header put it
     for number, hunk in enumerate(patch.hunks, 1):
-        start = (hunk.new_start if reverse else hunk.old_start) - 1
+        stated = (hunk.new_start if reverse else hunk.old_start) - 1
         length = hunk.new_len if reverse else hunk.old_len
         if length == 0:  # pure insertion: the header names the line before it
-            start += 1
+            stated += 1
         expected = hunk.side(new=reverse)
-        if start < pos or lines[start : start + length] != expected:
+        start = _locate(lines, expected, stated + offset, pos)
+        if start is None:
             raise PatchError(
-                f"{patch.path}: hunk {number} (line {start + 1}) does not match the file"
+                f"{patch.path}: hunk {number} (line {stated + 1}) does not match the file"
                 + (" (already reverted?)" if reverse else " (already applied, or another release?)")
             )
+        offset = start - stated
         out.extend(lines[pos:start])
         out.extend(hunk.side(new=not reverse))
         pos = start + length
     out.extend(lines[pos:])
     return "".join(out)
+
+
+def _locate(lines: list[str], expected: list[str], guess: int, first: int) -> int | None:
+    """The line nearest ``guess`` (after before before, as GNU patch tries) at which
+    ``expected`` is found, not before ``first``; None if it is nowhere."""
+    if not expected:  # nothing to match: where the header says
+        return guess if first <= guess <= len(lines) else None
+    last = len(lines) - len(expected)
+    for distance in range(max(guess - first, last - guess) + 1):
+        for start in (guess + distance, guess - distance) if distance else (guess,):
+            if first <= start <= last and lines[start : start + len(expected)] == expected:
+                return start
+    return None
