@@ -1,5 +1,6 @@
 """
-``reproduce/bench.py``: what the fix costs, stock and fixed side by side on one database.
+What the fix costs, stock and fixed side by side on one database:
+``python reproduce/bench.py --backend postgres`` (or ``python -m reproduce.bench`` from the clone).
 
 - producer path: ``DatasetManager.register_dataset_change`` plus commit, for a dataset
   with 1, 10 and 50 consuming DAGs, with the queue empty (first event after the
@@ -55,6 +56,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -63,7 +65,10 @@ from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from airflow_dataset_race_fix.harness.database import BACKENDS, DatabaseUnavailable, ScratchDatabase, configure_airflow_env
+if __name__ == "__main__":  # a script: the clone on sys.path, not reproduce/ (its reproduce.py is no package)
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+from reproduce.harness.database import BACKENDS, DatabaseUnavailable, ScratchDatabase, configure_airflow_env
 
 VARIANTS = ("stock", "fixed")
 HISTORY_DAYS = 7
@@ -1518,7 +1523,7 @@ def main(argv: list[str] | None = None) -> int:
     cases = [case for case in CASES if case in args.cases and case not in args.skip]
     if not cases:
         parser.error("--cases and --skip leave no case to run")
-    from airflow_dataset_race_fix.reproduce.runner import ReproduceError, check_airflow_version
+    from reproduce.runner import ReproduceError, check_airflow_version
 
     try:
         version = check_airflow_version()
@@ -1534,7 +1539,7 @@ def main(argv: list[str] | None = None) -> int:
     home = tempfile.TemporaryDirectory(prefix="adrf-bench-home-")
     try:
         configure_airflow_env(database.url, home.name)
-        from airflow_dataset_race_fix.harness.database import init_airflow_db
+        from reproduce.harness.database import init_airflow_db
 
         _log(f"bench on {args.backend}, Airflow {version}, database {database.name}")
         init_airflow_db()
@@ -1589,3 +1594,7 @@ def main(argv: list[str] | None = None) -> int:
         database.drop()
         home.cleanup()
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

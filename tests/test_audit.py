@@ -34,10 +34,10 @@ from sqlalchemy.engine import make_url
 from airflow.datasets import Dataset
 
 from airflow_dataset_race_fix import cli, invariant
-from airflow_dataset_race_fix.harness.database import ScratchDatabase
-from airflow_dataset_race_fix.harness.scenarios import SCENARIOS, run_scenario
-from airflow_dataset_race_fix.harness.stress import StressConfig, run_stress, seed_from_env
-from airflow_dataset_race_fix.harness.world import World
+from reproduce.harness.database import ScratchDatabase
+from reproduce.harness.scenarios import SCENARIOS, run_scenario
+from reproduce.harness.stress import StressConfig, run_stress, seed_from_env
+from reproduce.harness.world import World
 
 from conftest import BACKEND
 

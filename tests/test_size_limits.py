@@ -19,7 +19,7 @@ from airflow.models.dataset import DagScheduleDatasetReference, DatasetDagRunQue
 from airflow.utils.session import create_session
 
 from airflow_dataset_race_fix import invariant
-from airflow_dataset_race_fix.harness.world import DONE, World
+from reproduce.harness.world import DONE, World
 
 from matrix import ON_MAIN_RELEASE_ONLY
 

@@ -30,7 +30,7 @@ from airflow.utils.state import DagRunState
 from airflow.utils.types import DagRunType
 
 from airflow_dataset_race_fix import invariant
-from airflow_dataset_race_fix.harness.world import World
+from reproduce.harness.world import World
 
 from conftest import BACKEND
 from matrix import ON_MAIN_RELEASE_ONLY

@@ -30,7 +30,7 @@ from airflow.models.dataset import DatasetDagRunQueue, DatasetEvent, DatasetMode
 from airflow.utils.session import create_session
 
 from airflow_dataset_race_fix import invariant
-from airflow_dataset_race_fix.harness.world import BLOCKED, DONE, PAUSED, Actor, World
+from reproduce.harness.world import BLOCKED, DONE, PAUSED, Actor, World
 
 from .model import Step, parse_step
 
