@@ -255,7 +255,7 @@ def load(plan: Plan, dataset_ids: dict[int, int], backend: str, log) -> None:
 def time_audit(url: str, plan: Plan) -> dict:
     from airflow import settings
 
-    from airflow_dataset_race_fix import invariant
+    from airflow_dataset_race_fix.diagnostics import invariant
 
     results: dict = {}
     session = settings.Session()

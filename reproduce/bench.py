@@ -421,7 +421,7 @@ def bench_busy_dataset(variants: Variants, rates: tuple[int, ...], rounds: int, 
     from airflow.models.dataset import DatasetModel
     from sqlalchemy import select
 
-    from airflow_dataset_race_fix import invariant
+    from airflow_dataset_race_fix.diagnostics import invariant
 
     copies: dict[str, tuple[Dataset, Dataset, list[str]]] = {}
     busy_ids: dict[str, int] = {}
@@ -718,7 +718,7 @@ def bench_mixed_upgrade(variants: Variants, rounds: int, notes: list[str], produ
     from airflow import settings
     from airflow.datasets import Dataset, DatasetAny
 
-    from airflow_dataset_race_fix import invariant
+    from airflow_dataset_race_fix.diagnostics import invariant
 
     for round_no in range(rounds):
         for state in MIXED_STATES:
@@ -1264,7 +1264,7 @@ def bench_explain(notes: list[str], events: int, samples: int = 3) -> None:
 
     from sqlalchemy import text
 
-    from airflow_dataset_race_fix.explain import explain
+    from airflow_dataset_race_fix.diagnostics.explain import explain
 
     dataset = Dataset("bench://explain/a")
     (dag_id,) = make_consumers("bench_explain", {"single_a": [dataset]})
@@ -1282,7 +1282,7 @@ def bench_explain(notes: list[str], events: int, samples: int = 3) -> None:
         elif connection.dialect.name == "mysql":
             connection.execute(text("ANALYZE TABLE dataset_event, dag_run, dagrun_dataset_event"))
         connection.commit()
-    from airflow_dataset_race_fix.explain import LoopSelection
+    from airflow_dataset_race_fix.diagnostics.explain import LoopSelection
 
     times, selection_times, dag_times = [], [], []
     for _ in range(samples):

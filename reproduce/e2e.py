@@ -483,7 +483,7 @@ def count(spec: dict[str, Any], triggers: dict[str, int], lay: Layout | None = N
     from airflow.models.dataset import DatasetEvent
     from airflow.models.xcom import XCom
 
-    from airflow_dataset_race_fix import invariant
+    from airflow_dataset_race_fix.diagnostics import invariant
 
     lay = lay or layout(spec)
     with _session() as session:

@@ -20,7 +20,7 @@ from airflow.datasets import DatasetAny
 
 from reproduce.harness.catalog import CATALOG, ScenarioInfo
 from reproduce.harness.world import BLOCKED, DONE, PAUSED, World
-from airflow_dataset_race_fix.invariant import Report
+from airflow_dataset_race_fix.diagnostics.invariant import Report
 
 
 @dataclass(frozen=True)
