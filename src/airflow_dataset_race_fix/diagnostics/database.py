@@ -7,10 +7,6 @@ logging, which creates ``logs/`` directories, nor its ORM, which imports the con
 driver and opens the database, is set up), an AIRFLOW_HOME that does not exist is refused
 when the database comes from Airflow's configuration, and SQLite is opened read-only
 (``mode=ro``) unless ``--requeue --yes`` writes.
-
-Bad input (Airflow missing here, no AIRFLOW_HOME, a bad URL, a missing driver, an unreachable
-database, not an Airflow 2.10/2.11 schema) is a ``DatabaseError``: one line that the CLI
-prints with exit status 2.
 """
 
 from __future__ import annotations
@@ -40,7 +36,8 @@ CHECK_HOME_HINT = "check AIRFLOW_HOME (or --db-url), and run 'airflow db migrate
 
 
 class DatabaseError(Exception):
-    """The metadata database cannot be opened as asked: one clear line, the user's to fix."""
+    """The metadata database cannot be opened as asked (no Airflow here, no AIRFLOW_HOME, a bad URL or
+    driver, not an Airflow 2.10/2.11 schema): one clear line, which the CLI prints with exit status 2."""
 
 
 def prepare_airflow_import(db_url: str | None) -> None:
