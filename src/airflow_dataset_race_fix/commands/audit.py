@@ -99,13 +99,6 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        return _run(args)
-    except database.DatabaseError as err:
-        raise UsageError(str(err)) from None
-
-
-def _run(args: argparse.Namespace) -> int:
     since = parse_since(args.since)
     if args.yes and not args.requeue:
         raise UsageError("--yes only goes with --requeue")

@@ -43,13 +43,6 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        return _run(args)
-    except database.DatabaseError as err:
-        raise UsageError(str(err)) from None
-
-
-def _run(args: argparse.Namespace) -> int:
     if args.runs < 0:
         raise UsageError("--runs must be 0 or more")
     database.prepare_airflow_import(args.db_url)
