@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import os
 import random
 import subprocess
 import sys
@@ -29,6 +30,9 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
+
+if __name__ == "__main__":  # a script: the clone on sys.path, not reproduce/ (its reproduce.py is no package)
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 BASE = datetime(2025, 1, 1, tzinfo=timezone.utc)
 DATASETS = 10
@@ -251,7 +255,7 @@ def load(plan: Plan, dataset_ids: dict[int, int], backend: str, log) -> None:
 def time_audit(url: str, plan: Plan) -> dict:
     from airflow import settings
 
-    from airflow_dataset_race_fix import invariant
+    from airflow_dataset_race_fix.diagnostics import invariant
 
     results: dict = {}
     session = settings.Session()
@@ -284,7 +288,7 @@ def time_audit(url: str, plan: Plan) -> dict:
 
 
 def run_backend(backend: str, args) -> dict:
-    from airflow_dataset_race_fix.harness.database import ScratchDatabase, configure_airflow_env
+    from reproduce.harness.database import ScratchDatabase, configure_airflow_env
 
     def log(message: str) -> None:
         print(f"[{backend}] {message}", file=sys.stderr, flush=True)
@@ -294,7 +298,7 @@ def run_backend(backend: str, args) -> dict:
     home = tempfile.TemporaryDirectory(prefix="adrf-audit-large-home-")
     configure_airflow_env(url, home.name)
     try:
-        from airflow_dataset_race_fix.harness.database import init_airflow_db
+        from reproduce.harness.database import init_airflow_db
 
         started = time.monotonic()
         init_airflow_db()

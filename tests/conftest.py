@@ -12,7 +12,7 @@ from importlib import metadata
 
 import pytest
 
-from airflow_dataset_race_fix.harness.database import ScratchDatabase, configure_airflow_env
+from reproduce.harness.database import ScratchDatabase, configure_airflow_env
 
 BACKEND = os.environ.get("ADRF_BACKEND", "sqlite")
 # The Airflow release installed here (tox: one env per release), read without importing it.
@@ -31,7 +31,7 @@ def pytest_report_header(config):
 
 
 def pytest_sessionstart(session):
-    from airflow_dataset_race_fix.harness.database import init_airflow_db
+    from reproduce.harness.database import init_airflow_db
 
     init_airflow_db()
 

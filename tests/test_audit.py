@@ -33,11 +33,12 @@ from sqlalchemy.engine import make_url
 
 from airflow.datasets import Dataset
 
-from airflow_dataset_race_fix import cli, invariant
-from airflow_dataset_race_fix.harness.database import ScratchDatabase
-from airflow_dataset_race_fix.harness.scenarios import SCENARIOS, run_scenario
-from airflow_dataset_race_fix.harness.stress import StressConfig, run_stress, seed_from_env
-from airflow_dataset_race_fix.harness.world import World
+from airflow_dataset_race_fix import cli
+from airflow_dataset_race_fix.diagnostics import invariant
+from reproduce.harness.database import ScratchDatabase
+from reproduce.harness.scenarios import SCENARIOS, run_scenario
+from reproduce.harness.stress import StressConfig, run_stress, seed_from_env
+from reproduce.harness.world import World
 
 from conftest import BACKEND
 
@@ -323,7 +324,7 @@ def test_not_an_airflow_210_schema(capsys):
 
 
 def _required_tables():
-    from airflow_dataset_race_fix.commands.audit import REQUIRED_TABLES
+    from airflow_dataset_race_fix.diagnostics.database import REQUIRED_TABLES
 
     return REQUIRED_TABLES
 

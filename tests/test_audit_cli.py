@@ -109,7 +109,7 @@ def _tree(root: Path) -> dict[str, tuple]:
 
 def _a_dag_waiting_on_a_queue_row() -> str:
     """A consuming DAG with an event and its queue row (the audit deserializes such a DAG)."""
-    from airflow_dataset_race_fix.harness.world import World
+    from reproduce.harness.world import World
 
     world = World("audit-cli")
     try:

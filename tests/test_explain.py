@@ -25,9 +25,9 @@ from airflow.models.dataset import DatasetDagRunQueue
 from airflow.utils.session import create_session
 from airflow.utils.types import DagRunType
 
-from airflow_dataset_race_fix.explain import ExplainError, explain
-from airflow_dataset_race_fix.harness.scenarios import SCENARIOS
-from airflow_dataset_race_fix.harness.world import DONE, PAUSED, World
+from airflow_dataset_race_fix.diagnostics.explain import ExplainError, explain
+from reproduce.harness.scenarios import SCENARIOS
+from reproduce.harness.world import DONE, PAUSED, World
 
 from conftest import BACKEND
 

@@ -8,8 +8,8 @@ from airflow.models.dagrun import DagRun
 from airflow.models.dataset import DatasetDagRunQueue, DatasetEvent, DatasetModel
 from airflow.utils.session import create_session
 
-from airflow_dataset_race_fix.harness.faults import kill_when_ready
-from airflow_dataset_race_fix.harness.world import World
+from reproduce.harness.faults import kill_when_ready
+from reproduce.harness.world import World
 
 
 def _queue_and_events(world: World, uri: str):

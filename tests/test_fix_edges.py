@@ -14,7 +14,7 @@ from airflow.utils.session import create_session
 from airflow.utils.state import DagRunState
 from airflow.utils.types import DagRunType
 
-from airflow_dataset_race_fix.harness.world import World
+from reproduce.harness.world import World
 
 
 def _runs(dag_id: str):

@@ -18,7 +18,7 @@ from airflow.models.dag import DagModel
 from airflow.models.dataset import DatasetDagRunQueue, DatasetModel
 from airflow.utils.session import create_session
 
-from airflow_dataset_race_fix.harness.world import World
+from reproduce.harness.world import World
 
 from conftest import BACKEND
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_dataset_race_fix.harness.database import ScratchDatabase
+from reproduce.harness.database import ScratchDatabase
 
 from conftest import AIRFLOW_VERSION, BACKEND
 

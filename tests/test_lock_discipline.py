@@ -29,7 +29,7 @@ from airflow.models.dagrun import DagRun
 from airflow.models.dataset import DatasetDagRunQueue, DatasetEvent, DatasetModel
 from airflow.utils.session import create_session
 
-from airflow_dataset_race_fix.harness.world import BLOCKED, DONE, PAUSED, World
+from reproduce.harness.world import BLOCKED, DONE, PAUSED, World
 
 from conftest import BACKEND
 

@@ -31,8 +31,8 @@ from airflow.models.dag import DagModel
 from airflow.models.dataset import DatasetDagRunQueue, DatasetModel
 from airflow.utils.session import create_session
 
-from airflow_dataset_race_fix.harness.world import DONE, World
-from airflow_dataset_race_fix.reproduce.bench import add_history
+from reproduce.harness.world import DONE, World
+from reproduce.bench import add_history
 
 from conftest import BACKEND
 from matrix import ON_MAIN_RELEASE_ONLY

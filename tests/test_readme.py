@@ -166,7 +166,7 @@ def test_behaviour_that_differs_names_what_each_scenario_shows_on_stock():
     """A scenario the "Behaviour that differs" table (docs/behaviour.md) cites for a stock outcome shows that outcome
     in the reproduction (its catalog's expectation, which ``reproduce`` and the scenario tests
     hold stock to): issue 31 found S4 cited for empty runs where stock loses the event."""
-    from airflow_dataset_race_fix.harness.catalog import CATALOG
+    from reproduce.harness.catalog import CATALOG
 
     expected = {info.id: set(info.expect_stock) for info in CATALOG}
     section = BEHAVIOUR.read_text().split("## Behaviour that differs from stock Airflow\n", 1)[1].split("\n## ", 1)[0]

@@ -54,7 +54,7 @@ def test_deterministic_shows_every_race_on_stock_and_none_fixed(tmp_path):
 
 @pytest.mark.parametrize("only", ["S9", "inapplicable"])
 def test_only_a_scenario_that_cannot_run_is_a_usage_error_before_any_child(only):
-    from airflow_dataset_race_fix.harness import catalog
+    from reproduce.harness import catalog
 
     if only == "inapplicable":
         elsewhere = catalog.elsewhere(BACKEND)
@@ -73,7 +73,7 @@ def test_missing_requirements_name_the_one_command_that_installs_them(monkeypatc
     """A run on postgres with Celery where nothing extra is installed: the parent refuses with
     one pip command (the installed Airflow's pins, by absolute path), and reproduce/run's helper
     prints the same requirements to install."""
-    from airflow_dataset_race_fix.reproduce import requirements, runner
+    from reproduce import requirements, runner
 
     monkeypatch.setattr(requirements, "_installed", lambda module: False)
     monkeypatch.setattr(requirements, "_distribution_installed", lambda name: False)
@@ -113,7 +113,7 @@ def test_conflicting_backend_and_url():
 def test_unsupported_airflow_is_refused_before_anything_runs(monkeypatch):
     import importlib.metadata
 
-    from airflow_dataset_race_fix.reproduce import runner
+    from reproduce import runner
 
     monkeypatch.setattr(importlib.metadata, "version", lambda name: "2.9.3")
     with pytest.raises(runner.ReproduceError, match="Airflow 2.9.3 is not supported"):

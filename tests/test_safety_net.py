@@ -23,7 +23,7 @@ from airflow.models.dagrun import DagRun
 from airflow.models.dataset import DatasetEvent, DatasetModel
 from airflow.utils.session import create_session
 
-from airflow_dataset_race_fix.harness.world import DONE, PAUSED, Actor, World
+from reproduce.harness.world import DONE, PAUSED, Actor, World
 
 from conftest import BACKEND
 

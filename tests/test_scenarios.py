@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_dataset_race_fix.harness.scenarios import SCENARIOS, run_scenario
+from reproduce.harness.scenarios import SCENARIOS, run_scenario
 
 from conftest import BACKEND
 

@@ -56,7 +56,7 @@ from shim_children import (
     shim_env,
 )
 
-from airflow_dataset_race_fix.harness.database import DatabaseUnavailable, ScratchDatabase
+from reproduce.harness.database import DatabaseUnavailable, ScratchDatabase
 
 from conftest import AIRFLOW_VERSION, BACKEND
 from matrix import MAIN_PYTHON, MAIN_RELEASE, ON_SQLITE_ONLY

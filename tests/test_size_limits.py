@@ -18,8 +18,8 @@ from airflow.models.dagrun import DagRun
 from airflow.models.dataset import DagScheduleDatasetReference, DatasetDagRunQueue, DatasetEvent, DatasetModel
 from airflow.utils.session import create_session
 
-from airflow_dataset_race_fix import invariant
-from airflow_dataset_race_fix.harness.world import DONE, World
+from airflow_dataset_race_fix.diagnostics import invariant
+from reproduce.harness.world import DONE, World
 
 from matrix import ON_MAIN_RELEASE_ONLY
 

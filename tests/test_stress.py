@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from airflow_dataset_race_fix.harness.stress import StressConfig, run_stress, seed_from_env
+from reproduce.harness.stress import StressConfig, run_stress, seed_from_env
 
 
 def test_stress_fixed(variant_fixed):

@@ -27,8 +27,8 @@ from airflow.models.dataset import DatasetDagRunQueue, DatasetEvent, DatasetMode
 from airflow.utils.session import create_session
 
 from airflow_dataset_race_fix import cli
-from airflow_dataset_race_fix.harness.faults import run_producer
-from airflow_dataset_race_fix.harness.world import DONE, PAUSED, World
+from reproduce.harness.faults import run_producer
+from reproduce.harness.world import DONE, PAUSED, World
 
 from conftest import BACKEND
 

@@ -61,7 +61,7 @@ BULK = 130  # events of one run, and pending: more than the page shows
 
 def _build_many():
     """More DAGs than a page: MANY paused ones, then (by dag_id) two unpaused with pending events."""
-    from airflow_dataset_race_fix.harness.world import World
+    from reproduce.harness.world import World
 
     w = World("web_many")
     try:
@@ -106,7 +106,7 @@ def _add_bulk(w, dag_id: str, dataset) -> None:
 def _build_states():
     """The harness states the pages show; returns the DAG ids by role."""
     import airflow_dataset_race_fix
-    from airflow_dataset_race_fix.harness.world import DONE, PAUSED, World
+    from reproduce.harness.world import DONE, PAUSED, World
 
     if not SOURCE_MODE:
         airflow_dataset_race_fix.unapply()

@@ -29,8 +29,8 @@ from airflow.utils.session import create_session
 from airflow.utils.state import DagRunState
 from airflow.utils.types import DagRunType
 
-from airflow_dataset_race_fix import invariant
-from airflow_dataset_race_fix.harness.world import World
+from airflow_dataset_race_fix.diagnostics import invariant
+from reproduce.harness.world import World
 
 from conftest import BACKEND
 from matrix import ON_MAIN_RELEASE_ONLY

@@ -28,8 +28,9 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the clone: the lab (reproduce/)
 
-from airflow_dataset_race_fix.harness.database import ScratchDatabase, configure_airflow_env, init_airflow_db  # noqa: E402
+from reproduce.harness.database import ScratchDatabase, configure_airflow_env, init_airflow_db  # noqa: E402
 
 BACKEND = os.environ.get("ADRF_BACKEND", "postgres")
 DAGS = 200
@@ -51,7 +52,7 @@ def build(prefix_note: str = "") -> dict:
     from airflow.utils.state import DagRunState
     from airflow.utils.types import DagRunType
 
-    from airflow_dataset_race_fix.harness.world import World
+    from reproduce.harness.world import World
 
     w = World("bench")
     a, b = w.dataset("a"), w.dataset("b")

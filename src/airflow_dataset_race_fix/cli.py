@@ -15,6 +15,7 @@ import signal
 import sys
 
 from airflow_dataset_race_fix import __version__
+from airflow_dataset_race_fix.diagnostics.database import DatabaseError
 
 # Subcommand modules, in the order --help lists them.
 COMMAND_MODULES = ("status", "shim", "source_patches", "reproduce", "audit", "explain")
@@ -142,7 +143,7 @@ def _run(argv: list[str] | None) -> int:
         sys.stdout.flush()  # a closed pipe shows here, not at interpreter exit
         check_interrupted()
         return status
-    except UsageError as err:
+    except (UsageError, DatabaseError) as err:  # a database that cannot be read as asked is bad input too
         print(f"airflow-dataset-race-fix {command}: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -39,7 +39,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
-from airflow_dataset_race_fix.invariant import StrandedGroup
+from airflow_dataset_race_fix.diagnostics.invariant import StrandedGroup
 
 SCHEDULER_MODULE = "airflow.jobs.scheduler_job_runner"
 INSERT, LOWER, KEEP = "insert", "lower", "keep"

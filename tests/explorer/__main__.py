@@ -31,14 +31,14 @@ def main(argv: list[str]) -> int:
     rp.add_argument("steps")
     args = parser.parse_args(argv)
 
-    from airflow_dataset_race_fix.harness.database import ScratchDatabase, configure_airflow_env
+    from reproduce.harness.database import ScratchDatabase, configure_airflow_env
 
     database = ScratchDatabase(args.backend)
     database.create()
     home = tempfile.TemporaryDirectory(prefix="adrf-explorer-home-")
     try:
         configure_airflow_env(database.url, home.name)
-        from airflow_dataset_race_fix.harness.database import init_airflow_db
+        from reproduce.harness.database import init_airflow_db
 
         from .runner import apply_settings
 

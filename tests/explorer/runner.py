@@ -29,8 +29,8 @@ from airflow.models.dagrun import DagRun
 from airflow.models.dataset import DatasetDagRunQueue, DatasetEvent, DatasetModel, association_table
 from airflow.utils.session import create_session
 
-from airflow_dataset_race_fix import invariant
-from airflow_dataset_race_fix.harness.world import BLOCKED, DONE, PAUSED, Actor, World
+from airflow_dataset_race_fix.diagnostics import invariant
+from reproduce.harness.world import BLOCKED, DONE, PAUSED, Actor, World
 
 from .model import Step, parse_step
 

@@ -1,7 +1,7 @@
 """
 ``airflow-dataset-race-fix explain DAG_ID``: why a dataset-triggered DAG runs next, or waits.
 
-The verdict is the fixed scheduler's own code run read-only (``airflow_dataset_race_fix.explain``).
+The verdict is the fixed scheduler's own code run read-only (``airflow_dataset_race_fix.diagnostics.explain``).
 The verdict is the fixed
 scheduler's whether or not the fix is active in this process (nothing here is patched for
 it); the output says which. It reads the
@@ -22,7 +22,7 @@ import sys
 import time
 
 from airflow_dataset_race_fix.cli import UsageError, print_result
-from airflow_dataset_race_fix.commands import audit as audit_command
+from airflow_dataset_race_fix.diagnostics import database, fix_active_here
 
 
 def register(subparsers) -> None:
@@ -45,7 +45,7 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.runs < 0:
         raise UsageError("--runs must be 0 or more")
-    audit_command._prepare_airflow_import(args.db_url)
+    database.prepare_airflow_import(args.db_url)
     with contextlib.redirect_stdout(sys.stderr):  # Airflow may log to stdout; stdout is the result's
         found, seconds = _explain(args)
     found["fix"] = {"active_in_this_process": found.pop("_fix_active"), "seconds": round(seconds, 3)}
@@ -56,38 +56,27 @@ def run(args: argparse.Namespace) -> int:
     return 1 if found["audit"]["findings"] else 0
 
 
-def fix_active_here() -> bool:
-    """Whether the scheduler module runs the fixed members in this process (shim or source patches)."""
-    import importlib
-
-    from airflow_dataset_race_fix import runtime
-    from airflow_dataset_race_fix.requeue import SCHEDULER_MODULE
-
-    importlib.import_module(SCHEDULER_MODULE)
-    return runtime.module_state(SCHEDULER_MODULE).state in (runtime.PATCHED, runtime.SOURCE_PATCHED)
-
-
 def _explain(args: argparse.Namespace):
     try:
         from sqlalchemy import text
         from sqlalchemy.exc import SQLAlchemyError
 
-        from airflow_dataset_race_fix.explain import ExplainError, explain
+        from airflow_dataset_race_fix.diagnostics.explain import ExplainError, explain
     except ImportError as err:
-        raise UsageError(f"cannot import Airflow here: {audit_command._first_line(err)}") from None
-    audit_command._finish_airflow_library_set_up()
+        raise UsageError(f"cannot import Airflow here: {database.first_line(err)}") from None
+    database.finish_airflow_library_set_up()
     was_active = fix_active_here()
-    engine, where = audit_command.open_database(args.db_url, read_only=True)
+    engine, where = database.open_database(args.db_url, read_only=True)
     started = time.monotonic()
     try:
-        with audit_command._snapshot(engine) as session:
+        with database.snapshot(engine) as session:
             if engine.dialect.name in ("postgresql", "mysql"):  # a write or a row lock would fail here
                 session.execute(text("SET TRANSACTION READ ONLY"))
             found = explain(session, args.dag_id, runs=args.runs)
     except ExplainError as err:
         raise UsageError(str(err)) from None
     except SQLAlchemyError as err:
-        raise UsageError(f"reading {where} failed: {audit_command._first_line(err)}") from None
+        raise UsageError(f"reading {where} failed: {database.first_line(err)}") from None
     found["_fix_active"] = was_active
     return found, time.monotonic() - started
 

@@ -34,7 +34,7 @@ def rows(session: Session, dag_ids: list[str], loop) -> list[dict[str, Any]]:
     from airflow.timetables.simple import DatasetTriggeredTimetable
     from airflow.utils.state import DagRunState
 
-    from airflow_dataset_race_fix.explain import _EPOCH, _reasons, condition_tree
+    from airflow_dataset_race_fix.diagnostics.explain import _EPOCH, _reasons, condition_tree
 
     models: dict[str, Any] = {}
     active: dict[str, int] = {}
@@ -116,7 +116,7 @@ def add_findings(session: Session, found: list[dict[str, Any]], now) -> None:
     """
     from airflow.configuration import conf
 
-    from airflow_dataset_race_fix import invariant
+    from airflow_dataset_race_fix.diagnostics import invariant
 
     since = now - timedelta(seconds=max(0, conf.getint("dataset_race_fix", "event_lookback_seconds", fallback=900)))
     explained = [row for row in found if row["verdict"] != "not explained"]

@@ -85,7 +85,7 @@ def _permitted(dag_ids: list[str], access: _Access) -> list[str]:
 
 
 def _fix_active() -> bool:
-    from airflow_dataset_race_fix.commands.explain import fix_active_here
+    from airflow_dataset_race_fix.diagnostics import fix_active_here
 
     return fix_active_here()
 
@@ -150,8 +150,8 @@ class DatasetRunsView(BaseView):
     @expose("/")
     @has_access_view()
     def dags(self):
-        from airflow_dataset_race_fix import invariant
-        from airflow_dataset_race_fix.explain import LoopSelection
+        from airflow_dataset_race_fix.diagnostics import invariant
+        from airflow_dataset_race_fix.diagnostics.explain import LoopSelection
         from airflow_dataset_race_fix.web import listing
 
         text_filter = request.args.get("filter", "").strip()
@@ -201,7 +201,7 @@ class DatasetRunsView(BaseView):
         )
 
     def _explained(self, dag_id: str, access: _Access) -> dict[str, Any]:
-        from airflow_dataset_race_fix.explain import ExplainError, explain
+        from airflow_dataset_race_fix.diagnostics.explain import ExplainError, explain
 
         if not _permitted([dag_id], access):
             abort(404)
@@ -234,7 +234,7 @@ class DatasetRunsView(BaseView):
         from airflow.models.dagrun import DagRun
         from airflow.models.dataset import DatasetEvent, DatasetModel, association_table
 
-        from airflow_dataset_race_fix.explain import ExplainError, _event, explain
+        from airflow_dataset_race_fix.diagnostics.explain import ExplainError, _event, explain
 
         access = _Access()
         if not _permitted([dag_id], access):

@@ -19,9 +19,9 @@ import time
 from typing import Any
 
 from airflow_dataset_race_fix.cli import UsageError
-from airflow_dataset_race_fix.harness import catalog
-from airflow_dataset_race_fix.harness.database import BACKENDS, DatabaseUnavailable, ScratchDatabase
-from airflow_dataset_race_fix.reproduce import report, requirements
+from reproduce import lab_command, report, requirements
+from reproduce.harness import catalog
+from reproduce.harness.database import BACKENDS, DatabaseUnavailable, ScratchDatabase
 
 VARIANTS = ("stock", "fixed")
 DEFAULT_SEED = 20261130
@@ -102,7 +102,7 @@ def _main(args: argparse.Namespace) -> int:
     if mode == "e2e" and args.mapped < 30:
         print("reproduce: note: fewer than 30 mapped producer tasks rarely shows the race", file=sys.stderr)
     if mode == "e2e":
-        from airflow_dataset_race_fix.reproduce.e2e import dags_dir
+        from reproduce.e2e import dags_dir
 
         try:
             dags_dir()
@@ -212,7 +212,7 @@ def check_celery(backend: str, args: argparse.Namespace) -> None:
         raise ReproduceError("--workers and --worker-concurrency must be at least 1")
     import redis  # installed: check_requirements
 
-    from airflow_dataset_race_fix.reproduce.e2e_celery import redis_url
+    from reproduce.e2e_celery import redis_url
 
     try:
         redis.Redis.from_url(redis_url(), socket_timeout=5).ping()
@@ -278,13 +278,13 @@ def run_child(spec: dict[str, Any], backend: str, server_url: str | None, label:
     spec = {**spec, "db_url": database.url, "airflow_home": home.name}
     print(f"reproduce: {label}: child interpreter on database {database.name}", file=sys.stderr, flush=True)
     try:
-        from airflow_dataset_race_fix.reproduce.shim import child_env
+        from reproduce.shim import child_env
 
         # The child itself applies the fix in-process for deterministic and stress; the e2e
         # driver gives its Airflow processes the fix through PYTHONPATH (see shim.py).
         env = child_env(os.environ, "stock")
         child = subprocess.Popen(
-            [sys.executable, "-m", "airflow_dataset_race_fix.reproduce.child", json.dumps(spec)],
+            [*lab_command("reproduce.child"), json.dumps(spec)],
             stdout=subprocess.PIPE,
             env=env,
             text=True,

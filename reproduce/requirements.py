@@ -4,7 +4,7 @@ installs it: time-machine (the harness's clock: the ``[reproduce]`` extra), the 
 backend's driver (``[postgres]``, ``[mysql]``) and, for ``--executor celery``, the Celery
 pins. Imports nothing from Airflow.
 
-``python -m airflow_dataset_race_fix.reproduce.requirements REPRODUCE-OPTIONS`` prints the
+``python -m reproduce.requirements REPRODUCE-OPTIONS`` prints the
 missing pip requirements one per line (nothing when all is there): ``reproduce/run`` installs
 them into its .venv before it starts the run.
 """
@@ -21,7 +21,7 @@ from pathlib import Path
 # backend: (module that must import, pip requirement that provides it)
 DRIVERS = {"postgres": ("psycopg2", "psycopg2-binary"), "mysql": ("MySQLdb", "mysqlclient")}
 # The repository's requirements/ when the package runs from a clone (an editable install).
-REQUIREMENTS_DIR = Path(__file__).resolve().parents[3] / "requirements"
+REQUIREMENTS_DIR = Path(__file__).resolve().parents[1] / "requirements"
 CELERY_AIRFLOW = "2.10.4"  # the release the Celery pins were checked against
 
 
@@ -68,7 +68,7 @@ def install_command(needed: list[str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from airflow_dataset_race_fix.reproduce.runner import ReproduceError, resolve_backend
+    from reproduce.runner import ReproduceError, resolve_backend
 
     parser = argparse.ArgumentParser(add_help=False)
     parser.add_argument("--backend")

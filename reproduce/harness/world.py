@@ -39,7 +39,7 @@ from airflow.utils.sqlalchemy import prohibit_commit
 from airflow.utils.state import DagRunState
 from airflow.utils.types import DagRunType
 
-from airflow_dataset_race_fix import invariant
+from airflow_dataset_race_fix.diagnostics import invariant
 
 DONE, PAUSED, BLOCKED = "done", "paused", "blocked"
 STEP_TIMEOUT = 60.0

@@ -1,7 +1,7 @@
 """
 One variant (stock or fixed) of one reproduction mode, in its own interpreter.
 
-Run by the parent as ``python -m airflow_dataset_race_fix.reproduce.child SPEC_JSON``.
+Run by the parent as ``python -m reproduce.child SPEC_JSON``.
 It points Airflow at the scratch database the parent made, creates the schema, puts
 the fix in place for the fixed variant, runs the mode and prints one JSON object on
 stdout. Airflow logs to stdout, so stdout is moved to stderr first and the JSON is
@@ -29,7 +29,7 @@ def progress(message: str) -> None:
 
 def _prepare(spec: dict[str, Any]) -> dict[str, Any]:
     """Airflow configured on the scratch database, schema created, fix applied if asked."""
-    from airflow_dataset_race_fix.harness.database import configure_airflow_env, init_airflow_db
+    from reproduce.harness.database import configure_airflow_env, init_airflow_db
 
     configure_airflow_env(spec["db_url"], spec["airflow_home"])
     os.environ.update(spec.get("airflow_env", {}))
@@ -84,7 +84,7 @@ def _quietly(fn) -> None:
 
 
 def run_deterministic(spec: dict[str, Any]) -> dict[str, Any]:
-    from airflow_dataset_race_fix.harness.scenarios import SCENARIOS, run_scenario
+    from reproduce.harness.scenarios import SCENARIOS, run_scenario
 
     only = set(spec.get("only") or ())
     results = []
@@ -109,7 +109,7 @@ def run_deterministic(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_stress(spec: dict[str, Any]) -> dict[str, Any]:
-    from airflow_dataset_race_fix.harness.stress import StressConfig, run_stress as stress
+    from reproduce.harness.stress import StressConfig, run_stress as stress
 
     config = StressConfig(
         seed=spec["seed"],
@@ -125,9 +125,9 @@ def run_stress(spec: dict[str, Any]) -> dict[str, Any]:
 
 def run_e2e(spec: dict[str, Any]) -> dict[str, Any]:
     if spec.get("executor") == "celery":
-        from airflow_dataset_race_fix.reproduce import e2e_celery as driver
+        from reproduce import e2e_celery as driver
     else:
-        from airflow_dataset_race_fix.reproduce import e2e as driver
+        from reproduce import e2e as driver
 
     return {"e2e": driver.run(spec, progress=progress)}
 

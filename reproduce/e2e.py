@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from airflow_dataset_race_fix.reproduce import shim
+from reproduce import shim
 
 PRODUCER_A, PRODUCER_B, PRODUCER_AB = "race_producer_a", "race_producer_b", "race_producer_ab"
 PRODUCERS = (PRODUCER_A, PRODUCER_B)
@@ -92,10 +92,8 @@ def default_triggers(backend: str) -> int:
 
 
 def dags_dir() -> str:
-    """reproduce/dags of the source checkout this package runs from (ADRF_E2E_DAGS overrides)."""
-    path = os.environ.get("ADRF_E2E_DAGS") or os.path.join(
-        os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "reproduce", "dags"
-    )
+    """reproduce/dags next to this module (ADRF_E2E_DAGS overrides)."""
+    path = os.environ.get("ADRF_E2E_DAGS") or os.path.join(os.path.dirname(os.path.abspath(__file__)), "dags")
     path = os.path.normpath(path)
     if not glob.glob(os.path.join(path, "race_*.py")):
         raise FileNotFoundError(
@@ -485,7 +483,7 @@ def count(spec: dict[str, Any], triggers: dict[str, int], lay: Layout | None = N
     from airflow.models.dataset import DatasetEvent
     from airflow.models.xcom import XCom
 
-    from airflow_dataset_race_fix import invariant
+    from airflow_dataset_race_fix.diagnostics import invariant
 
     lay = lay or layout(spec)
     with _session() as session:

@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from airflow_dataset_race_fix.reproduce import e2e
+from reproduce import e2e
 
 CHAOS = ("kill-scheduler", "kill-worker", "restart-db")
 CHAOS_FIRST = 8.0  # seconds after the first trigger

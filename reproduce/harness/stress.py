@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field
 from airflow import settings
 from airflow.datasets import DatasetAll, DatasetAny
 
-from airflow_dataset_race_fix.harness.world import World
+from reproduce.harness.world import World
 
 
 @dataclass

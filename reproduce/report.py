@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from airflow_dataset_race_fix.harness import catalog
+from reproduce.harness import catalog
 
 COUNTS = ("lost", "doubled", "empty_runs", "out_of_order", "lingering")
 COUNT_HEADERS = ("lost", "dbl", "empty", "ooo", "linger")

@@ -1,7 +1,7 @@
 """
 Crash a producer or a scheduler mid-transaction with SIGKILL, from a separate interpreter.
 
-The child (``python -m airflow_dataset_race_fix.harness.faults producer URI`` or
+The child (``python -m reproduce.harness.faults producer URI`` or
 ``... scheduler``) inherits the parent's Airflow environment, puts the fix in place,
 starts its work and stops at the named point: after the event is flushed (producer) or
 after the new DAG run row is inserted (scheduler), with nothing committed. It prints
@@ -19,6 +19,8 @@ import subprocess
 import sys
 import time
 
+from reproduce import lab_command
+
 READY = "READY"
 
 
@@ -26,7 +28,7 @@ def kill_when_ready(role: str, *args: str, fixed: bool = True, timeout: float = 
     """Start the child, wait for READY, SIGKILL it, and reap it."""
     env = dict(os.environ, ADRF_FAULT_FIXED="1" if fixed else "0")
     child = subprocess.Popen(
-        [sys.executable, "-m", "airflow_dataset_race_fix.harness.faults", role, *args],
+        [*lab_command("reproduce.harness.faults"), role, *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -56,7 +58,7 @@ def run_producer(uri: str, *, fixed: bool, clock_offset: float = 0.0, timeout: f
     """
     env = dict(os.environ, ADRF_FAULT_FIXED="1" if fixed else "0")
     done = subprocess.run(
-        [sys.executable, "-m", "airflow_dataset_race_fix.harness.faults", "commit", uri, str(clock_offset)],
+        [*lab_command("reproduce.harness.faults"), "commit", uri, str(clock_offset)],
         capture_output=True, text=True, env=env, timeout=timeout,
     )
     if done.returncode != 0:

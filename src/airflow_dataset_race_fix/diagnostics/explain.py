@@ -211,7 +211,7 @@ def explain(
     from airflow.utils.state import DagRunState
     from airflow.utils.types import DagRunType
 
-    from airflow_dataset_race_fix import invariant
+    from airflow_dataset_race_fix.diagnostics import invariant
 
     dag_model = _dag_or_error(session, dag_id)
     loop = loop or LoopSelection(session)
