@@ -13,7 +13,7 @@ from sqlalchemy import event, text
 
 from airflow import settings
 
-from airflow_dataset_race_fix.harness.world import DONE, World
+from reproduce.harness.world import DONE, World
 
 from conftest import BACKEND
 from matrix import ON_MAIN_RELEASE_ONLY
