@@ -415,7 +415,6 @@ def bench_busy_dataset(variants: Variants, rates: tuple[int, ...], rounds: int, 
     left no steady pass to compare gets a line in ``notes`` instead of rows.
     """
     from airflow import settings
-    from airflow.configuration import conf
     from airflow.datasets import Dataset
     from airflow.models.dag import DagModel
     from airflow.models.dataset import DatasetModel
@@ -439,7 +438,9 @@ def bench_busy_dataset(variants: Variants, rates: tuple[int, ...], rounds: int, 
     analyze()
     _log(f"  history: {history} consumed events per variant ({time.monotonic() - started:.0f} s to load)")
     quiet_other_dags([name for *_, names in copies.values() for name in names])
-    commit_latency = conf.getint("dataset_race_fix", "commit_latency_seconds", fallback=10)
+    from airflow_dataset_race_fix.fix.datasets.manager import DatasetManager as FixedManager
+
+    commit_latency = FixedManager._dataset_race_fix_setting("commit_latency_seconds")
     saved, DagModel.NUM_DAGS_PER_DAGRUN_QUERY = DagModel.NUM_DAGS_PER_DAGRUN_QUERY, BUSY_OTHER_DAGS + 1
     rows = []
     try:

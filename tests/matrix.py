@@ -4,6 +4,7 @@ Where each test module runs in the tox matrix: one place for what used to be a s
 A test runs in every env whose factors can change its outcome, and in no other, so that CI
 stays well inside its 90 minutes (a full 3.11 env took 14-16 min before this placement):
 
+- the pure steps (tests/test_decision_steps.py: no database, milliseconds): every env;
 - the SQL (scenarios, lock discipline, liveness, stamps, audit, explain, faults): every
   backend, every Airflow release. Nothing here restricts it;
 - the process, the files and the command line (the shim's start-up and import hooks, real

@@ -14,7 +14,8 @@ import builtins
 import dis
 import importlib
 import inspect
-from types import CodeType
+import textwrap
+from types import CodeType, SimpleNamespace
 
 import pytest
 
@@ -42,6 +43,12 @@ def global_names(code: CodeType) -> set[str]:
 def _fixed_function(member):
     fix_module = importlib.import_module(member.fix_module)
     attribute = vars(getattr(fix_module, member.owner))[member.name]
+    if isinstance(attribute, type):  # a nested class (a typed value): its decorators and body, as a function's
+        (node,) = ast.parse(textwrap.dedent("".join(members.fixed_member_lines(member)))).body
+        body = [ast.Expr(decorator) for decorator in node.decorator_list] + node.body
+        function = ast.FunctionDef(node.name, ast.arguments([], [], None, [], [], None, []), body, [], None)
+        module = ast.fix_missing_locations(ast.Module([function], []))
+        return fix_module, SimpleNamespace(__code__=compile(module, member.qualname, "exec"))
     # Through decorators (register_dataset_change's internal_api_call and provide_session):
     # their wrappers' globals are their own modules', not the member's.
     return fix_module, inspect.unwrap(getattr(attribute, "__func__", attribute))

@@ -52,70 +52,50 @@ def _fixed_code():
     The scheduler code explain runs, bound for it alone: nothing in this process changes.
 
     Returns ``(runner_class, manager_class, dags_needing_dagruns)``:
-    - a subclass of Airflow's ``SchedulerJobRunner`` with the fix's sweep and decision
-      members (the very functions the shim installs and the patches carry), whether or not
-      the fix is active in this process (a webserver, say);
-    - a subclass of Airflow's ``DatasetManager`` with the fix's database clock, which those
-      members import from ``airflow.datasets.manager`` (a name resolved for them alone);
-    - Airflow's ``DagModel.dags_needing_dagruns``.
-    All three run with ``with_row_locks`` leaving queries as they are: explain takes no
-    row lock, so a scheduler never skips a DAG and a producer never waits because of it.
-    No process-wide switch is flipped, so other threads (a webserver's requests) are not
-    affected.
+    - a subclass of Airflow's ``SchedulerJobRunner`` carrying the fix's added members (the
+      sweep, the net and the decision, and their steps: the very functions the shim
+      installs and the patches carry), whether or not the fix is active in this process (a
+      webserver, say); its ``_dataset_manager`` step gives them the fix's ``DatasetManager``;
+    - that ``DatasetManager`` (the fix's mirror class): the database clock and the settings;
+    - Airflow's ``DagModel.dags_needing_dagruns``, run with ``with_row_locks`` leaving its
+      query as it is (the sweep's own row lock is left out by ``lock_rows=False``).
+    Explain takes no row lock, so a scheduler never skips a DAG and a producer never waits
+    because of it. No process-wide switch is flipped, so other threads (a webserver's
+    requests) are not affected.
     """
-    import builtins
     import inspect
     import types
 
-    import airflow.datasets.manager as manager_module
     from airflow.jobs.scheduler_job_runner import SchedulerJobRunner
     from airflow.models.dag import DagModel
 
     from airflow_dataset_race_fix.fix.datasets.manager import DatasetManager as FixedManager
     from airflow_dataset_race_fix.fix.jobs.scheduler_job_runner import SchedulerJobRunner as FixedRunner
+    from airflow_dataset_race_fix.targets import members_of
 
-    manager_class = type(
-        "ExplainDatasetManager",
-        (manager_module.DatasetManager,),
-        {name: vars(FixedManager)[name] for name in ("_database_clock", "_database_now")},
+    added = {
+        member.name: vars(FixedRunner)[member.name]
+        for member in members_of("airflow.jobs.scheduler_job_runner")
+        if member.original_sha256 is None
+    }
+    runner_class = type(
+        "ExplainSchedulerJobRunner",
+        (SchedulerJobRunner,),
+        {**added, "_dataset_manager": staticmethod(lambda: FixedManager)},
     )
-    manager_view = types.ModuleType(manager_module.__name__)
-    manager_view.__dict__.update(vars(manager_module))
-    manager_view.DatasetManager = manager_class
-
-    def import_for_explain(name, globals=None, locals=None, fromlist=(), level=0):
-        if name == manager_module.__name__ and fromlist and not level:
-            return manager_view
-        return builtins.__import__(name, globals, locals, fromlist, level)
-
-    explain_builtins = {**vars(builtins), "__import__": import_for_explain}
 
     def no_row_locks(query, session, **kwargs):
         return query
 
-    def rebound(function):
-        function = inspect.unwrap(function)
-        namespace = {**function.__globals__, "__builtins__": explain_builtins}
-        if "with_row_locks" in namespace:
-            namespace["with_row_locks"] = no_row_locks
-        return types.FunctionType(
-            function.__code__, namespace, function.__name__, function.__defaults__, function.__closure__
-        )
-
-    runner_class = type(
-        "ExplainSchedulerJobRunner",
-        (SchedulerJobRunner,),
-        {
-            name: rebound(vars(FixedRunner)[name])
-            for name in (
-                "_dags_with_unqueued_dataset_events",
-                "_dags_with_stranded_dataset_events",
-                "_decide_dataset_triggered_runs",
-            )
-        },
+    function = inspect.unwrap(vars(DagModel)["dags_needing_dagruns"].__func__)
+    needing = types.FunctionType(
+        function.__code__,
+        {**function.__globals__, "with_row_locks": no_row_locks},
+        function.__name__,
+        function.__defaults__,
+        function.__closure__,
     )
-    needing = rebound(vars(DagModel)["dags_needing_dagruns"].__func__)
-    return runner_class, manager_class, lambda session: needing(DagModel, session=session)
+    return runner_class, FixedManager, lambda session: needing(DagModel, session=session)
 
 
 def _iso(value: datetime | None) -> str | None:
@@ -192,7 +172,11 @@ class LoopSelection:
         self.picked = [dm.dag_id for dm in query.all()]
         # the sweep's net reads no round here: explain reads the explained DAG's references itself
         self.runner.__dict__["_dataset_race_fix_net"] = {"only": set()}
-        self.swept = {dm.dag_id for dm in self.runner._dags_with_unqueued_dataset_events(dict(self.info), session)}
+        # the sweep's steps, without its row lock
+        now = self.manager_class._database_now(session)
+        oldest_new = self.runner._dags_with_new_unqueued_events(dict(self.info), now, session)
+        swept = self.runner._runnable_dataset_dags(oldest_new, session, lock_rows=False) if oldest_new else []
+        self.swept = {dm.dag_id for dm in swept}
 
 
 def explain(
@@ -207,7 +191,6 @@ def explain(
     from airflow.models.dagrun import DagRun
     from airflow.models.dataset import DagScheduleDatasetReference, DatasetDagRunQueue, DatasetEvent, DatasetModel
     from airflow.timetables.simple import DatasetTriggeredTimetable
-    from airflow.configuration import conf
     from airflow.utils.state import DagRunState
     from airflow.utils.types import DagRunType
 
@@ -293,8 +276,7 @@ def explain(
     ).all()
     since = None
     if len(shown) == max(runs, 1):
-        lookback = conf.getint("dataset_race_fix", "event_lookback_seconds", fallback=900)
-        since = shown[-1] - timedelta(seconds=max(0, lookback))
+        since = shown[-1] - timedelta(seconds=manager_class._dataset_race_fix_setting("event_lookback_seconds"))
     found = invariant.audit(session, [dag_id], since=since)
     report = found.report.by_dag().get(dag_id)
     reasons = _reasons(dag_model, active_runs, decision, tree, deferred)

@@ -24,14 +24,14 @@ class MemberNotFound(LookupError):
 
 
 def member_spans(lines: list[str], owner: str) -> dict[str, tuple[int, int]]:
-    """``name -> (start, end)``, 0-based line slices of the methods of class ``owner``."""
+    """``name -> (start, end)``, 0-based line slices of the methods (and nested classes) of class ``owner``."""
     tree = ast.parse("".join(lines))
     classes = [node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == owner]
     if len(classes) != 1:
         raise MemberNotFound(f"expected one top-level class {owner}, found {len(classes)}")
     spans: dict[str, tuple[int, int]] = {}
     for node in classes[0].body:
-        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             continue
         if node.name in spans:
             raise MemberNotFound(f"{owner}.{node.name} is defined more than once")

@@ -114,11 +114,10 @@ def add_findings(session: Session, found: list[dict[str, Any]], now) -> None:
     before the database's clock), batched as ``invariant.check`` batches; suspected-lost events
     that the DAG's next run takes (pending) are not counted, as on the DAG page.
     """
-    from airflow.configuration import conf
-
     from airflow_dataset_race_fix.diagnostics import invariant
+    from airflow_dataset_race_fix.fix.datasets.manager import DatasetManager
 
-    since = now - timedelta(seconds=max(0, conf.getint("dataset_race_fix", "event_lookback_seconds", fallback=900)))
+    since = now - timedelta(seconds=DatasetManager._dataset_race_fix_setting("event_lookback_seconds"))
     explained = [row for row in found if row["verdict"] != "not explained"]
     if not explained:
         return

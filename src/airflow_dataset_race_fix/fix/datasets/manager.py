@@ -106,6 +106,33 @@ if TYPE_CHECKING:
 class DatasetManager:
     """Mirror of ``airflow.datasets.manager.DatasetManager``: only the members the fix changes."""
 
+    @staticmethod
+    def _dataset_race_fix_settings() -> dict[str, tuple[int | float, str]]:
+        """
+        The ``[dataset_race_fix]`` settings the fix reads: ``key -> (default, meaning)``, declared here only.
+
+        Read them with ``_dataset_race_fix_setting``. (``enable_via_plugin``, default False,
+        is the plugin's opt-in, read by ``airflow_dataset_race_fix.plugin`` itself before
+        any of this is loaded.)
+        """
+        return {
+            "commit_latency_seconds": (10, "scheduler: a producer's stamp-to-COMMIT time that the floor allows for"),
+            "event_lookback_seconds": (900, "scheduler: how far below the latest run a full read, the net and the sweep look"),
+            "full_read_interval_seconds": (300, "scheduler: how often the net reads every reference through"),
+            "max_event_ahead_seconds": (60, "events dated further ahead of the database's clock wait for it"),
+            "queue_row_wait_seconds": (0.0, "producer: how long to retry a queue row another producer holds"),
+            "requeue_interval_seconds": (10.0, "scheduler: how often the sweep looks for events without a queue row"),
+        }
+
+    @classmethod
+    def _dataset_race_fix_setting(cls, key: str) -> int | float:
+        """``[dataset_race_fix] key``, never below 0 (an int, or a float where the default is one)."""
+        from airflow.configuration import conf
+
+        default = cls._dataset_race_fix_settings()[key][0]
+        read = conf.getfloat if isinstance(default, float) else conf.getint
+        return max(0, read("dataset_race_fix", key, fallback=default))
+
     @classmethod
     @internal_api_call
     @provide_session

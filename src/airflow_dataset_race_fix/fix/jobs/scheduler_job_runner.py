@@ -21,97 +21,28 @@
 # _create_dag_runs_dataset_triggered (Airflow 2.10.4), kept as small diffs of the
 # originals, and members the fix adds.
 """
-The scheduler side of the fix: which events a dataset-triggered run consumes.
+The scheduler side of the fix: a dataset-triggered run consumes what its DAG has not consumed yet.
 
-Stock Airflow gives a ready DAG the window ``(previous run, max(queue created_at)]`` of
-event *timestamps*, creates a run even when that window is empty, and then deletes every
-queue row of the DAG. Timestamps are taken at flush time on the producer's host, while
-rows become visible at commit time, so a window of timestamps misses late commits (S3),
-double-counts late queue rows (S6), and the blanket delete drops rows that arrived while
-the run was being created (S2).
+BUG_REPORT.md section 4 ("Scheduler: consume what is unconsumed", "Lock discipline") gives
+the argument, and section 6 why its bounds hold ("The floor", "The net"). In short, for each
+DAG the loop decides (``_decide_dataset_triggered_runs``, read-only, which explain runs too):
 
-The fixed member selects events by what the DAG has *consumed*, not by time:
+- read the state: queue rows (without locks), datasets, latest runs, the database's clock;
+- floors (``_dataset_floors``): per dataset, the newest event the latest run consumed minus
+  ``[dataset_race_fix] commit_latency_seconds``; the whole ``event_lookback_seconds`` window
+  for a first run, a new or quiet dataset, a clock stepped back, or a late commit the net found;
+- select the events above the floors that no run of the DAG consumed;
+- decide (``_choose_dataset_run``): a run only when the DAG's condition holds on datasets with
+  such events; dated by its events and queue rows, after its latest run, never by one dated
+  more than ``max_event_ahead_seconds`` ahead of the database's clock (those wait).
 
-- events of the DAG's datasets (and of the datasets its queue rows name, for alias
-  schedules not yet re-parsed) that no run of this DAG consumed yet, and whose timestamp
-  is above a floor per dataset (below);
-- the floor. Producers date their events at COMMIT on the database's clock, after
-  locking the (dataset, DAG) queue row (see ``datasets/manager.py``). Let M be the newest
-  event of dataset D that the DAG's latest dataset-triggered run consumed. An event of D
-  that run did not see committed after the run read the events, so its stamp is at
-  least that read minus its stamp-to-COMMIT time, and M is older than that read: reading
-  D from ``M - [dataset_race_fix] commit_latency_seconds`` (default 10) misses none whose
-  commit took less. (The queue row lock makes that bound loose: a producer of D for this
-  DAG stamps only after the one before it committed.) A queue row of D read now pulls
-  D's floor down to its own ``created_at`` minus that latency (a row written on another
-  clock, by a stock producer during an upgrade, brings its events with it). So a loop
-  reads only new events and the last few seconds of consumed ones, on the
-  ``(dataset_id, timestamp)`` index, however busy D is. The old rule, the latest run's
-  logical date (or the oldest queue row read, or the database's clock if lower) minus
-  ``[dataset_race_fix] event_lookback_seconds`` (default 900), stays for a dataset the
-  latest run did not consume (the DAG's first run, a new dataset, a quiet one, one that
-  only a queue row names), for every dataset of a DAG whose latest run lies ahead of the
-  database's clock (stepped back), and for every dataset of a DAG that the net found a
-  commit slower than the latency for;
-- the net (``_dags_with_stranded_dataset_events``, in the sweep): every reference of a
-  DAG is read through below its latest run once per ``[dataset_race_fix]
-  full_read_interval_seconds`` (default 300), in small slices spread over the sweeps,
-  whether or not anything else brings the DAG into a loop (BUG_REPORT, "The net");
-- a run only when the DAG's dataset condition holds on the datasets that have such
-  events (no empty run, and an AND condition is not met by a queue row whose events an
-  earlier run already took);
-- the run's logical date is the newest of: the queue rows, the consumed events, and one
-  microsecond after the latest dataset-triggered run, so runs stay in order. A run is
-  never dated before the events it consumes (the floor above relies on it);
-- clock skew: an event dated more than ``[dataset_race_fix] max_event_ahead_seconds``
-  (default 60) after the database's clock (only a stock producer, during an upgrade,
-  dates events on its own host's clock) waits until that clock reaches it (one warning
-  per DAG, metric ``dataset_race_fix.future_events_deferred``) and queue rows dated
-  beyond it do not date the run, so one host whose clock runs ahead cannot date this run and, since
-  runs stay in order, every later run in the future. The scheduler host's own clock
-  dates nothing. The queue rows of such events are deleted like any other read (a DAG
-  that keeps its rows stays "ready" in every loop and, past
-  ``max_dagruns_to_create_per_loop`` of them, takes the slots of DAGs that can run); the
-  sweep below queues the DAG again once the clock gets there;
-- the sweep (``_dags_with_unqueued_dataset_events``, every ``[dataset_race_fix]
-  requeue_interval_seconds``): a DAG with an event newer than its latest run on a
-  dataset that has no queue row for it joins the loop's dataset-triggered DAGs, so no
-  new event depends on its queue row alone (rows dated ahead and deleted, a busy row a
-  producer left out, a stock producer's row deleted during an upgrade);
-- the data interval starts no earlier than the previous dataset-triggered run's ended,
-  so intervals never go backwards or overlap (a late event may lie before its run's
-  interval);
-- events dated before the latest run (late commits, or the events of a deleted run,
-  whose consumption record went with it, when they lie above the floor) are consumed by
-  the next run, with a log line;
-- the queue rows read are deleted exactly as read (key and created_at). Producers move
-  created_at on every write, so a row that a producer touched meanwhile survives. When
-  no run is created, the rows whose datasets have nothing left to consume are deleted,
-  so they cannot make the scheduler spin.
-
-Lock discipline (the scheduler never waits for a producer):
-
-- the queue is read without locks; every queue row this loop deletes, for all its DAGs,
-  is deleted by one statement per chunk at the end of the loop, just before the loop's
-  COMMIT, so a producer that meets one of those rows waits at most for that COMMIT (stock
-  deletes per DAG and holds the rows for the rest of the loop);
-- the rows are taken ``FOR UPDATE SKIP LOCKED`` (PostgreSQL, MySQL 8.0.1+, MariaDB
-  10.6+): a row a producer holds is its COMMIT in progress, which changes created_at
-  anyway, so it is left for the next loop instead of waited for. The delete then goes by
-  the rows taken only (PostgreSQL: their ``ctid``, a TID scan after the locking select
-  has run once as an InitPlan; MySQL: by primary key, ``FORCE INDEX (PRIMARY)``), so it
-  visits no other row, such as
-  the one it skipped or a producer's new one (MySQL: the keys as a derived table joined
-  first, ``STRAIGHT_JOIN``, so the plan is one primary-key lookup per key at any queue
-  size). Producers lock queue rows in key order
-  right before their COMMIT (see ``datasets/manager.py``), so nothing they hold waits
-  for the scheduler, and the scheduler waits for nothing they hold: no lock cycle;
-- MySQL before 8.0.1 and MariaDB before 10.6 have no ``SKIP LOCKED``: the delete may
-  wait there for a producer's COMMIT in progress, in key order like the producers, so
-  still no cycle; SQLite has one writer at a time and no row locks;
-- every statement whose size follows the number of DAGs, datasets or rows is chunked
-  (500 terms) so it stays inside SQLite's 999 variables and expression depth, and
-  MySQL's packet size, at any queue length.
+The queue rows read are deleted exactly as read, for all DAGs at the end of the loop, taken
+``SKIP LOCKED`` where the database can, so the scheduler never waits for a producer
+(``_delete_dataset_queue_rows_as_read``). The sweep (``_dags_with_unqueued_dataset_events``,
+every ``requeue_interval_seconds``) brings in DAGs whose new events have no queue row, and the
+net under the floor (``_dags_with_stranded_dataset_events``) reads every reference below its
+latest run once per ``full_read_interval_seconds``. Settings: ``DatasetManager._dataset_race_fix_settings``.
+Statements whose size follows the number of DAGs, datasets or rows are chunked (500 terms).
 
 Nothing here commits: all of it is in the scheduler's own transaction, as before.
 Every global below must name the same object in ``airflow.jobs.scheduler_job_runner``.
@@ -121,12 +52,12 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Callable, Collection
 
 from sqlalchemy import and_, delete, func, or_, select
 
-from airflow.configuration import conf
 from airflow.models.dag import DagModel
 from airflow.models.dagrun import DagRun
 from airflow.models.dataset import (
@@ -175,6 +106,44 @@ class SchedulerJobRunner:
         guard.commit()
         # END: create dagruns
 
+    @staticmethod
+    def _dataset_manager() -> Any:
+        """Airflow's DatasetManager, whose fixed members give these steps their clock and settings (explain: the fix's)."""
+        from airflow.datasets.manager import DatasetManager
+
+        return DatasetManager
+
+    @dataclass(frozen=True)
+    class _DatasetFloors:
+        """Where a DAG's read of its events starts (``_dataset_floors``)."""
+
+        floors: dict[int, datetime]  # per dataset; empty for a DAG's first run (every event)
+        runs_floor: datetime | None  # its runs from here on hold what it consumed; None: first run
+        full_read: bool  # every dataset read from the whole look-back window
+
+    @dataclass(frozen=True)
+    class _DatasetRunChoice:
+        """What a DAG's events decide (``_choose_dataset_run``)."""
+
+        events: list[Any]  # what its run consumes: dated up to the horizon
+        deferred: list[Any]  # dated beyond the horizon: they wait
+        late: list[Any]  # dated before its latest run
+        execution_date: datetime | None  # before the unique-date check; None: no run
+        rows_done: tuple[int, ...]  # datasets whose queue rows are deleted (as read)
+        old_serialization: bool = False  # its condition cannot be evaluated: skipped
+
+    @dataclass(frozen=True)
+    class _DatasetDecisionState:
+        """What ``_decide_dataset_triggered_runs`` reads for all its DAGs before deciding any."""
+
+        queued_rows: dict[str, dict[int, datetime]]  # dag_id -> dataset_id -> created_at
+        stored_as_read: dict[tuple[int, str], Any]  # (dataset_id, dag_id) -> created_at as stored
+        dataset_ids_of: dict[str, set[int]]  # scheduled on, or named by a queue row
+        dataset_uris: dict[int, str]
+        newest_consumed: dict[str, dict[int, datetime]]  # by the DAG's latest run, per dataset
+        latest_runs: dict[str, tuple[Any, ...]]  # latest dataset-triggered run's date, its interval end, any run's date
+        database_now: datetime
+
     def _dags_with_unqueued_dataset_events(
         self, dataset_triggered_dag_info: dict[str, tuple[datetime, datetime]], session: Session
     ) -> list[DagModel]:
@@ -182,39 +151,54 @@ class SchedulerJobRunner:
         The sweep: DAGs that have an event newer than their latest run on a dataset with no queue row for them.
 
         Queue rows are the fast path; this is the net under them, for new events that have
-        none: a producer left a busy row that a scheduler's delete then removed (see
-        ``DatasetManager._upsert_queue_dagruns``), events that waited as dated ahead
-        (their rows are deleted, so that a DAG kept waiting takes no slot from DAGs that
-        can run), and events of a stock producer whose row a scheduler deleted, during an
-        upgrade. An event dated after a DAG's latest dataset-triggered run was consumed by
-        none of its runs (a run is dated after every event it consumes), so index probes
-        find them: per (dataset, DAG) reference without a queue row, the dataset's newest
-        event up to the horizon, against the DAG's latest run (or the reference's creation,
-        for a DAG with no run yet) and no older than ``event_lookback_seconds`` (events of
-        a DAG paused long before stay for its next run, as in stock).
-
-        At most once per ``[dataset_race_fix] requeue_interval_seconds`` (default 10) in
-        each scheduler process (that memory changes how soon, never whether), and at most
-        ``max_dagruns_to_create_per_loop`` DAGs, oldest event first, selected as
-        ``DagModel.dags_needing_dagruns`` selects (active, unpaused, no import errors, below
-        ``max_active_runs``, rows locked ``SKIP LOCKED``: another scheduler's are its own).
-        Nothing is written here: the DAGs join the loop's dataset-triggered DAGs, and
-        ``_create_dag_runs_dataset_triggered`` decides from their events as for any other
-        (a DAG whose condition still waits for another dataset is looked at again at the
-        next sweep: one DAG's selection per interval).
+        none (a busy row a producer left out, rows of events that waited as dated ahead, a
+        stock producer's row deleted during an upgrade; BUG_REPORT, "A stalled producer").
+        At most once per ``[dataset_race_fix] requeue_interval_seconds`` in each scheduler
+        process (that memory changes how soon, never whether). Nothing is written here: the
+        DAGs join the loop's dataset-triggered DAGs (``dataset_triggered_dag_info`` gets
+        theirs), and ``_create_dag_runs_dataset_triggered`` decides them as any other.
         """
-        from sqlalchemy import false, true
-
-        from airflow.datasets.manager import DatasetManager
-
-        interval = max(0.0, conf.getfloat("dataset_race_fix", "requeue_interval_seconds", fallback=10))
+        manager = self._dataset_manager()
+        interval = manager._dataset_race_fix_setting("requeue_interval_seconds")
         swept_at = self.__dict__.get("_dataset_race_fix_swept_at")
         if swept_at is not None and time.monotonic() - swept_at < interval:
             return []
         self.__dict__["_dataset_race_fix_swept_at"] = time.monotonic()
-        now = DatasetManager._database_now(session)
-        ahead = conf.getint("dataset_race_fix", "max_event_ahead_seconds", fallback=60)
-        lookback = conf.getint("dataset_race_fix", "event_lookback_seconds", fallback=900)
+        now = manager._database_now(session)
+        oldest_new = self._dags_with_new_unqueued_events(dataset_triggered_dag_info, now, session)
+        if not oldest_new:
+            return []
+        runnable = self._runnable_dataset_dags(oldest_new, session)
+        for dag_model in runnable:
+            dataset_triggered_dag_info[dag_model.dag_id] = (oldest_new[dag_model.dag_id],) * 2
+        if runnable:
+            self.log.info(
+                "%d dataset-scheduled DAG(s) have dataset events that no queue row brings in; deciding their runs: %s",
+                len(runnable),
+                [dm.dag_id for dm in runnable],
+            )
+        return runnable
+
+    def _dags_with_new_unqueued_events(
+        self, dataset_triggered_dag_info: dict[str, tuple[datetime, datetime]], now: datetime, session: Session
+    ) -> dict[str, datetime]:
+        """
+        ``{dag_id: oldest such stamp}`` of the DAGs not in ``dataset_triggered_dag_info`` that the sweep brings in.
+
+        The net's DAGs (``_dags_with_stranded_dataset_events``), and those with a new event
+        on a reference without a queue row. An event dated after a DAG's latest
+        dataset-triggered run was consumed by none of its runs (a run is dated after every
+        event it consumes), so index probes find them: per (dataset, DAG) reference without
+        a queue row, the dataset's newest event up to the horizon, against the DAG's latest
+        run (or the reference's creation, for a DAG with no run yet) and no older than
+        ``event_lookback_seconds`` (events of a DAG paused long before stay for its next
+        run, as in stock).
+        """
+        from sqlalchemy import false, true
+
+        manager = self._dataset_manager()
+        ahead = manager._dataset_race_fix_setting("max_event_ahead_seconds")
+        lookback = manager._dataset_race_fix_setting("event_lookback_seconds")
         reference = DagScheduleDatasetReference
         # ORDER BY .. LIMIT 1, not max(), here and below: MySQL reads every event of the
         # dataset (every run of the DAG) for a correlated max() with a filter, and stops at the
@@ -223,7 +207,7 @@ class SchedulerJobRunner:
             select(DatasetEvent.timestamp)
             .where(
                 DatasetEvent.dataset_id == reference.dataset_id,
-                DatasetEvent.timestamp <= now + timedelta(seconds=max(0, ahead)),
+                DatasetEvent.timestamp <= now + timedelta(seconds=ahead),
             )
             .order_by(DatasetEvent.timestamp.desc())
             .limit(1)
@@ -258,13 +242,25 @@ class SchedulerJobRunner:
                 DagModel.is_active == true(),
                 ~queued,
                 newest > func.coalesce(latest_run, reference.created_at),
-                newest > now - timedelta(seconds=max(0, lookback)),
+                newest > now - timedelta(seconds=lookback),
             )
         ):
             if dag_id not in dataset_triggered_dag_info:
                 oldest_new[dag_id] = min(oldest_new.get(dag_id, newest_event), newest_event)
-        if not oldest_new:
-            return []
+        return oldest_new
+
+    def _runnable_dataset_dags(
+        self, oldest_new: dict[str, datetime], session: Session, *, lock_rows: bool = True
+    ) -> list[DagModel]:
+        """
+        Of the DAGs of ``oldest_new``, at most ``max_dagruns_to_create_per_loop``, oldest event first.
+
+        Selected as ``DagModel.dags_needing_dagruns`` selects: active, unpaused, no import
+        errors, below ``max_active_runs``, rows locked ``SKIP LOCKED`` (another scheduler's
+        are its own; ``lock_rows`` False: explain, which takes no lock).
+        """
+        from sqlalchemy import false, true
+
         limit = DagModel.NUM_DAGS_PER_DAGRUN_QUERY
         candidates = sorted(oldest_new, key=lambda dag_id: (oldest_new[dag_id], dag_id))[: 2 * limit]
         active_runs = dict(
@@ -274,32 +270,19 @@ class SchedulerJobRunner:
                 .group_by(DagRun.dag_id)
             ).all()
         )
-        dag_models = session.scalars(
-            with_row_locks(
-                select(DagModel).where(
-                    DagModel.dag_id.in_(candidates),
-                    DagModel.is_paused == false(),
-                    DagModel.is_active == true(),
-                    DagModel.has_import_errors == false(),
-                ),
-                of=DagModel,
-                session=session,
-                skip_locked=True,
-            )
-        ).all()
-        runnable = sorted(
+        runnable_dags = select(DagModel).where(
+            DagModel.dag_id.in_(candidates),
+            DagModel.is_paused == false(),
+            DagModel.is_active == true(),
+            DagModel.has_import_errors == false(),
+        )
+        if lock_rows:
+            runnable_dags = with_row_locks(runnable_dags, of=DagModel, session=session, skip_locked=True)
+        dag_models = session.scalars(runnable_dags).all()
+        return sorted(
             (dm for dm in dag_models if active_runs.get(dm.dag_id, 0) < dm.max_active_runs),
             key=lambda dm: (oldest_new[dm.dag_id], dm.dag_id),
         )[:limit]
-        for dag_model in runnable:
-            dataset_triggered_dag_info[dag_model.dag_id] = (oldest_new[dag_model.dag_id],) * 2
-        if runnable:
-            self.log.info(
-                "%d dataset-scheduled DAG(s) have dataset events that no queue row brings in; deciding their runs: %s",
-                len(runnable),
-                [dm.dag_id for dm in runnable],
-            )
-        return runnable
 
     def _dags_with_stranded_dataset_events(self, now: datetime, session: Session) -> dict[str, datetime]:
         """
@@ -328,10 +311,6 @@ class SchedulerJobRunner:
         """
         from math import ceil
 
-        from sqlalchemy import bindparam, case, false, true
-
-        from airflow.models.dataset import association_table
-
         slice_size = 1000  # events per statement: a few milliseconds of index probes
         budget_seconds = 0.005  # a sweep reads on while it has spent less (a fraction of a loop)
 
@@ -339,31 +318,14 @@ class SchedulerJobRunner:
         for part in ("found", "cursor", "read_through_at", "slices"):
             net.setdefault(part, {})
         only = net.get("only")  # explain: these DAGs' references read through at once, no round
-        interval = max(0, conf.getint("dataset_race_fix", "full_read_interval_seconds", fallback=300))
-        lookback = timedelta(seconds=max(0, conf.getint("dataset_race_fix", "event_lookback_seconds", fallback=900)))
+        manager = self._dataset_manager()
+        interval = manager._dataset_race_fix_setting("full_read_interval_seconds")
+        lookback = timedelta(seconds=manager._dataset_race_fix_setting("event_lookback_seconds"))
         started = time.monotonic()
         elapsed = started - net["ran_at"] if net.get("ran_at") is not None else 0.0
         net["ran_at"] = started
 
-        latest_run = (  # as the sweep's (ORDER BY .. LIMIT 1: see there)
-            select(DagRun.execution_date)
-            .where(
-                DagRun.dag_id == DagScheduleDatasetReference.dag_id,
-                DagRun.run_type == DagRunType.DATASET_TRIGGERED,
-            )
-            .order_by(DagRun.execution_date.desc())
-            .limit(1)
-            .scalar_subquery()
-        )
-        references = {
-            (dag_id, dataset_id): latest
-            for dag_id, dataset_id, latest in session.execute(
-                select(DagScheduleDatasetReference.dag_id, DagScheduleDatasetReference.dataset_id, latest_run)
-                .join(DagModel, DagModel.dag_id == DagScheduleDatasetReference.dag_id)
-                .where(DagModel.is_paused == false(), DagModel.is_active == true(), latest_run.is_not(None))
-                .where(DagScheduleDatasetReference.dag_id.in_(only) if only is not None else true())
-            )
-        }
+        references = self._net_references(only, session)
         read_through_at: dict[tuple[str, int], float] = net["read_through_at"]
         cursor: dict[tuple[str, int], tuple[datetime, int]] = net["cursor"]  # a read under way: from, slices so far
         slices_of: dict[tuple[str, int], int] = net["slices"]  # what a reference's last read took
@@ -377,25 +339,7 @@ class SchedulerJobRunner:
         # round, as long as the last round's reads took (a reference not read yet: one slice).
         round_slices = sum(slices_of.get(key, 1) for key in references)
         share = float("inf") if not interval or only is not None else max(1, ceil(round_slices * elapsed / interval))
-
-        # One slice of one reference: how many events it read, the newest stamp among them,
-        # and the oldest that no run of the DAG consumed.
-        event = select(DatasetEvent.id, DatasetEvent.timestamp).where(
-            DatasetEvent.dataset_id == bindparam("dataset_id"),
-            DatasetEvent.timestamp >= bindparam("start"),
-            DatasetEvent.timestamp <= bindparam("end"),
-        )
-        piece = event.order_by(DatasetEvent.timestamp).limit(slice_size).subquery()
-        # From the event to its links, then each link's run by primary key: a scalar
-        # subquery, so that no plan can start from the DAG's runs (thousands) per event.
-        run_of_link = select(DagRun.dag_id).where(DagRun.id == association_table.c.dag_run_id).scalar_subquery()
-        consumed = (
-            select(association_table.c.event_id)
-            .where(association_table.c.event_id == piece.c.id, run_of_link == bindparam("dag_id"))
-            .exists()
-        )
-        unconsumed = func.min(case((~consumed, piece.c.timestamp)))
-        slice_of_reference = select(func.count(), func.max(piece.c.timestamp), unconsumed).select_from(piece)
+        slice_of_reference = self._stranded_events_slice(slice_size)
 
         found: dict[str, datetime] = net["found"]
         slices = 0
@@ -420,6 +364,58 @@ class SchedulerJobRunner:
                 break  # this sweep's share and budget are spent
         return dict(found)
 
+    @staticmethod
+    def _net_references(only: set[str] | None, session: Session) -> dict[tuple[str, int], datetime]:
+        """``{(dag_id, dataset_id): latest run}``: the references the net reads (active, unpaused DAGs with a dataset-triggered run; ``only`` these DAGs)."""
+        from sqlalchemy import false, true
+
+        latest_run = (  # as the sweep's (ORDER BY .. LIMIT 1: see there)
+            select(DagRun.execution_date)
+            .where(
+                DagRun.dag_id == DagScheduleDatasetReference.dag_id,
+                DagRun.run_type == DagRunType.DATASET_TRIGGERED,
+            )
+            .order_by(DagRun.execution_date.desc())
+            .limit(1)
+            .scalar_subquery()
+        )
+        return {
+            (dag_id, dataset_id): latest
+            for dag_id, dataset_id, latest in session.execute(
+                select(DagScheduleDatasetReference.dag_id, DagScheduleDatasetReference.dataset_id, latest_run)
+                .join(DagModel, DagModel.dag_id == DagScheduleDatasetReference.dag_id)
+                .where(DagModel.is_paused == false(), DagModel.is_active == true(), latest_run.is_not(None))
+                .where(DagScheduleDatasetReference.dag_id.in_(only) if only is not None else true())
+            )
+        }
+
+    @staticmethod
+    def _stranded_events_slice(slice_size: int) -> Any:
+        """
+        One slice of one reference (``dataset_id``, stamps ``start`` to ``end``, ``dag_id``): how many
+        events it read, the newest stamp among them, and the oldest that no run of the DAG consumed.
+        """
+        from sqlalchemy import bindparam, case
+
+        from airflow.models.dataset import association_table
+
+        event = select(DatasetEvent.id, DatasetEvent.timestamp).where(
+            DatasetEvent.dataset_id == bindparam("dataset_id"),
+            DatasetEvent.timestamp >= bindparam("start"),
+            DatasetEvent.timestamp <= bindparam("end"),
+        )
+        piece = event.order_by(DatasetEvent.timestamp).limit(slice_size).subquery()
+        # From the event to its links, then each link's run by primary key: a scalar
+        # subquery, so that no plan can start from the DAG's runs (thousands) per event.
+        run_of_link = select(DagRun.dag_id).where(DagRun.id == association_table.c.dag_run_id).scalar_subquery()
+        consumed = (
+            select(association_table.c.event_id)
+            .where(association_table.c.event_id == piece.c.id, run_of_link == bindparam("dag_id"))
+            .exists()
+        )
+        unconsumed = func.min(case((~consumed, piece.c.timestamp)))
+        return select(func.count(), func.max(piece.c.timestamp), unconsumed).select_from(piece)
+
     def _decide_dataset_triggered_runs(
         self,
         dag_models: Collection[DagModel],
@@ -436,33 +432,91 @@ class SchedulerJobRunner:
         and ``run`` (``execution_date``, ``data_interval``, ``run_id``) or None when it
         waits; ``skipped`` names why a DAG was not decided at all. Split from
         ``_create_dag_runs_dataset_triggered`` so that ``airflow-dataset-race-fix explain``
-        gives the verdict of this very code, read-only.
+        gives the verdict of this very code, read-only. The steps: read the state, then per
+        DAG its floors, its events, the choice and the run.
+        """
+        manager = self._dataset_manager()
+        state = self._read_dataset_decision_state(sorted(dm.dag_id for dm in dag_models), session)
+        lookback = timedelta(seconds=manager._dataset_race_fix_setting("event_lookback_seconds"))
+        commit_latency = timedelta(seconds=manager._dataset_race_fix_setting("commit_latency_seconds"))
+        # DAGs the net found a late commit for (``_dags_with_stranded_dataset_events``): their
+        # next decision reads the whole window.
+        net_found: dict[str, datetime] = self.__dict__.get("_dataset_race_fix_net", {}).get("found", {})
+        # Nothing dated further ahead of the database's clock dates a run (a stock producer's
+        # host clock). The clock is the one events and queue rows are dated on.
+        horizon = state.database_now + timedelta(seconds=manager._dataset_race_fix_setting("max_event_ahead_seconds"))
+        consumed_rows: list[tuple[int, str, Any]] = []  # deleted at the end, as read
+        decisions: list[dict[str, Any]] = []
+        for dag_model in sorted(dag_models, key=lambda dm: dm.dag_id):
+            decision: dict[str, Any] = {"dag_id": dag_model.dag_id, "run": None, "skipped": None}
+            decisions.append(decision)
+            dag = self.dagbag.get_dag(dag_model.dag_id, session=session)
+            if not dag:
+                self.log.error("DAG '%s' not found in serialized_dag table", dag_model.dag_id)
+                decision["skipped"] = "not found in the serialized_dag table"
+                continue
+            if not isinstance(dag.timetable, DatasetTriggeredTimetable):
+                self.log.error(
+                    "DAG '%s' was dataset-scheduled, but didn't have a DatasetTriggeredTimetable!",
+                    dag_model.dag_id,
+                )
+                decision["skipped"] = "not dataset-scheduled (no DatasetTriggeredTimetable)"
+                continue
+            queued = state.queued_rows.get(dag.dag_id, {})
+            latest_run_date, latest_interval_end, latest_any_run_date = state.latest_runs.get(dag.dag_id, (None,) * 3)
+            dataset_ids = sorted(state.dataset_ids_of[dag.dag_id])
+            found_late = latest_run_date is not None and net_found.pop(dag.dag_id, None) is not None
+            floors = self._dataset_floors(
+                dataset_ids, latest_run_date, state.database_now, queued,
+                state.newest_consumed.get(dag.dag_id, {}), found_late, horizon, lookback, commit_latency,
+            )
+            choice = self._choose_dataset_run(
+                self._select_dataset_events(dag.dag_id, dataset_ids, floors, session),
+                horizon, latest_run_date, dataset_triggered_dag_info[dag.dag_id][1],
+                queued, state.dataset_uris, lambda statuses: dag.timetable.dataset_condition.evaluate(statuses),
+            )
+            decision.update(
+                dag=dag, events=choice.events, deferred=choice.deferred, queued=queued, floors=floors.floors,
+                full_read=floors.full_read, late=choice.late,
+            )
+            if choice.old_serialization:  # as in DagModel.dags_needing_dagruns
+                self.log.warning("dag '%s' has old serialization; skipping DAG run creation.", dag.dag_id)
+                decision["skipped"] = "serialized before Airflow 2.9"
+                continue
+            consumed_rows += [(ds_id, dag.dag_id, state.stored_as_read[(ds_id, dag.dag_id)]) for ds_id in choice.rows_done]
+            if choice.execution_date is not None:
+                decision["run"] = self._dataset_triggered_run(
+                    dag, choice, latest_interval_end, latest_any_run_date, session
+                )
+        return decisions, consumed_rows
+
+    def _dataset_statement(self, key: tuple[Any, ...], build: Callable[[], Any]) -> Any:
+        """
+        The statement kept under ``key`` (its dialect, clock and shape), built by ``build()`` the first time.
+
+        The statements are built once per scheduler process (and shape), their values bound
+        at each execution: SQLAlchemy then neither builds nor keys them again, which was a
+        large share of a loop's cost (BUG_REPORT section 7).
+        """
+        statements: dict[tuple[Any, ...], Any] = self.__dict__.setdefault("_dataset_race_fix_statements", {})
+        if key not in statements:
+            statements[key] = build()
+        return statements[key]
+
+    def _read_dataset_decision_state(self, dag_ids: list[str], session: Session) -> _DatasetDecisionState:
+        """
+        The state the decisions of ``dag_ids`` start from, read without locks: their queue rows
+        (each deleted at the end exactly as read: on SQLite, as the stored text, whatever format
+        wrote it), their datasets (those they are scheduled on, and those their queue rows name:
+        an alias that resolved to a dataset before the DAG was parsed again) with URIs, their
+        latest runs and the database's clock. Two statements for all DAGs (per 500).
         """
         from sqlalchemy import Text, bindparam, cast
 
-        from airflow.datasets.manager import DatasetManager
-
         dialect = session.bind.dialect.name
-        clock = DatasetManager._database_clock(dialect)
-        # The statements are built once per scheduler process (and shape), their values bound
-        # at each execution: SQLAlchemy then neither builds nor keys them again, which was a
-        # large share of a loop's cost (BUG_REPORT section 7).
-        statements: dict[tuple[Any, ...], Any] = self.__dict__.setdefault("_dataset_race_fix_statements", {})
-
-        def reused(key: tuple[Any, ...], build: Callable[[], Any]) -> Any:
-            """The statement kept under ``key`` (its dialect, clock and shape), built by ``build()`` the first time."""
-            if key not in statements:
-                statements[key] = build()
-            return statements[key]
-
-        dag_ids = sorted(dm.dag_id for dm in dag_models)
-        chunks = [dag_ids[start : start + 500] for start in range(0, len(dag_ids), 500)]
-        # The queue rows of these DAGs, read without locks: each is deleted at the end exactly
-        # as read (on SQLite, as the stored text, whatever format wrote it).
-        queued_rows: dict[str, dict[int, datetime]] = defaultdict(dict)
-        stored_as_read: dict[tuple[int, str], Any] = {}
+        clock = self._dataset_manager()._database_clock(dialect)
         as_stored = cast(DatasetDagRunQueue.created_at, Text) if dialect == "sqlite" else DatasetDagRunQueue.created_at
-        queue_rows_of_dags = reused(
+        queue_rows_of_dags = self._dataset_statement(
             ("queue rows", dialect),
             lambda: select(
                 DatasetDagRunQueue.dataset_id,
@@ -471,130 +525,18 @@ class SchedulerJobRunner:
                 as_stored.label("stored"),
             ).where(DatasetDagRunQueue.target_dag_id.in_(bindparam("dag_ids", expanding=True))),
         )
-        # Each DAG's datasets (with their URIs, for the condition): those it is scheduled on,
-        # and those its queue rows name (an alias that resolved to a dataset before the DAG
-        # was parsed again). And each DAG's latest dataset-triggered run and latest run of
-        # any type (for the unique date). Two statements for all DAGs (per 500).
-
-        def runs_and_datasets() -> Any:
-            """
-            Per DAG of ``dag_ids``, one row per dataset it is scheduled on (or one row without):
-            its latest dataset-triggered run's date and interval end, its latest run's date (any
-            type) and the database's clock; with each dataset, its id and URI, and the newest
-            event of it that the latest run consumed (the floor, module docstring).
-            """
-            from sqlalchemy import literal_column, null
-
-            from airflow.models.dataset import association_table
-            from airflow.utils.sqlalchemy import UtcDateTime
-
-            def latest_run_of(column: Any) -> Any:
-                return (
-                    select(column)
-                    .where(DagRun.dag_id == DagModel.dag_id, DagRun.run_type == DagRunType.DATASET_TRIGGERED)
-                    .order_by(DagRun.execution_date.desc())
-                    .limit(1)
-                    .correlate(DagModel)  # explicit: from two levels down it would not be
-                    .scalar_subquery()
-                )
-
-            reference = DagScheduleDatasetReference
-            latest_of_any_type = select(func.max(DagRun.execution_date)).where(DagRun.dag_id == DagModel.dag_id)
-            clock_column = literal_column(clock, UtcDateTime) if clock else null()  # SQLite: this host's clock
-            if dialect == "postgresql":
-                return postgres_runs_and_datasets(reference, latest_of_any_type.scalar_subquery(), clock_column)
-            newest_consumed_by_latest_run = (
-                select(func.max(DatasetEvent.timestamp))
-                .join(association_table, association_table.c.event_id == DatasetEvent.id)
-                .where(
-                    association_table.c.dag_run_id == latest_run_of(DagRun.id),
-                    DatasetEvent.dataset_id == reference.dataset_id,
-                )
-                .scalar_subquery()
-            )
-            return (
-                select(
-                    DagModel.dag_id,
-                    latest_run_of(DagRun.execution_date),
-                    latest_run_of(DagRun.data_interval_end),
-                    latest_of_any_type.scalar_subquery(),
-                    clock_column,
-                    DatasetModel.id,
-                    DatasetModel.uri,
-                    newest_consumed_by_latest_run,
-                )
-                .outerjoin(reference, reference.dag_id == DagModel.dag_id)
-                .outerjoin(DatasetModel, DatasetModel.id == reference.dataset_id)
-                .where(DagModel.dag_id.in_(bindparam("dag_ids", expanding=True)))
-            )
-
-        def postgres_runs_and_datasets(reference: Any, latest_of_any_type: Any, clock_column: Any) -> Any:
-            """
-            ``runs_and_datasets`` on PostgreSQL, in shapes whose plans follow the rows they need
-            whatever the statistics (issue 30): the latest run looked up once per DAG (LATERAL),
-            and the newest event each dataset's latest run consumed read from that run's links to
-            their events by primary key (with none, the planner started from the dataset's whole
-            history and probed the links per event). OFFSET 0 keeps a LATERAL subquery from being
-            pulled up into a plain join.
-            """
-            from sqlalchemy import true
-
-            from airflow.models.dataset import association_table
-
-            latest = (
-                select(DagRun.id, DagRun.execution_date, DagRun.data_interval_end)
-                .where(DagRun.dag_id == DagModel.dag_id, DagRun.run_type == DagRunType.DATASET_TRIGGERED)
-                .order_by(DagRun.execution_date.desc())
-                .limit(1)
-                .correlate(DagModel)
-                .lateral()
-            )
-            event_of_link = (
-                select(DatasetEvent.timestamp)
-                .where(DatasetEvent.id == association_table.c.event_id, DatasetEvent.dataset_id == reference.dataset_id)
-                .offset(0)
-                .correlate(association_table, reference)  # the link beside it, the reference two levels up
-                .lateral()
-            )
-            # The run's links newest first (its primary key, backwards), to the first whose event
-            # is of this dataset: the dataset's newest by insertion, whose stamp is at most the
-            # newest stamp (a lower floor, never a higher one), found at once whatever the
-            # run's size; a max() over the links read all of a first run's 50 000 (and JIT-
-            # compiled the statement for its estimated cost).
-            newest_consumed_by_latest_run = (
-                select(event_of_link.c.timestamp)
-                .select_from(association_table.join(event_of_link, true()))
-                .where(association_table.c.dag_run_id == latest.c.id)
-                .order_by(association_table.c.event_id.desc())
-                .limit(1)
-                .correlate(reference, latest)
-                .scalar_subquery()
-            )
-            return (
-                select(
-                    DagModel.dag_id,
-                    latest.c.execution_date,
-                    latest.c.data_interval_end,
-                    latest_of_any_type,
-                    clock_column,
-                    DatasetModel.id,
-                    DatasetModel.uri,
-                    newest_consumed_by_latest_run,
-                )
-                .select_from(DagModel)
-                .outerjoin(latest, true())
-                .outerjoin(reference, reference.dag_id == DagModel.dag_id)
-                .outerjoin(DatasetModel, DatasetModel.id == reference.dataset_id)
-                .where(DagModel.dag_id.in_(bindparam("dag_ids", expanding=True)))
-            )
-
-        runs_and_datasets_of_dags = reused(("runs and datasets", dialect, clock), runs_and_datasets)
+        runs_and_datasets_of_dags = self._dataset_statement(
+            ("runs and datasets", dialect, clock), lambda: self._runs_and_datasets_statement(dialect, clock)
+        )
+        queued_rows: dict[str, dict[int, datetime]] = defaultdict(dict)
+        stored_as_read: dict[tuple[int, str], Any] = {}
         database_now: datetime | None = None
         dataset_ids_of: dict[str, set[int]] = defaultdict(set)
         dataset_uris: dict[int, str] = {}
-        newest_consumed: dict[tuple[str, int], datetime] = {}
+        newest_consumed: dict[str, dict[int, datetime]] = defaultdict(dict)
         latest_runs: dict[str, tuple[Any, ...]] = {}  # run date, interval end, any run's date
-        for chunk in chunks:
+        for start in range(0, len(dag_ids), 500):
+            chunk = dag_ids[start : start + 500]
             for dataset_id, target_dag_id, created_at, stored in session.execute(queue_rows_of_dags, {"dag_ids": chunk}):
                 queued_rows[target_dag_id][dataset_id] = created_at
                 stored_as_read[(dataset_id, target_dag_id)] = stored
@@ -607,7 +549,7 @@ class SchedulerJobRunner:
                     dataset_ids_of[dag_id].add(dataset_id)
                     dataset_uris[dataset_id] = uri
                 if newest is not None:
-                    newest_consumed[(dag_id, dataset_id)] = newest
+                    newest_consumed[dag_id][dataset_id] = newest
         for dag_id, queued in queued_rows.items():
             dataset_ids_of[dag_id].update(queued)
         unknown = sorted(set().union(*queued_rows.values()) - dataset_uris.keys())
@@ -617,200 +559,320 @@ class SchedulerJobRunner:
                     select(DatasetModel.id, DatasetModel.uri).where(DatasetModel.id.in_(unknown[start : start + 500]))
                 )
             )
-        lookback = timedelta(
-            seconds=max(0, conf.getint("dataset_race_fix", "event_lookback_seconds", fallback=900))
+        database_now = database_now or self._dataset_manager()._database_now(session)
+        return self._DatasetDecisionState(
+            queued_rows, stored_as_read, dataset_ids_of, dataset_uris, newest_consumed, latest_runs, database_now
         )
-        commit_latency = timedelta(
-            seconds=max(0, conf.getint("dataset_race_fix", "commit_latency_seconds", fallback=10))
+
+    @classmethod
+    def _runs_and_datasets_statement(cls, dialect: str, clock: str | None) -> Any:
+        """
+        Per DAG of ``dag_ids``, one row per dataset it is scheduled on (or one row without):
+        its latest dataset-triggered run's date and interval end, its latest run's date (any
+        type) and the database's clock; with each dataset, its id and URI, and the newest
+        event of it that the latest run consumed (the floor, module docstring).
+        """
+        from sqlalchemy import bindparam, literal_column, null
+
+        from airflow.models.dataset import association_table
+        from airflow.utils.sqlalchemy import UtcDateTime
+
+        def latest_run_of(column: Any) -> Any:
+            return (
+                select(column)
+                .where(DagRun.dag_id == DagModel.dag_id, DagRun.run_type == DagRunType.DATASET_TRIGGERED)
+                .order_by(DagRun.execution_date.desc())
+                .limit(1)
+                .correlate(DagModel)  # explicit: from two levels down it would not be
+                .scalar_subquery()
+            )
+
+        reference = DagScheduleDatasetReference
+        latest_of_any_type = select(func.max(DagRun.execution_date)).where(DagRun.dag_id == DagModel.dag_id)
+        clock_column = literal_column(clock, UtcDateTime) if clock else null()  # SQLite: this host's clock
+        if dialect == "postgresql":
+            return cls._postgres_runs_and_datasets_statement(reference, latest_of_any_type.scalar_subquery(), clock_column)
+        newest_consumed_by_latest_run = (
+            select(func.max(DatasetEvent.timestamp))
+            .join(association_table, association_table.c.event_id == DatasetEvent.id)
+            .where(
+                association_table.c.dag_run_id == latest_run_of(DagRun.id),
+                DatasetEvent.dataset_id == reference.dataset_id,
+            )
+            .scalar_subquery()
         )
-        # DAGs the net found a late commit for (``_dags_with_stranded_dataset_events``): their
-        # next decision reads the whole window.
-        net_found: dict[str, datetime] = self.__dict__.get("_dataset_race_fix_net", {}).get("found", {})
-        # Nothing dated further ahead of the database's clock dates a run (a stock producer's
-        # host clock). The clock is the one events and queue rows are dated on.
-        database_now = database_now or DatasetManager._database_now(session)
-        ahead = timedelta(seconds=max(0, conf.getint("dataset_race_fix", "max_event_ahead_seconds", fallback=60)))
-        horizon = database_now + ahead
+        return (
+            select(
+                DagModel.dag_id,
+                latest_run_of(DagRun.execution_date),
+                latest_run_of(DagRun.data_interval_end),
+                latest_of_any_type.scalar_subquery(),
+                clock_column,
+                DatasetModel.id,
+                DatasetModel.uri,
+                newest_consumed_by_latest_run,
+            )
+            .outerjoin(reference, reference.dag_id == DagModel.dag_id)
+            .outerjoin(DatasetModel, DatasetModel.id == reference.dataset_id)
+            .where(DagModel.dag_id.in_(bindparam("dag_ids", expanding=True)))
+        )
 
-        def events_not_consumed(groups: int) -> Any:
-            """
-            Events of datasets ``ids_<i>`` dated from ``floor_<i>`` on, for ``i < groups``, that no
-            run of ``dag_id`` dated from ``runs_floor`` on consumed. ``groups`` 0: every event of
-            ``ids_0`` (a DAG's first run).
-            """
-            from sqlalchemy import true
+    @staticmethod
+    def _postgres_runs_and_datasets_statement(reference: Any, latest_of_any_type: Any, clock_column: Any) -> Any:
+        """
+        ``_runs_and_datasets_statement`` on PostgreSQL, in shapes whose plans follow the rows they need
+        whatever the statistics (issue 30): the latest run looked up once per DAG (LATERAL),
+        and the newest event each dataset's latest run consumed read from that run's links to
+        their events by primary key (with none, the planner started from the dataset's whole
+        history and probed the links per event). OFFSET 0 keeps a LATERAL subquery from being
+        pulled up into a plain join.
+        """
+        from sqlalchemy import bindparam, true
 
-            from airflow.models.dataset import association_table
+        from airflow.models.dataset import association_table
 
-            if not groups:
-                return select(DatasetEvent).where(DatasetEvent.dataset_id.in_(bindparam("ids_0", expanding=True)))
-            # What this DAG already consumed. A run is never dated before the events it
-            # consumed, so only its runs from the lowest floor on matter: a small set, which
-            # the databases hash once instead of probing per event.
-            runs_from_floor = (DagRun.dag_id == bindparam("dag_id"), DagRun.execution_date >= bindparam("runs_floor"))
-            if dialect != "postgresql":
-                consumed = (
-                    select(association_table.c.event_id)
-                    .join(DagRun, DagRun.id == association_table.c.dag_run_id)
-                    .where(*runs_from_floor)
+        latest = (
+            select(DagRun.id, DagRun.execution_date, DagRun.data_interval_end)
+            .where(DagRun.dag_id == DagModel.dag_id, DagRun.run_type == DagRunType.DATASET_TRIGGERED)
+            .order_by(DagRun.execution_date.desc())
+            .limit(1)
+            .correlate(DagModel)
+            .lateral()
+        )
+        event_of_link = (
+            select(DatasetEvent.timestamp)
+            .where(DatasetEvent.id == association_table.c.event_id, DatasetEvent.dataset_id == reference.dataset_id)
+            .offset(0)
+            .correlate(association_table, reference)  # the link beside it, the reference two levels up
+            .lateral()
+        )
+        # The run's links newest first (its primary key, backwards), to the first whose event
+        # is of this dataset: the dataset's newest by insertion, whose stamp is at most the
+        # newest stamp (a lower floor, never a higher one), found at once whatever the
+        # run's size; a max() over the links read all of a first run's 50 000 (and JIT-
+        # compiled the statement for its estimated cost).
+        newest_consumed_by_latest_run = (
+            select(event_of_link.c.timestamp)
+            .select_from(association_table.join(event_of_link, true()))
+            .where(association_table.c.dag_run_id == latest.c.id)
+            .order_by(association_table.c.event_id.desc())
+            .limit(1)
+            .correlate(reference, latest)
+            .scalar_subquery()
+        )
+        return (
+            select(
+                DagModel.dag_id,
+                latest.c.execution_date,
+                latest.c.data_interval_end,
+                latest_of_any_type,
+                clock_column,
+                DatasetModel.id,
+                DatasetModel.uri,
+                newest_consumed_by_latest_run,
+            )
+            .select_from(DagModel)
+            .outerjoin(latest, true())
+            .outerjoin(reference, reference.dag_id == DagModel.dag_id)
+            .outerjoin(DatasetModel, DatasetModel.id == reference.dataset_id)
+            .where(DagModel.dag_id.in_(bindparam("dag_ids", expanding=True)))
+        )
+
+    @staticmethod
+    def _events_not_consumed_statement(dialect: str, groups: int) -> Any:
+        """
+        Events of datasets ``ids_<i>`` dated from ``floor_<i>`` on, for ``i < groups``, that no
+        run of ``dag_id`` dated from ``runs_floor`` on consumed. ``groups`` 0: every event of
+        ``ids_0`` (a DAG's first run).
+        """
+        from sqlalchemy import bindparam, true
+
+        from airflow.models.dataset import association_table
+
+        if not groups:
+            return select(DatasetEvent).where(DatasetEvent.dataset_id.in_(bindparam("ids_0", expanding=True)))
+        # What this DAG already consumed. A run is never dated before the events it
+        # consumed, so only its runs from the lowest floor on matter: a small set, which
+        # the databases hash once instead of probing per event.
+        runs_from_floor = (DagRun.dag_id == bindparam("dag_id"), DagRun.execution_date >= bindparam("runs_floor"))
+        if dialect != "postgresql":
+            consumed = (
+                select(association_table.c.event_id)
+                .join(DagRun, DagRun.id == association_table.c.dag_run_id)
+                .where(*runs_from_floor)
+            )
+        else:
+            # From those runs to their events, one index probe per run: a LATERAL
+            # join keeps PostgreSQL from hashing the whole association table, which
+            # it chose when one DAG's consumption filled it (50 000 rows read for
+            # 2 500 wanted: 10 ms of a 50 ms loop).
+            runs = select(DagRun.id).where(*runs_from_floor).subquery()
+            links = (
+                select(association_table.c.event_id)
+                .where(association_table.c.dag_run_id == runs.c.id)
+                .offset(0)  # not pulled up into a plain join, which it would hash
+                .lateral()
+            )
+            consumed = select(links.c.event_id).select_from(runs.join(links, true()))
+        chosen = select(DatasetEvent).where(
+            or_(
+                *(
+                    and_(
+                        DatasetEvent.dataset_id.in_(bindparam(f"ids_{i}", expanding=True)),
+                        DatasetEvent.timestamp >= bindparam(f"floor_{i}"),
+                    )
+                    for i in range(groups)
                 )
+            ),
+            DatasetEvent.id.not_in(consumed),
+        )
+        if dialect == "mysql":
+            # InnoDB's secondary indexes carry the primary key: the consumed-event check
+            # then runs on (dataset_id, timestamp, id) alone, and only kept rows are read.
+            chosen = select(DatasetEvent).where(DatasetEvent.id.in_(chosen.with_only_columns(DatasetEvent.id)))
+        return chosen
+
+    @classmethod
+    def _dataset_floors(
+        cls,
+        dataset_ids: list[int],
+        latest_run_date: datetime | None,
+        database_now: datetime,
+        queued: dict[int, datetime],
+        newest_consumed: dict[int, datetime],
+        found_late: bool,
+        horizon: datetime,
+        lookback: timedelta,
+        commit_latency: timedelta,
+    ) -> _DatasetFloors:
+        """
+        Where a DAG reads each dataset's events from (BUG_REPORT, "The floor"); pure.
+
+        The newest event of it that the latest run consumed (``newest_consumed``), or its
+        oldest queue row if older, minus ``commit_latency``; the whole look-back (the old
+        rule) for a dataset the latest run did not consume, and for every dataset of a DAG
+        the net found a late commit for (``found_late``). A database clock behind the latest
+        run (stepped back) stamps new events below every floor: then the window under the
+        clock is read too, in full, until it catches up. No run yet: every event.
+        """
+        if latest_run_date is None:  # no run of this DAG has consumed anything yet
+            return cls._DatasetFloors({}, None, True)
+        full_floor = min([latest_run_date, database_now, *queued.values()]) - lookback
+        full_read = found_late or latest_run_date > horizon
+        floors: dict[int, datetime] = {}
+        for dataset_id in dataset_ids:
+            newest = newest_consumed.get(dataset_id)
+            if full_read or newest is None:
+                floors[dataset_id] = full_floor
             else:
-                # From those runs to their events, one index probe per run: a LATERAL
-                # join keeps PostgreSQL from hashing the whole association table, which
-                # it chose when one DAG's consumption filled it (50 000 rows read for
-                # 2 500 wanted: 10 ms of a 50 ms loop).
-                runs = select(DagRun.id).where(*runs_from_floor).subquery()
-                links = (
-                    select(association_table.c.event_id)
-                    .where(association_table.c.dag_run_id == runs.c.id)
-                    .offset(0)  # not pulled up into a plain join, which it would hash
-                    .lateral()
+                floor = min([newest, *([queued[dataset_id]] if dataset_id in queued else [])])
+                floors[dataset_id] = max(floor - commit_latency, full_floor)
+        return cls._DatasetFloors(floors, min(floors.values(), default=full_floor), full_read)
+
+    def _select_dataset_events(
+        self, dag_id: str, dataset_ids: list[int], floors: _DatasetFloors, session: Session
+    ) -> list[Any]:
+        """The events of ``dataset_ids`` from their floors on that no run of ``dag_id`` consumed (per 500 datasets)."""
+        dialect = session.bind.dialect.name
+        dataset_events = []
+        for start in range(0, len(dataset_ids), 500):
+            chunk = dataset_ids[start : start + 500]
+            if floors.runs_floor is None:
+                chosen = self._dataset_statement(
+                    ("events", dialect, 0), lambda: self._events_not_consumed_statement(dialect, 0)
                 )
-                consumed = select(links.c.event_id).select_from(runs.join(links, true()))
-            chosen = select(DatasetEvent).where(
-                or_(
-                    *(
-                        and_(
-                            DatasetEvent.dataset_id.in_(bindparam(f"ids_{i}", expanding=True)),
-                            DatasetEvent.timestamp >= bindparam(f"floor_{i}"),
-                        )
-                        for i in range(groups)
-                    )
-                ),
-                DatasetEvent.id.not_in(consumed),
-            )
-            if dialect == "mysql":
-                # InnoDB's secondary indexes carry the primary key: the consumed-event check
-                # then runs on (dataset_id, timestamp, id) alone, and only kept rows are read.
-                chosen = select(DatasetEvent).where(DatasetEvent.id.in_(chosen.with_only_columns(DatasetEvent.id)))
-            return chosen
-
-        consumed_rows: list[tuple[int, str, Any]] = []  # deleted at the end, as read
-        decisions: list[dict[str, Any]] = []
-
-        for dag_model in sorted(dag_models, key=lambda dm: dm.dag_id):
-            decision: dict[str, Any] = {"dag_id": dag_model.dag_id, "run": None, "skipped": None}
-            decisions.append(decision)
-            dag = self.dagbag.get_dag(dag_model.dag_id, session=session)
-            if not dag:
-                self.log.error("DAG '%s' not found in serialized_dag table", dag_model.dag_id)
-                decision["skipped"] = "not found in the serialized_dag table"
-                continue
-
-            if not isinstance(dag.timetable, DatasetTriggeredTimetable):
-                self.log.error(
-                    "DAG '%s' was dataset-scheduled, but didn't have a DatasetTriggeredTimetable!",
-                    dag_model.dag_id,
+                params = {"ids_0": chunk}
+            else:
+                by_floor: dict[datetime, list[int]] = defaultdict(list)
+                for dataset_id in chunk:
+                    by_floor[floors.floors[dataset_id]].append(dataset_id)
+                groups = len(by_floor)
+                chosen = self._dataset_statement(
+                    ("events", dialect, groups), lambda: self._events_not_consumed_statement(dialect, groups)
                 )
-                decision["skipped"] = "not dataset-scheduled (no DatasetTriggeredTimetable)"
-                continue
+                params = {"dag_id": dag_id, "runs_floor": floors.runs_floor}
+                for i, (floor, ids) in enumerate(sorted(by_floor.items())):
+                    params.update({f"ids_{i}": ids, f"floor_{i}": floor})
+            dataset_events += session.scalars(chosen, params)
+        return dataset_events
 
-            queued = queued_rows.get(dag.dag_id, {})
-            latest_run_date, latest_interval_end, latest_any_run_date = latest_runs.get(dag.dag_id, (None,) * 3)
-            dataset_ids = sorted(dataset_ids_of[dag.dag_id])
-            floors: dict[int, datetime] = {}
-            full_read = True
-            if latest_run_date:  # else no run of this DAG has consumed anything yet
-                # The floor per dataset: the newest event of it that the latest run consumed,
-                # or the oldest queue row of it if older, minus commit_latency_seconds; the
-                # whole look-back (the old rule) for a dataset the latest run did not consume,
-                # and for every dataset of a DAG the net found a late commit for.
-                # A database clock behind the latest run (stepped back) stamps new events below
-                # every floor: read the window under the clock too, in full, until it catches up.
-                full_floor = min([latest_run_date, database_now, *queued.values()]) - lookback
-                full_read = net_found.pop(dag.dag_id, None) is not None or latest_run_date > horizon
-                for dataset_id in dataset_ids:
-                    newest = newest_consumed.get((dag.dag_id, dataset_id))
-                    if full_read or newest is None:
-                        floors[dataset_id] = full_floor
-                    else:
-                        floors[dataset_id] = min([newest, *([queued[dataset_id]] if dataset_id in queued else [])])
-                        floors[dataset_id] = max(floors[dataset_id] - commit_latency, full_floor)
-                runs_floor = min(floors.values(), default=full_floor)
+    @classmethod
+    def _choose_dataset_run(
+        cls,
+        dataset_events: list[Any],
+        horizon: datetime,
+        latest_run_date: datetime | None,
+        loop_date: datetime,
+        queued: dict[int, datetime],
+        dataset_uris: dict[int, str],
+        evaluate: Callable[[dict[str, bool]], bool],
+    ) -> _DatasetRunChoice:
+        """
+        Whether a DAG's events make a run, and its logical date before the unique-date check; pure.
 
-            dataset_events = []
-            for start in range(0, len(dataset_ids), 500):
-                chunk = dataset_ids[start : start + 500]
-                if not latest_run_date:
-                    chosen = reused(("events", dialect, 0), lambda: events_not_consumed(0))
-                    params = {"ids_0": chunk}
-                else:
-                    by_floor: dict[datetime, list[int]] = defaultdict(list)
-                    for dataset_id in chunk:
-                        by_floor[floors[dataset_id]].append(dataset_id)
-                    groups = len(by_floor)
-                    chosen = reused(("events", dialect, groups), lambda: events_not_consumed(groups))
-                    params = {"dag_id": dag.dag_id, "runs_floor": runs_floor}
-                    for i, (floor, ids) in enumerate(sorted(by_floor.items())):
-                        params.update({f"ids_{i}": ids, f"floor_{i}": floor})
-                dataset_events += session.scalars(chosen, params)
+        Events dated beyond the horizon wait: a run is never dated before its events. A run
+        only when the condition (``evaluate``, of ``{uri: True}`` for the datasets with
+        events) holds. Its date: the newest of the queue dates (``loop_date``, the loop's,
+        and the queue rows'; none dated beyond the horizon, a stock producer's host clock,
+        so no run is dated ahead of the database's clock), the events, and one microsecond
+        after the latest run. No run: the queue rows whose datasets have no event left to
+        consume are stale and deleted (as read), so they do not make the DAG look ready
+        again and take a slot from DAGs that can run (events dated ahead are queued again
+        by the sweep once the clock gets there).
+        """
+        deferred = [event for event in dataset_events if event.timestamp > horizon]
+        events = [event for event in dataset_events if event.timestamp <= horizon]
+        late = [event for event in events if latest_run_date and event.timestamp <= latest_run_date]
+        with_events = {event.dataset_id for event in events}
+        statuses = {dataset_uris[dataset_id]: True for dataset_id in with_events if dataset_id in dataset_uris}
+        try:
+            ready = bool(events) and evaluate(statuses)
+        except AttributeError:  # serialized before 2.9
+            return cls._DatasetRunChoice(events, deferred, late, None, (), old_serialization=True)
+        if not ready:
+            return cls._DatasetRunChoice(events, deferred, late, None, tuple(d for d in queued if d not in with_events))
+        queue_dates = (timezone.coerce_datetime(loop_date), *queued.values())
+        execution_date = max(
+            [*(created_at for created_at in queue_dates if created_at <= horizon), *(e.timestamp for e in events)]
+        )
+        if latest_run_date:
+            execution_date = max(execution_date, latest_run_date + timedelta(microseconds=1))
+        return cls._DatasetRunChoice(events, deferred, late, execution_date, tuple(queued))
 
-            # Events dated beyond the horizon wait: a run is never dated before its events.
-            ahead = [event for event in dataset_events if event.timestamp > horizon]
-            dataset_events = [event for event in dataset_events if event.timestamp <= horizon]
-            decision.update(
-                dag=dag, events=dataset_events, deferred=ahead, queued=queued, floors=floors, full_read=full_read,
-                late=[event for event in dataset_events if latest_run_date and event.timestamp <= latest_run_date],
-            )
-            with_events = {event.dataset_id for event in dataset_events}
-            statuses = {dataset_uris[dataset_id]: True for dataset_id in with_events if dataset_id in dataset_uris}
-            try:
-                ready = bool(dataset_events) and dag.timetable.dataset_condition.evaluate(statuses)
-            except AttributeError:  # serialized before 2.9, as in DagModel.dags_needing_dagruns
-                self.log.warning("dag '%s' has old serialization; skipping DAG run creation.", dag.dag_id)
-                decision["skipped"] = "serialized before Airflow 2.9"
-                continue
-            if not ready:
-                # Nothing new to run on. Queue rows whose datasets have no event left to consume
-                # now are stale; drop them (as read) so they do not make this DAG look ready again
-                # and take a slot from DAGs that can run. Events waiting as dated ahead are queued
-                # again by the sweep once the clock gets there.
-                consumed_rows += [
-                    (ds_id, dag.dag_id, stored_as_read[(ds_id, dag.dag_id)])
-                    for ds_id in queued
-                    if ds_id not in with_events
-                ]
-                continue
+    def _dataset_triggered_run(
+        self,
+        dag: Any,
+        choice: _DatasetRunChoice,
+        latest_interval_end: datetime | None,
+        latest_any_run_date: datetime | None,
+        session: Session,
+    ) -> dict[str, Any]:
+        """The run ``choice`` makes: ``execution_date`` (unique), ``data_interval`` and ``run_id``."""
+        exec_date = choice.execution_date
+        # Explicitly check if a DagRun already exists at this date (a manual run, say):
+        # move past it rather than fail on the unique key or leave the queue rows behind.
+        if latest_any_run_date and exec_date <= latest_any_run_date:
+            while session.scalar(
+                select(func.count(DagRun.id)).where(DagRun.dag_id == dag.dag_id, DagRun.execution_date == exec_date)
+            ):
+                exec_date += timedelta(microseconds=1)
+        exec_date = timezone.coerce_datetime(exec_date)
 
-            # Dated by its events and by its queue rows, but by none dated beyond the horizon
-            # (a stock producer's host clock): no run is dated ahead of the database's clock.
-            queue_dates = (timezone.coerce_datetime(dataset_triggered_dag_info[dag.dag_id][1]), *queued.values())
-            exec_date = max(
-                [
-                    *(created_at for created_at in queue_dates if created_at <= horizon),
-                    *(event.timestamp for event in dataset_events),
-                ]
-            )
-            if latest_run_date:
-                exec_date = max(exec_date, latest_run_date + timedelta(microseconds=1))
-            # Explicitly check if a DagRun already exists at this date (a manual run, say):
-            # move past it rather than fail on the unique key or leave the queue rows behind.
-            if latest_any_run_date and exec_date <= latest_any_run_date:
-                while session.scalar(
-                    select(func.count(DagRun.id)).where(
-                        DagRun.dag_id == dag.dag_id, DagRun.execution_date == exec_date
-                    )
-                ):
-                    exec_date += timedelta(microseconds=1)
-            exec_date = timezone.coerce_datetime(exec_date)
+        data_interval = dag.timetable.data_interval_for_events(exec_date, choice.events)
+        if latest_interval_end and data_interval.start < latest_interval_end:
+            from airflow.timetables.base import DataInterval
 
-            data_interval = dag.timetable.data_interval_for_events(exec_date, dataset_events)
-            if latest_interval_end and data_interval.start < latest_interval_end:
-                from airflow.timetables.base import DataInterval
-
-                # Never backwards, never overlapping the previous run's interval.
-                start = timezone.coerce_datetime(latest_interval_end)
-                data_interval = DataInterval(start, max(data_interval.end, start))
-            run_id = dag.timetable.generate_run_id(
-                run_type=DagRunType.DATASET_TRIGGERED,
-                logical_date=exec_date,
-                data_interval=data_interval,
-                session=session,
-                events=dataset_events,
-            )
-            decision["run"] = {"execution_date": exec_date, "data_interval": data_interval, "run_id": run_id}
-            consumed_rows += [(ds_id, dag.dag_id, stored_as_read[(ds_id, dag.dag_id)]) for ds_id in queued]
-        return decisions, consumed_rows
+            # Never backwards, never overlapping the previous run's interval.
+            start = timezone.coerce_datetime(latest_interval_end)
+            data_interval = DataInterval(start, max(data_interval.end, start))
+        run_id = dag.timetable.generate_run_id(
+            run_type=DagRunType.DATASET_TRIGGERED,
+            logical_date=exec_date,
+            data_interval=data_interval,
+            session=session,
+            events=choice.events,
+        )
+        return {"execution_date": exec_date, "data_interval": data_interval, "run_id": run_id}
 
     def _create_dag_runs_dataset_triggered(
         self,

@@ -1,0 +1,92 @@
+"""
+The scheduler's pure decision steps, without a database: ``_dataset_floors`` (where a DAG's
+read of each dataset starts) and ``_choose_dataset_run`` (whether its events make a run, and
+its date). The SQL around them is tested on every backend by the scenario tests.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+from types import SimpleNamespace
+
+from airflow_dataset_race_fix.fix.jobs.scheduler_job_runner import SchedulerJobRunner as Runner
+
+T = datetime(2026, 1, 1, 12, tzinfo=timezone.utc)
+S = timedelta(seconds=1)
+LOOKBACK, LATENCY = 900 * S, 10 * S
+
+
+def floors(dataset_ids, latest_run, queued=None, newest=None, found_late=False, now=T, horizon=T + 60 * S):
+    return Runner._dataset_floors(
+        dataset_ids, latest_run, now, queued or {}, newest or {}, found_late, horizon, LOOKBACK, LATENCY
+    )
+
+
+def event(dataset_id, at, id=0):
+    return SimpleNamespace(id=id, dataset_id=dataset_id, timestamp=at)
+
+
+def test_a_first_run_reads_every_event():
+    assert floors([1, 2], None) == Runner._DatasetFloors({}, None, True)
+
+
+def test_a_consumed_dataset_is_read_from_its_newest_consumed_event_minus_the_latency():
+    found = floors([1, 2], T - 5 * S, newest={1: T - 7 * S})
+    full = T - 5 * S - LOOKBACK
+    assert found == Runner._DatasetFloors({1: T - 17 * S, 2: full}, full, False)
+
+
+def test_an_older_queue_row_pulls_the_floor_down_and_the_look_back_bounds_it():
+    found = floors([1], T, queued={1: T - 30 * S}, newest={1: T - S})
+    assert found.floors == {1: T - 40 * S}
+    assert floors([1], T, newest={1: T - 2000 * S}).floors == {1: T - LOOKBACK}
+
+
+def test_a_late_commit_found_or_a_clock_behind_the_latest_run_reads_the_whole_window():
+    late = floors([1], T - S, newest={1: T - 2 * S}, found_late=True)
+    assert late.full_read and late.floors == {1: T - S - LOOKBACK}
+    ahead = floors([1], T + 120 * S, newest={1: T + 119 * S})
+    assert ahead.full_read and ahead.floors == {1: T - LOOKBACK}  # under the clock too
+
+
+def choose(events, latest_run=None, queued=None, loop_date=T - 50 * S, met=lambda statuses: bool(statuses)):
+    uris = {1: "s3://a", 2: "s3://b"}
+    return Runner._choose_dataset_run(events, T + 60 * S, latest_run, loop_date, queued or {}, uris, met)
+
+
+def test_no_event_no_run_and_stale_queue_rows_go():
+    choice = choose([], queued={1: T - S})
+    assert choice.execution_date is None and choice.rows_done == (1,) and not choice.old_serialization
+
+
+def test_a_run_is_dated_by_its_newest_event_or_queue_row_and_after_the_latest_run():
+    choice = choose([event(1, T - 20 * S), event(2, T - 10 * S)], queued={1: T - 15 * S, 2: T - 5 * S})
+    assert choice.execution_date == T - 5 * S and choice.rows_done == (1, 2)
+    assert choose([event(1, T - 20 * S)], latest_run=T).execution_date == T + timedelta(microseconds=1)
+
+
+def test_events_and_queue_rows_beyond_the_horizon_wait_and_date_nothing():
+    choice = choose([event(1, T - 20 * S), event(2, T + 61 * S)], queued={1: T + 100 * S})
+    assert [e.dataset_id for e in choice.deferred] == [2]
+    assert [e.dataset_id for e in choice.events] == [1]
+    assert choice.execution_date == T - 20 * S
+
+
+def test_an_unmet_condition_keeps_the_queue_rows_of_datasets_with_events():
+    condition = lambda statuses: {"s3://a", "s3://b"} <= statuses.keys()  # noqa: E731
+    choice = choose([event(1, T - 20 * S)], queued={1: T - S, 2: T - S}, met=condition)
+    assert choice.execution_date is None and choice.rows_done == (2,)
+
+
+def test_late_events_are_those_dated_before_the_latest_run():
+    choice = choose([event(1, T - 20 * S, id=1), event(1, T - S, id=2)], latest_run=T - 10 * S)
+    assert [e.id for e in choice.late] == [1]
+
+
+def test_an_old_serialization_is_skipped_and_deletes_nothing():
+    def old(statuses):
+        raise AttributeError("dataset_condition")
+
+    choice = choose([event(1, T - 20 * S)], queued={1: T - S}, met=old)
+    assert choice.old_serialization and choice.execution_date is None and choice.rows_done == ()
+    assert choose([], met=old).old_serialization is False  # no events: the condition is not asked
