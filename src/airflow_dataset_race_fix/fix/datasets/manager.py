@@ -398,17 +398,20 @@ class DatasetManager:
 
         clock = cls._database_clock("postgresql")
         events = [dataset_event for dataset_event in events if inspect(dataset_event).persistent]
-        built = [cls._postgres_upsert_ctes(rows, events, clock)] if rows else []
+        pieces = [cls._postgres_upsert_ctes(rows, events, clock)] if rows else []
         if events:
-            built.append(cls._postgres_stamp_ctes(events, clock, after_written=bool(rows)))
-        if not built:
+            pieces.append(cls._postgres_stamp_ctes(events, clock, after_written=bool(rows)))
+        if not pieces:
             return set()
-        parts = [part for ctes, _, _ in built for part in ctes]
-        params = {name: value for _, _, bound in built for name, value in bound.items()}
+        parts, results, params = [], [], {}
+        for ctes, result, bound in pieces:
+            parts += ctes
+            results.append(result)
+            params.update(bound)
         held: set[tuple[int, str]] = set()
         stamp_of = {}
         for dataset_id, dag_id, event_id, stamp in session.execute(
-            text("WITH " + ", ".join(parts) + " " + " UNION ALL ".join(result for _, result, _ in built)).columns(
+            text("WITH " + ", ".join(parts) + " " + " UNION ALL ".join(results)).columns(
                 dataset_id=Integer, target_dag_id=String, event_id=Integer, stamp=UtcDateTime
             ),
             params,
@@ -483,10 +486,9 @@ class DatasetManager:
 
         from airflow.configuration import conf
 
+        after = " FROM (SELECT count(*) FROM written) AS w" if after_written else ""
         parts = [
-            f"clock AS MATERIALIZED (SELECT {clock} AS now"
-            + (" FROM (SELECT count(*) FROM written) AS w" if after_written else "")
-            + ")",
+            f"clock AS MATERIALIZED (SELECT {clock} AS now{after})",
             "stamps AS MATERIALIZED (SELECT d.dataset_id, CASE WHEN newest.timestamp + interval "
             "'1 microsecond' BETWEEN clock.now AND clock.now + :ahead THEN newest.timestamp + interval "
             "'1 microsecond' ELSE clock.now END AS stamp "
@@ -777,8 +779,8 @@ class DatasetManager:
             f"strftime('%Y-%m-%d %H:%M:%S', {micros} / 1000000, 'unixepoch')"
             f" || printf('.%06d', {micros} % 1000000)"
         )
-        # The proposed row's column by its SQL name: ``stmt.excluded`` would build an alias of
-        # the whole table for every statement (a sixth of the producer's COMMIT hook), same text.
+        # The proposed row's column by its SQL name, the same text: ``stmt.excluded`` builds an
+        # alias of the whole table for every statement (a sixth of the COMMIT hook's calls).
         forward = func.max(literal_column("excluded.created_at"), successor)
         for start in range(0, len(rows), 300):
             stmt = insert(DatasetDagRunQueue).values(
