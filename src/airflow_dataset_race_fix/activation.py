@@ -1,14 +1,11 @@
 """
-How the shim is (or can be) activated in an environment: PYTHONPATH, a ``.pth`` file,
-``airflow_local_settings.py``, the plugin's opt-in.
+How the shim is (or can be) activated: PYTHONPATH, a ``.pth`` file,
+``airflow_local_settings.py``, the plugin's opt-in. For ``status`` and ``shim install-pth``
+/ ``remove-pth``; never at interpreter start.
 
-Used by ``status`` and ``shim install-pth`` / ``remove-pth``; never at interpreter start.
-
-The ``.pth`` route exists for images where PYTHONPATH is awkward (it is reset by a
-wrapper, or a distribution sitecustomize must stay first). ``site`` executes a ``.pth``
-line that starts with ``import`` for every interpreter using that site-packages
-directory, so the line must be cheap and silent when this package is gone (``pip
-uninstall`` does not remove a file it did not install).
+``site`` runs a ``.pth`` line that starts with ``import`` in every interpreter of that
+site-packages, so the line must be cheap, and silent once this package is gone (``pip
+uninstall`` leaves the file it did not install).
 """
 
 from __future__ import annotations

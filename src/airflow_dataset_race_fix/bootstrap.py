@@ -1,30 +1,16 @@
 """
 The start-up shim's logic: register post-import hooks that put the fix in place.
 
-Reached in these ways (the *routes*), each calling :func:`start` once per interpreter:
-
-- ``sitecustomize``: ``PYTHONPATH=<airflow_dataset_race_fix.BOOTSTRAP_DIR>``; the
-  boilerplate ``_bootstrap/sitecustomize.py`` chains any other sitecustomize first;
-- ``pth``: a ``.pth`` line in site-packages (``airflow-dataset-race-fix shim install-pth``);
-- ``import``: ``import airflow_dataset_race_fix.auto`` in the user's own code;
-- ``airflow_local_settings``: the same import in ``airflow_local_settings.py``, which
-  Airflow imports while ``import airflow`` runs, in every Airflow process;
-- ``plugin``: Airflow's plugin manager loads this package's ``airflow.plugins`` entry point
-  (``plugin.py``), opted in with ``[dataset_race_fix] enable_via_plugin = True``.
+Each route (docs/activation.md, "Routes": ``sitecustomize``, ``pth``, ``import``,
+``airflow_local_settings``, ``plugin``) calls :func:`start` once per interpreter; the
+switches (``AIRFLOW_DATASET_RACE_FIX_DISABLED``, ``_STRICT``) are in docs/settings.md.
 
 Nothing here imports Airflow, and at interpreter start nothing but ``os`` and ``sys``:
-the target list (``targets.py``, which needs ``inspect``) is only read when ``airflow``
-itself is imported. The patching (``runtime.py``) runs when a target module is imported,
-in whichever order those imports happen, and at once for targets already imported.
-
-Switches (environment variables, read when the shim starts and when a target is imported):
-
-- ``AIRFLOW_DATASET_RACE_FIX_DISABLED=1``: the shim does nothing in this process;
-- ``AIRFLOW_DATASET_RACE_FIX_STRICT=1``: fail closed. When a target cannot be patched
-  safely, its import raises :class:`runtime.RefusedError` instead of logging a warning, and
-  so does every later import of any target in that process (Airflow's CLI catches and
-  logs some import errors, and a failed module leaves ``sys.modules``: without this the
-  next import would get the stock code).
+``targets.py`` (which needs ``inspect``) is read only when ``airflow`` is imported. The
+patching (``runtime.py``) runs when a target module is imported, in whichever order, and
+at once for targets already imported. Strict mode makes every later import of a target
+raise too: Airflow's CLI logs and swallows some import errors, and a failed module leaves
+``sys.modules``, so without it the next import would get the stock code.
 """
 
 from __future__ import annotations

@@ -1,30 +1,20 @@
 """
 The ``airflow.plugins`` entry point: the shim turned on by Airflow's plugin manager.
 
-For platforms that install packages from a requirements file and take Airflow
-configuration options, where PYTHONPATH, a ``.pth`` file and ``airflow_local_settings.py``
-are out of reach (Cloud Composer 3 syncs the plugins folder, and an
-``airflow_local_settings.py`` in it, to neither the scheduler nor the triggerer).
+For platforms where PYTHONPATH, a ``.pth`` file and ``airflow_local_settings.py`` are out
+of reach (docs/activation.md, "Managed platforms"). Installing the package changes nothing:
+only ``[dataset_race_fix] enable_via_plugin = True`` makes loading the plugins start the
+shim and register a plugin; importing this module does nothing (Airflow's ``getattr`` of
+``plugin`` does).
 
-Installing the package changes nothing: only with ``[dataset_race_fix] enable_via_plugin =
-True`` (environment: ``AIRFLOW__DATASET_RACE_FIX__ENABLE_VIA_PLUGIN=True``) does loading
-the plugins start the shim and register a plugin named ``airflow_dataset_race_fix``
-(``airflow plugins``, the web UI's Plugins page). Without it the entry point gives Airflow
-nothing to register. Importing this module does nothing either: Airflow's ``getattr`` of
-``plugin`` does.
+Airflow loads plugins lazily, usually after the target modules are imported, so the shim
+judges and patches them at once. Two things differ from the earlier routes:
 
-Airflow loads plugins lazily, at its first need of one. Every process type that registers
-dataset events or creates dataset-triggered runs needs them before it does so (README,
-"Managed platforms": measured per process type); the target modules are usually imported
-by then, and the shim judges and patches them at once. Two things differ from the routes
-that start before Airflow is imported:
-
-- Plugins first loaded while a targeted member is running (a program that calls
-  ``register_dataset_change`` without having loaded plugins: Airflow's listener hook inside
-  that call loads them): patched then, the rest of that call would run half fixed. Nothing
-  is patched in that process, as for any refusal (one WARNING; ``status``: refused).
-- Strict mode raises a refusal as ``SystemExit``: the plugin manager logs and swallows a
-  plugin's exceptions, and the targets are already imported, so no later import would fail.
+- Plugins first loaded while a targeted member is running (``register_dataset_change``'s
+  listener hook, in a program that had not loaded them): patching then would run the rest
+  of that call half fixed, so nothing is patched in that process, as for any refusal.
+- Strict mode raises a refusal as ``SystemExit``: the plugin manager swallows a plugin's
+  exceptions, and the targets are already imported, so no later import would fail.
 """
 
 from __future__ import annotations

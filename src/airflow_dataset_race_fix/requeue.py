@@ -1,32 +1,21 @@
 """
 ``audit --requeue``: make stranded events reach their consumers through the fixed scheduler.
 
-Only queue rows are written (``dataset_dag_run_queue``: dataset_id, target_dag_id,
-created_at); no event and no run is deleted or rewritten. For each (DAG, dataset) with
-stranded events (see ``invariant.StrandedGroup``) the DAG gets a queue row whose
-created_at is at or before the oldest stranded event: a missing row is inserted, an
-existing row's created_at is lowered to min(existing, oldest event), a row already old
-enough is left alone. All rows in one transaction, in the scheduler's lock order.
+What it does for the user: docs/audit.md, "Recovery". Only queue rows are written: per
+(DAG, dataset) with stranded events (``invariant.StrandedGroup``) a row dated at or before
+the oldest of them (inserted, or created_at lowered, never raised), all in one transaction
+in the scheduler's lock order; no event or run is deleted or rewritten.
 
-Why that is enough with the fixed scheduler (``fix/jobs/scheduler_job_runner.py``):
-
-- the row makes the DAG ready the usual way (``DagModel.dags_needing_dagruns`` evaluates
-  the DAG's condition on its queued datasets; an AND condition still waits for its
-  partner's next event, as it should);
-- the fixed scheduler selects the DAG's events that no run of the DAG consumed with
-  ``timestamp >= min(latest run's date, oldest queue row read) - lookback``: the lowered
-  created_at takes that floor down to the oldest stranded event, so all of them are taken,
-  and only the DAG's unconsumed events (never one twice);
-- it deletes queue rows only *as read* (key and created_at). A scheduler that read a row
-  before the requeue lowered it deletes nothing, so the row survives for its next loop;
-  where Airflow locks rows (PostgreSQL, MySQL 8), the requeue waits for the scheduler's
-  lock instead. A concurrent fixed producer may move created_at forward again (it only
-  ever moves rows forward); then the floor may miss the oldest events and a second
-  audit shows what is left: run ``--requeue`` again.
-
-The stock scheduler would instead take the window ``(run before the row, max(created_at)]``
-and create a run dated in the past (S6): that is why the requeue refuses unless the fix is
-active in this interpreter.
+Why that is enough with the fixed scheduler (``fix/jobs/scheduler_job_runner.py``): the row
+makes the DAG ready the usual way (an AND condition still waits for its partner); the fixed
+scheduler takes the DAG's unconsumed events from ``min(latest run's date, oldest queue row
+read) - lookback``, so the lowered created_at brings in every stranded event, none twice;
+and it deletes queue rows only *as read* (key and created_at), so a row lowered after a
+scheduler read it survives for its next loop (PostgreSQL, MySQL 8: the requeue waits for
+the scheduler's row lock). A concurrent fixed producer may move created_at forward again;
+a second audit then shows what is left. The stock scheduler would take the window ``(run
+before the row, max(created_at)]`` and create a run dated in the past (S6): hence the
+refusal unless the fix is active in this interpreter.
 """
 
 from __future__ import annotations

@@ -1,26 +1,13 @@
 """
 Put the fixed members in place in this interpreter, or take them out again.
 
-The fix is all or nothing per process: a fixed scheduler beside stock producers is the
-pairing that strands events. So the first time a target module is imported, every target
-is judged (the imported ones by their live members, the others by their files on disk,
-without importing them), and if any is refused, none is patched in this process: one
-already patched is restored, and the rest stay stock.
-
-A target is patched only when the installed Airflow is a supported release and every
-member it replaces is exactly the pristine one (source fingerprint); it stays idle when
-the source already has the fix (source patches applied); anything else is refused with a
-reason. Originals are kept in one registry (first original wins), so ``unpatch_module``
-restores them exactly.
-
-``on_import(module, strict)`` is what the start-up shim's post-import hook calls. It
-reports once per process and target: one "fix in place" line naming each target the
-first time it is fixed (the scheduler logs its own, not only the dataset manager's), one
-WARNING for a refusal (or :class:`RefusedError` in strict mode, on every import of a
-target). The "fix in place" lines are INFO in processes that run for a while (the
-scheduler, triggerer, webserver, DAG processor, Celery worker, a task runner, or any
-program that is not the ``airflow`` CLI) and DEBUG in every other ``airflow`` command, so
-that ``airflow dags list`` and the like print nothing of ours.
+All or nothing per process (a fixed scheduler beside stock producers strands events): at
+the first import of a target, every target is judged (imported ones by their live members,
+the others by their files, without importing them); if any is refused, none is patched and
+one already patched is restored. A target is patched only on a supported Airflow whose
+replaced members are the pristine ones (source fingerprint); idle when its source already
+has the fix. Originals are kept once (first wins), so ``unpatch_module`` restores them
+exactly. What is logged, and when: docs/activation.md, "What the shim guarantees".
 """
 
 from __future__ import annotations
@@ -175,8 +162,7 @@ def _classify_file(name: str) -> ModuleState | None:
 
 
 def _judge(name: str, found, fixed_sha256) -> ModuleState:
-    """The state of target ``name``, given ``found(member) -> (present, sha256 or None,
-    description)`` and ``fixed_sha256(member)``, the fixed member's fingerprint."""
+    """Target ``name``'s state from ``found(member) -> (present, sha256|None, text)`` and ``fixed_sha256(member)``."""
     version = airflow_version()
     if version not in SUPPORTED_AIRFLOW_VERSIONS:
         return ModuleState(
@@ -240,8 +226,7 @@ def _is_marked(module: ModuleType) -> bool:
 
 
 def patch_module(module: ModuleType, state: ModuleState | None = None) -> ModuleState:
-    """Install the fixed members on an imported target module (idempotent); ``state`` is
-    its :func:`_classify` when the caller has it."""
+    """Install the fixed members on an imported target module (idempotent)."""
     previous = _states.get(module.__name__)
     if previous is not None and previous.state == PATCHED and _is_marked(module):
         return previous  # a reload gives fresh classes without the marker: patch those again
@@ -299,8 +284,7 @@ def module_state(module_name: str) -> ModuleState:
 
 
 def _judge_now(name: str, importing: ModuleType) -> ModuleState | None:
-    """A target's state as seen while ``importing`` is being handled: live when it is
-    imported and complete, else from its file (None: cannot tell before its import)."""
+    """A target's state while ``importing`` is handled: live if imported and complete, else from its file."""
     from airflow_dataset_race_fix import post_import
 
     module = importing if name == importing.__name__ else sys.modules.get(name)
@@ -391,8 +375,7 @@ def _warn_half_source(states: list[ModuleState]) -> None:
 
 
 def on_import(module: ModuleType, strict: bool = False) -> ModuleState:
-    """Post-import hook body: judge every target, patch ``module`` only if none is refused,
-    then report (raise if strict)."""
+    """Post-import hook body: judge every target, patch ``module`` only if none is refused, report."""
     if _refusal is None:
         plan = [_judge_now(name, module) for name in TARGET_MODULES]
         known = [s for s in plan if s is not None]
@@ -410,16 +393,14 @@ def on_import(module: ModuleType, strict: bool = False) -> ModuleState:
 
 
 def refuse(state: ModuleState, strict: bool = False) -> None:
-    """Keep every target of this process unpatched for a reason found outside an import
-    hook (the plugin route, loaded too late), then report it like any refusal."""
+    """Refuse every target for a reason found outside an import hook (the plugin route, too late)."""
     if _refusal is None:
         _refuse_all(state, strict)
     report(_refusal or state, strict)
 
 
 def apply(strict: bool = False) -> list[ModuleState]:
-    """Import the target modules and patch them now, all or nothing; a refusal is logged
-    (raised if strict)."""
+    """Import the target modules and patch them now, all or nothing; a refusal is logged (raised if strict)."""
     for name in TARGET_MODULES:
         on_import(importlib.import_module(name), strict)
     return [module_state(name) for name in TARGET_MODULES]

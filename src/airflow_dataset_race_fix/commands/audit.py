@@ -1,35 +1,11 @@
 """
 ``audit``: the damage the race already did, from the metadata database; ``--requeue`` recovers.
 
-Read-only by default. It reports per consuming DAG (the invariant checker's counters, see
-``airflow_dataset_race_fix.diagnostics.invariant``):
-
-- suspected lost: events that no run of the DAG consumed although a later
-  dataset-triggered run of the DAG exists. Stock semantics put every event between two
-  runs into the later run's window, so these were most likely lost to the race. "Suspected"
-  because Airflow records neither pauses nor schedule changes nor deleted runs: an event
-  from before a DAG was scheduled on the dataset, or whose run was deleted, shows here too;
-- doubled: events consumed by more than one run of the same DAG;
-- empty runs: dataset-triggered runs that consumed no event;
-- out of order: runs whose logical date is before that of a run created earlier;
-- stale queue rows: queue rows older than the DAG's latest dataset-triggered run (stock
-  Airflow turns them into an out-of-order run);
-- not queued: unconsumed events whose dataset has no queue row for the DAG (nothing will
-  trigger the DAG for them; normal for events produced while the DAG was paused).
-
-``--requeue`` (dry run unless ``--yes``; refused unless the fix is active in this
-interpreter) gives every DAG with *stranded* events (suspected lost or not queued) a
-queue row dated at its oldest such event; see ``airflow_dataset_race_fix.requeue``.
-
-Exit status: 0 clean, 1 findings (suspected lost, doubled, empty or out-of-order runs),
-2 bad input (unreachable database, not an Airflow 2.10/2.11 schema, bad option, requeue refused).
-
-Database: Airflow's own configuration (``[database] sql_alchemy_conn``), or ``--db-url``.
-The audit reads in one REPEATABLE READ transaction (PostgreSQL, MySQL), so counts and
-lists come from one snapshot.
-
-The database is opened as ``airflow_dataset_race_fix.diagnostics.database`` says: nothing is
-created, and SQLite is opened read-only (``mode=ro``) unless ``--requeue --yes`` writes.
+What it reports, its exit status and its JSON: docs/audit.md, docs/audit-json.md (the
+counters: ``diagnostics.invariant``; requeueing: ``requeue``). Read-only by default; the
+database is opened as ``diagnostics.database`` says (nothing created, SQLite ``mode=ro``
+unless ``--requeue --yes`` writes), and read in one REPEATABLE READ transaction
+(PostgreSQL, MySQL) so that counts and lists come from one snapshot.
 """
 
 from __future__ import annotations

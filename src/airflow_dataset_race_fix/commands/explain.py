@@ -1,16 +1,10 @@
 """
 ``airflow-dataset-race-fix explain DAG_ID``: why a dataset-triggered DAG runs next, or waits.
 
-The verdict is the fixed scheduler's own code run read-only (``airflow_dataset_race_fix.diagnostics.explain``).
-The verdict is the fixed
-scheduler's whether or not the fix is active in this process (nothing here is patched for
-it); the output says which. It reads the
-metadata database as ``audit`` does: Airflow imported as a library, the database opened
-read-only (SQLite) or in a read-only transaction (PostgreSQL, MySQL), never written.
-
-Exit status: 0 nothing to report, 1 ``audit`` has findings for this DAG, 2 bad input (an
-unknown DAG, with close matches; a DAG that is not dataset-scheduled; a database that is
-not Airflow 2.10/2.11's).
+The verdict is the fixed scheduler's own code run read-only, whether or not the fix is
+active here (``diagnostics.explain``; docs/explain.md). The database is read as ``audit``
+reads it, never written. Exit status: 0 nothing to report, 1 ``audit`` has findings for
+this DAG, 2 bad input.
 """
 
 from __future__ import annotations

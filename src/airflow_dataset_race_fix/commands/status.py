@@ -11,11 +11,8 @@ opt-in is on, as Airflow's processes do before they use a target; then it looks 
 actually happened to them here. An apply or revert of the source patches that was killed
 half way is reported too.
 
-Exit code: 0 when the fix is active for every target, 1 when it is not.
-
-``--json`` prints one JSON document on stdout. Airflow logs to stdout: if something
-imports Airflow at interpreter start (a user sitecustomize, say), its log lines come
-before the document, which then starts at the first line that is ``{``.
+``--json``: Airflow logs to stdout, so when something imports Airflow at interpreter start,
+its lines precede the document, which starts at the first line that is ``{``.
 """
 
 from __future__ import annotations
@@ -108,8 +105,7 @@ def collect(import_targets: bool = True) -> dict:
 
 
 def _load_plugins_if_opted_in() -> str | None:
-    """With the plugin's opt-in on, load Airflow's plugins as every Airflow process does before
-    it uses a target, so that this process shows what the plugin route does; why it failed."""
+    """With the plugin's opt-in on, load Airflow's plugins as Airflow's processes do; why it failed."""
     from airflow_dataset_race_fix import activation
 
     if not activation.plugin_opt_in()[0]:

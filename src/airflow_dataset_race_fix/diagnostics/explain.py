@@ -1,32 +1,11 @@
 """
 Why a dataset-triggered DAG runs next, or waits: the verdict of the fixed scheduler's own code, read-only.
 
-``explain(session, dag_id)`` answers for one DAG, right now:
-
-- its dataset condition as a tree, and per dataset its queue row, newest event and the
-  events its next run would consume;
-- the verdict for the next scheduler loop: a run (with which events, at which logical
-  date), or why it waits;
-- its last runs with the events each consumed, and what ``audit`` finds for it.
-
-The verdict comes from the scheduler's code, not from a second copy of its logic:
-``DagModel.dags_needing_dagruns`` picks the loop's DAGs as the scheduler does, the fix's
-sweep (``SchedulerJobRunner._dags_with_unqueued_dataset_events``) adds those whose events
-have no queue row, and ``SchedulerJobRunner._decide_dataset_triggered_runs`` (the read-only
-half of ``_create_dag_runs_dataset_triggered``) decides the run. Those are the fix's own
-functions, bound for explain alone (``_fixed_code``): the verdict is the fixed scheduler's
-whether or not the fix is active in this process, and nothing in the process changes.
-
-Read-only and never in anyone's way: the DAG rows are read without ``FOR UPDATE``,
-nothing is written, and the caller's transaction is rolled back. The verdict is that of a
-running scheduler's next loop, which reads each dataset from the newest event the DAG's
-latest run consumed (minus ``commit_latency_seconds``); when the net finds a late commit
-for the DAG (its references read through here at once), the run that the net's whole-window
-read then creates, within ``full_read_interval_seconds`` (``when``: ``net``).
-
-Bounded on a long history: the last ``runs`` runs, the audit of their span (from the oldest
-shown run minus ``event_lookback_seconds``; ``audit --dag-id`` reads everything), and the
-scheduler's own bounded reads. The JSON form (``SCHEMA``) is documented in ``docs/explain.md``.
+What it answers, where the verdict comes from, what it cannot see and its cost: docs/explain.md
+(the JSON form, ``SCHEMA``, too). In short: no second copy of the scheduler's logic, the fix's
+own functions bound for explain alone (``_fixed_code``), so the verdict is the fixed
+scheduler's whether or not the fix is active here and nothing in the process changes; no row
+lock, nothing written, the caller's transaction rolled back.
 """
 
 from __future__ import annotations
@@ -49,19 +28,11 @@ class ExplainError(ValueError):
 
 def _fixed_code():
     """
-    The scheduler code explain runs, bound for it alone: nothing in this process changes.
-
-    Returns ``(runner_class, manager_class, dags_needing_dagruns)``:
-    - a subclass of Airflow's ``SchedulerJobRunner`` carrying the fix's added members (the
-      sweep, the net and the decision, and their steps: the very functions the shim
-      installs and the patches carry), whether or not the fix is active in this process (a
-      webserver, say); its ``_dataset_manager`` step gives them the fix's ``DatasetManager``;
-    - that ``DatasetManager`` (the fix's mirror class): the database clock and the settings;
-    - Airflow's ``DagModel.dags_needing_dagruns``, run with ``with_row_locks`` leaving its
-      query as it is (the sweep's own row lock is left out by ``lock_rows=False``).
-    Explain takes no row lock, so a scheduler never skips a DAG and a producer never waits
-    because of it. No process-wide switch is flipped, so other threads (a webserver's
-    requests) are not affected.
+    ``(runner_class, manager_class, dags_needing_dagruns)``, bound for explain alone:
+    a ``SchedulerJobRunner`` subclass with the fix's added members (the functions the shim
+    installs) and the fix's ``DatasetManager``, and Airflow's ``dags_needing_dagruns`` with a
+    ``with_row_locks`` that adds none: no scheduler skips a DAG, no producer waits, and no
+    process-wide switch is flipped (a webserver's other requests are not affected).
     """
     import inspect
     import types
@@ -157,10 +128,8 @@ def _dag_or_error(session: Session, dag_id: str):
 
 class LoopSelection:
     """
-    What the next scheduler loop picks, read once: the DAGs ``dags_needing_dagruns`` returns
-    (and its queue-based dataset info), and those the sweep adds. It deserializes every DAG
-    with queue rows, as the scheduler's loop does, so a page that explains many DAGs reads it
-    once (``explain(..., loop=...)``).
+    What the next scheduler loop picks (``dags_needing_dagruns`` and the sweep), read once:
+    it deserializes every queued DAG, so a page explaining many DAGs shares it (``loop=``).
     """
 
     def __init__(self, session: Session) -> None:

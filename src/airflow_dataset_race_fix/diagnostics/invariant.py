@@ -2,54 +2,22 @@
 The invariant checker: what the metadata tables say about dataset-triggered runs.
 
 It reads Airflow's tables only and never imports the fix, so it judges stock and fixed
-code alike. The tests, ``reproduce/`` and ``audit`` all use it: ``check()`` counts,
-``audit()`` counts and lists the offending events, runs and queue rows; both are the same
-scan (``_Scan``), so the lists always agree with the counts.
+code alike (the tests, ``reproduce/`` and ``audit`` use it). ``check()`` counts and
+``audit()`` also lists, from one scan (``_Scan``), so the lists agree with the counts.
+The counters are defined in docs/audit-json.md. Fast on large databases: per batch of
+DAGs, a few set-based queries that return only the rows carrying a finding.
 
-How it stays fast on large metadata databases: per batch of DAGs, a few set-based
-queries that return only the rows carrying a finding. Events: ``_event_findings`` joins
-the DAGs' events (``(dataset_id, timestamp)`` index) to their per-(DAG, event)
-consumption counts (``dag_run_id`` index) in one pass and keeps the events not consumed
-exactly once; the flags that classify them are computed in SQL, next to their
-definition. Runs: a running max of logical dates over run ids instead of comparing every
-pair of runs (``_runs_in_creation_order`` streams the runs by id once). Produced and run
-totals are plain index counts.
+Why some counters are as they are: an event still waiting for an AND partner or for room
+under max_active_runs keeps its queue row and is not ``lost``. ``suspected_lost`` assumes
+stock semantics (every event between two runs belongs to the later run) and errs on the
+side of showing: Airflow records no pauses, schedule changes or deleted runs.
+``stale_queue_rows`` make stock Airflow take the run *before* the latest as the window
+start (S6); the fixed scheduler only lowers its event floor with them, which ``audit
+--requeue`` relies on. ``audit()`` groups the lost and suspected lost events per (DAG,
+dataset) as *stranded*: what ``audit --requeue`` works on.
 
-Per consuming DAG D (a DAG with a ``dag_schedule_dataset_reference`` row), over the
-committed events of D's datasets:
-
-- ``produced``: events of D's datasets;
-- ``consumed``: those consumed by at least one DATASET_TRIGGERED run of D;
-- ``doubled``: those consumed by more than one such run;
-- ``lost``: those consumed by no run although D has no queue row for their dataset, so
-  nothing will ever trigger D for them (an event still waiting for an AND partner or
-  for room under max_active_runs keeps its queue row and is not lost);
-- ``suspected_lost``: those consumed by no run although a later DATASET_TRIGGERED run of D
-  exists (logical date after the event): in stock semantics every event between two
-  runs belongs to the later run. This is the audit's view of a live deployment; pauses,
-  schedule changes and deleted runs are not recorded by Airflow, so it errs on the side
-  of showing;
-- ``empty_runs``: DATASET_TRIGGERED runs of D that consumed no event;
-- ``out_of_order``: DATASET_TRIGGERED runs of D whose logical date is before that of a
-  run of D created earlier (lower id);
-- ``lingering``: queue rows of D while D is unpaused, has room under max_active_runs and
-  its dataset condition holds on the queued datasets (after a drain there must be none);
-- ``stale_queue_rows``: queue rows of D whose created_at is before D's latest
-  DATASET_TRIGGERED run. Stock Airflow then takes the run *before* the latest one as
-  the window start (S6: an out-of-order run that consumes events again); the fixed
-  scheduler only lowers its event floor with them, which is what ``audit --requeue``
-  relies on;
-- ``future_dated``: events of D's datasets dated after the checker's clock (a producer
-  host whose clock runs ahead; the fixed scheduler waits for the clock to get there);
-- ``overlapping_intervals``: DATASET_TRIGGERED runs of D whose data interval starts
-  before the previous run's (by logical date) ended: overlapping or backwards intervals.
-
-``audit()`` also groups per (D, dataset) the *stranded* events: lost or suspected lost, the
-events that will not reach D by themselves; ``audit --requeue`` works on those groups.
-
-``since`` (optional) limits the events (timestamp) and runs (logical date) examined;
-queue rows are current state and always examined. A run is out of order against every
-earlier-created run, including runs before ``since``.
+``since`` limits the events (timestamp) and runs (logical date) examined; queue rows are
+current state and always examined.
 """
 
 from __future__ import annotations
@@ -249,12 +217,8 @@ def _events_of(dag_ids: Sequence[str], since: datetime | None):
 
 def _event_facts(dag_ids: Sequence[str], since: datetime | None) -> Subquery:
     """
-    One row per (DAG, event of one of its datasets): how many of the DAG's runs consumed it,
-    the DAG's latest run, and the DAG's queue row for the event's dataset.
-
-    Set-based: the consumption counts are joined in one pass (a hash join where the
-    backend has one), not looked up per event: a correlated subquery here would be
-    evaluated again for every predicate that uses it.
+    Per (DAG, event of its datasets): how many of its runs consumed it, its latest run and
+    queue row. Joined in one pass, not a correlated subquery (re-evaluated per predicate).
     """
     ref = DagScheduleDatasetReference
     consumption = _consumption(dag_ids)
@@ -318,10 +282,8 @@ def _empty_runs(dag_ids: Sequence[str], since: datetime | None):
 
 def _runs_in_creation_order(dag_ids: Sequence[str]):
     """
-    Every DATASET_TRIGGERED run, by DAG and id, for a running max of logical dates: a run is
-    out of order when that max over the runs created before it is later than its own date.
-    Taken while streaming (one ordered pass): a window ``max() OVER (ORDER BY id)`` would be
-    the SQL spelling, but MariaDB evaluates it in quadratic time (minutes at 100,000 runs).
+    The runs by DAG and id, for a running max of logical dates while streaming: out of order
+    when the max before a run is later. Not ``max() OVER (ORDER BY id)``: quadratic on MariaDB.
     """
     return (
         select(DagRun.dag_id, DagRun.run_id, DagRun.execution_date)
@@ -515,14 +477,11 @@ class _Scan:
 # -- the web page's bounded count (``check_window``) --------------------------------------
 def _window_event_facts(dag_ids: Sequence[str], dataset_ids: Sequence[int], since: datetime, dialect: str):
     """
-    The (DAG, event) pairs of ``_event_findings`` over the events since ``since``, without a join
-    whose cost rests on statistics: one branch lists each DAG's events of its datasets (index
-    range scans on ``(dataset_id, timestamp)``), the other each of those events' links to the
-    DAGs' runs (``event_id`` index, then the run by primary key; on PostgreSQL a LATERAL probe,
-    fenced with OFFSET 0, per event), and a GROUP BY adds them up: no join between two
-    derived sets, so no plan that compares every event with every link (statistics behind a bulk
-    load merged the DAG's whole consumption history with each event: minutes at 50 000 events).
-    Only the pairs not consumed exactly once come back.
+    ``_event_findings``' pairs over the events since ``since``, with no join whose cost rests
+    on statistics: the DAGs' events (``(dataset_id, timestamp)``) and those events' links to
+    the DAGs' runs (``event_id`` index; on PostgreSQL a fenced LATERAL probe), summed by a
+    GROUP BY. A join of two derived sets let stale statistics after a bulk load merge the
+    whole consumption history with each event (minutes at 50 000 events).
     """
     ref = DagScheduleDatasetReference
     in_window = and_(DatasetEvent.dataset_id.in_(dataset_ids), DatasetEvent.timestamp >= since)
@@ -644,10 +603,8 @@ class _WindowScan(_Scan):
 
 def check_window(session: Session, dag_ids: Iterable[str], *, since: datetime) -> Report:
     """
-    ``check(session, dag_ids, since=since)``'s counts but for the queue's (``lingering`` and
-    ``stale_queue_rows``, none of them a finding: left at 0), with the events' findings read by
-    ``_window_event_facts``: what the web page's list reads (its cost follows the events since
-    ``since`` and their links, whatever the statistics).
+    ``check(..., since=since)``'s counts, queue counters left at 0 (no finding), read by
+    ``_window_event_facts`` for the web page: cost follows the events since ``since``.
     """
     return _WindowScan(session, since, 0).run(sorted(set(dag_ids)), None).report
 

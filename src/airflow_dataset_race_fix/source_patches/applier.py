@@ -1,23 +1,14 @@
 """
-Apply, revert and check the source patches in a site-packages directory.
+Apply, revert and check the source patches in a site-packages directory (docs/source-patches.md).
 
-Everything is decided before anything is written (the dry run): the installed Airflow
-version, each target file's state against the wheel's RECORD hash and the sha256s that
-``verified-releases`` records for the release (pristine, and after the series), and that
-the series turns the pristine file into exactly the recorded result. Only then are backups
-written and the targets replaced: each through a temporary file in the same directory
-and ``os.replace``, with SIGINT/SIGTERM held off while the files are swapped and the
-swapped ones put back if a later one fails. Then the bytecode of the touched files is
-rebuilt. A state this module cannot explain is refused, naming the file, the expected
-and found hashes and what to do, and nothing is changed.
-
-A SIGKILL or a power cut cannot be held off, so the swap never lets a half state run:
-while the two files disagree, the scheduler's file is absent (nothing can import a fixed
-scheduler beside stock producers, or the reverse), and a journal in the backup directory
-says that a change is under way. The next ``apply`` or ``revert`` finishes or undoes it
-(the pristine bytes are in the backups); ``check`` and ``status`` say so meanwhile.
-Commands on one site-packages take turns (an flock on the directory): a second ``apply``
-waits for the first, then finds the patches applied.
+All or nothing: everything is decided before anything is written (Airflow's version, each
+target against its RECORD hash and ``verified-releases``, and that the series turns the
+pristine file into exactly the recorded result); a state this module cannot explain is
+refused, naming the file and what to do, and nothing is changed. Then backups, and each
+target replaced atomically (temporary file + ``os.replace``) with SIGINT/SIGTERM held off.
+A SIGKILL cannot be held off: while the targets disagree, the scheduler's file is absent
+(no fixed scheduler beside stock producers), and a journal lets the next ``apply`` or
+``revert`` finish or undo the change. Commands on one site-packages take turns (flock).
 """
 
 from __future__ import annotations

@@ -1,13 +1,10 @@
 """
 Writing files in site-packages so that an interruption leaves each file whole.
 
-Every file is written to a temporary file in its own directory, flushed and fsynced,
-then renamed over the target (``os.replace`` is atomic on POSIX). Several files are
-swapped with SIGINT/SIGTERM/SIGHUP held off, and the ones already swapped are put back
-if a later one fails. Two renames are never one atomic step, so while several files are
-swapped the last of them is absent (see :func:`replace_all`). Writability is probed first
-so that a read-only tree is refused before anything is written. :func:`locked` keeps two
-commands from writing the same tree at once.
+Each file goes to a fsynced temporary file in its own directory, then ``os.replace`` (atomic
+on POSIX). Several files are swapped with SIGINT/SIGTERM/SIGHUP held off and put back if a
+later one fails (:func:`replace_all`). Writability is probed before anything is written;
+:func:`locked` keeps two commands from writing the same tree at once.
 """
 
 from __future__ import annotations
@@ -39,8 +36,7 @@ def step_point() -> None:
 
 @contextlib.contextmanager
 def locked(directory: Path, shared: bool = False, on_wait=None):
-    """Hold an flock on ``directory`` itself (no lock file to leave behind); ``on_wait()``
-    is called once if another process holds it and this one has to wait."""
+    """Hold an flock on ``directory`` itself (no lock file to leave behind); ``on_wait()`` before waiting."""
     fd = os.open(directory, os.O_RDONLY)
     try:
         mode = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
@@ -138,11 +134,9 @@ def cleanup_stale_temps(directories: list[Path]) -> None:
 def replace_all(writes: list[tuple[Path, bytes, bytes | None]]) -> None:
     """Write every ``(path, new, old)`` (``old`` None: the file is missing) or none.
 
-    Temporary files first, then quick renames. With several files, the last one is
-    removed first and renamed into place last: while the files disagree, that file is
-    absent, so no process can import a mix of old and new, even after a SIGKILL or a
-    power cut in between (the next apply or revert finishes the job). If a rename fails,
-    the files get their old bytes back.
+    Two renames are never one atomic step, so with several files the last one is removed
+    first and renamed into place last: while the files disagree it is absent, and no process
+    imports a mix of old and new, even after a SIGKILL (the next apply or revert finishes).
     """
     temps: list[tuple[Path, Path]] = []
     try:

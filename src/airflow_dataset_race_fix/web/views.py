@@ -1,16 +1,10 @@
 """
 The web page (Browse > Dataset runs): ``explain`` for every dataset-triggered DAG the user may read.
 
-Read-only: each request reads in a transaction of its own (``READ ONLY`` on PostgreSQL and
-MySQL) that is rolled back; any action (``audit --requeue``) stays in the CLI. Airflow's
-RBAC: the page needs access to the website, and each DAG its ``can_read`` (DAG-level
-permissions included); a DAG the user may not read is answered 404, page and JSON alike,
-so its existence is not told either. Within a DAG's page, what Airflow answers 403 for is left
-out and named (``withheld``): its runs without DAG Runs, dataset events without Datasets,
-a producer's ids without read on the producer DAG. Bounded reads: the list decides the DAGs
-a sort or filter needs in one call (``listing``) and reads no run's events; the DAG page and
-its JSON read at most ``EVENTS_SHOWN`` events a list and link to the rest (``events``). Templates are Jinja with autoescape: DAG ids, dataset
-URIs and event ``extra`` render as text.
+What it shows, its RBAC and its costs: docs/explain.md, "The page in Airflow's UI". Read-only
+(a rolled-back transaction per request, ``READ ONLY`` on PostgreSQL and MySQL); a DAG the user
+may not read is a 404 so its existence is not told; Jinja autoescape renders DAG ids, URIs and
+``extra`` as text.
 """
 
 from __future__ import annotations
@@ -42,11 +36,8 @@ def _read_only_session():
         if session.bind.dialect.name in ("postgresql", "mysql"):
             session.execute(text("SET TRANSACTION READ ONLY"))
         if session.bind.dialect.name == "postgresql":
-            # The page's reads are shaped for indexes (a DAG's events by dataset and date, links by
-            # run or event, runs by DAG): statistics behind a bulk load read the whole event table
-            # once per DAG for a DAG's first run (4.5 ms each at 50 000 events, 200 DAGs for a
-            # sort). No JIT: statements costed in millions (the scheduler's, with fresh statistics
-            # on a 50 000-event run) compiled for 0.2-0.3 s and then ran in 0.1 s.
+            # The reads are shaped for indexes; statistics behind a bulk load scanned the event
+            # table per DAG. No JIT: compiling cost 0.2-0.3 s for statements that ran in 0.1 s.
             session.execute(text("SET LOCAL enable_seqscan = off"))
             session.execute(text("SET LOCAL jit = off"))
         yield session
