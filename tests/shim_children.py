@@ -129,13 +129,13 @@ def assert_fixed_once(text: str, *expected: str) -> list[str]:
 
 
 def readme_local_settings() -> str:
-    """The README's ``airflow_local_settings.py`` (Managed platforms), as an operator copies it."""
+    """The README's ``airflow_local_settings.py`` ("Turn it on"), as an operator copies it."""
     import re
     from pathlib import Path
 
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     block = re.search(r"```python\n( *# airflow_local_settings\.py.*?)```", readme, re.S)
-    assert block, "README: the airflow_local_settings.py block of 'Managed platforms'"
+    assert block, "README: the airflow_local_settings.py block of 'Turn it on'"
     return textwrap.dedent(block[1])
 
 

@@ -65,7 +65,7 @@ pytestmark = ON_SQLITE_ONLY
 
 AIRFLOW = os.path.join(os.path.dirname(PYTHON), "airflow")
 
-# The managed platforms' routes (README, "Managed platforms"), and the PYTHONPATH route.
+# The managed platforms' routes (docs/activation.md), and the PYTHONPATH route.
 PYTHONPATH_ROUTE = "PYTHONPATH"
 LOCAL_SETTINGS_ROUTE = "airflow_local_settings"
 PLUGIN_ROUTE = "plugin"
