@@ -23,49 +23,12 @@
 """
 The producer side of the fix: forward-only dataset queue rows and event stamps, written at commit.
 
-``DatasetManager._queue_dagruns`` writes one ``DatasetDagRunQueue`` (DDRQ) row per
-consuming DAG in the producer's transaction. Stock Airflow keeps an existing row as it
-is (``ON CONFLICT DO NOTHING`` on PostgreSQL, a ``merge`` in a SAVEPOINT elsewhere), so
-the row's ``created_at`` goes stale while new events arrive (S1), and concurrent
-producers on MySQL/SQLite trade IntegrityErrors for stale rows (S7).
-
-Here every write moves ``created_at`` strictly forward: to the producer's clock, or one
-microsecond past the stored value when that clock is behind (another host, or a later
-commit of an earlier flush). A write therefore always changes the row, which is what
-lets the scheduler delete a row only "as it read it" (see ``scheduler_job_runner.py``):
-a producer that touched the row after the scheduler read it is never deleted with it.
-
-Lock discipline. An upsert that changes an existing row locks it until the producer's
-transaction ends (stock PostgreSQL's ``DO NOTHING`` did not). So the rows are not written
-when each outlet is registered: they are remembered on the session and written by one
-upsert (chunked for the backends' statement limits) just before the producer's COMMIT,
-after everything else the transaction flushes, in one global order ``(dataset_id,
-target_dag_id)``. Every producer therefore takes queue-row locks in the same order and
-holds them only for its COMMIT: producers cannot deadlock each other whatever the order
-of a task's outlets, and the scheduler (which only takes these rows with ``SKIP LOCKED``)
-never waits for them. A rolled back transaction or SAVEPOINT drops what it registered, so
-a queue row is written if and only if its event commits. Queue rows of a transaction are
-visible (to other sessions and to itself) from its COMMIT on, like its events.
-
-Commit stamps. Stock Airflow dates an event (``DatasetEvent.timestamp``) when it is
-flushed, on the producer host's clock, and the event becomes visible when the producer
-commits, possibly much later: a late commit can hide anywhere behind events the
-scheduler already took, so the scheduler had to read a long look-back window on every
-run. Here the last statement before the COMMIT, after the queue upsert, re-dates the
-transaction's events on one clock, the database's (PostgreSQL ``clock_timestamp()``,
-MySQL/MariaDB ``NOW(6)``; SQLite: this host's clock, which is the database's), and the
-queue rows get the same clock, then one microsecond past their events' stamps (Airflow's
-order: a queue row is never dated before the events it announces). Why that bounds how late an event can be: the upsert has
-locked the (dataset, DAG) queue row before the stamp is taken, and holds it to the end
-of the COMMIT, so the producers of one dataset for one DAG stamp and commit one after
-the other; an event that commits after a run read the events is stamped no earlier than
-that read minus its own stamp-to-COMMIT time (the scheduler's floor, see
-``scheduler_job_runner.py``). Stamps are forward-only per dataset: at least one
-microsecond past the dataset's newest other visible event, so a database clock stepped
-back does not date a new event under what was already consumed; a newest event dated
-more than ``[dataset_race_fix] max_event_ahead_seconds`` ahead (a stock producer whose
-host clock runs ahead, during an upgrade) is not followed, so it cannot drag every later
-stamp, and run, into the future.
+A producer's queue rows are remembered on the session and written by one upsert just before its
+COMMIT, in key order, each ``created_at`` moved strictly forward (so the scheduler can delete a row
+exactly as it read it); then its events are dated on the database's clock, forward-only per dataset.
+Why, and why it is safe: BUG_REPORT.md section 4 ("Producer: forward-only queue rows, written at
+commit", "Producer: events dated at their COMMIT, on the database's clock", "Lock discipline",
+"A stalled producer") and section 6 ("The floor").
 
 This file is the single source of truth: the import-time shim installs these members on
 Airflow's class and ``patches/`` are generated from this text. Write them as Airflow

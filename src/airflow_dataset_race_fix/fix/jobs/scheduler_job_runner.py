@@ -23,26 +23,14 @@
 """
 The scheduler side of the fix: a dataset-triggered run consumes what its DAG has not consumed yet.
 
-BUG_REPORT.md section 4 ("Scheduler: consume what is unconsumed", "Lock discipline") gives
-the argument, and section 6 why its bounds hold ("The floor", "The net"). In short, for each
-DAG the loop decides (``_decide_dataset_triggered_runs``, read-only, which explain runs too):
-
-- read the state: queue rows (without locks), datasets, latest runs, the database's clock;
-- floors (``_dataset_floors``): per dataset, the newest event the latest run consumed minus
-  ``[dataset_race_fix] commit_latency_seconds``; the whole ``event_lookback_seconds`` window
-  for a first run, a new or quiet dataset, a clock stepped back, or a late commit the net found;
-- select the events above the floors that no run of the DAG consumed;
-- decide (``_choose_dataset_run``): a run only when the DAG's condition holds on datasets with
-  such events; dated by its events and queue rows, after its latest run, never by one dated
-  more than ``max_event_ahead_seconds`` ahead of the database's clock (those wait).
-
-The queue rows read are deleted exactly as read, for all DAGs at the end of the loop, taken
-``SKIP LOCKED`` where the database can, so the scheduler never waits for a producer
-(``_delete_dataset_queue_rows_as_read``). The sweep (``_dags_with_unqueued_dataset_events``,
-every ``requeue_interval_seconds``) brings in DAGs whose new events have no queue row, and the
-net under the floor (``_dags_with_stranded_dataset_events``) reads every reference below its
-latest run once per ``full_read_interval_seconds``. Settings: ``DatasetManager._dataset_race_fix_settings``.
-Statements whose size follows the number of DAGs, datasets or rows are chunked (500 terms).
+Per DAG the loop decides (``_decide_dataset_triggered_runs``, read-only, which explain runs too):
+read the state, a floor per dataset (``_dataset_floors``), the events above it that no run of the
+DAG consumed, and the run they make (``_choose_dataset_run``). The queue rows read are deleted
+exactly as read at the end of the loop (``_delete_dataset_queue_rows_as_read``). The sweep
+(``_dags_with_unqueued_dataset_events``) brings in DAGs whose new events have no queue row, and the
+net (``_dags_with_stranded_dataset_events``) late commits below a DAG's latest run. Why: BUG_REPORT.md
+section 4 ("Scheduler: consume what is unconsumed", "Lock discipline", "A stalled producer") and
+section 6 ("The floor", "The net"). Settings: ``DatasetManager._dataset_race_fix_settings``.
 
 Nothing here commits: all of it is in the scheduler's own transaction, as before.
 Every global below must name the same object in ``airflow.jobs.scheduler_job_runner``.
