@@ -72,11 +72,8 @@ class DatasetManager:
     @staticmethod
     def _dataset_race_fix_settings() -> dict[str, tuple[int | float, str]]:
         """
-        The ``[dataset_race_fix]`` settings the fix reads: ``key -> (default, meaning)``, declared here only.
-
-        Read them with ``_dataset_race_fix_setting``. (``enable_via_plugin``, default False,
-        is the plugin's opt-in, read by ``airflow_dataset_race_fix.plugin`` itself before
-        any of this is loaded.)
+        The ``[dataset_race_fix]`` settings, ``key -> (default, meaning)``, declared here only; read them with
+        ``_dataset_race_fix_setting``. (``enable_via_plugin`` is the plugin's opt-in, read before this loads.)
         """
         return {
             "commit_latency_seconds": (10, "scheduler: a producer's stamp-to-COMMIT time that the floor allows for"),
@@ -213,10 +210,8 @@ class DatasetManager:
     @classmethod
     def _defer_queue_dagruns(cls, dataset_id: int, dags_to_queue: set[DagModel], session: Session) -> None:
         """
-        Remember the queue rows of this event; ``_write_at_commit`` writes them at COMMIT.
-
-        Each row remembers the (sub)transaction that registered it first, so that rolling
-        back a SAVEPOINT forgets exactly the rows registered inside it.
+        Remember the queue rows of this event for ``_write_at_commit``, each with the (sub)transaction that first
+        registered it, so that rolling back a SAVEPOINT forgets exactly the rows registered inside it.
         """
         deferred: dict[tuple[int, str], SessionTransaction] = session.info.setdefault(
             "airflow_dataset_race_fix.deferred_queue_rows", {}
@@ -244,11 +239,9 @@ class DatasetManager:
     @classmethod
     def _write_at_commit(cls, session: Session) -> None:
         """
-        ``before_commit``: the queue rows, then the event stamps, as the transaction's last statements.
+        ``before_commit`` of the outermost transaction: the queue rows, then the event stamps, as its last statements.
 
-        Skipped when only a SAVEPOINT is released. What is remembered is forgotten only once
-        written: if a statement here fails (a lock wait timeout on MySQL, say) and the caller
-        commits again, the rows and stamps are written then, never skipped.
+        Forgotten only once written: if a statement here fails and the caller commits again, they are written then.
         """
         if session.in_nested_transaction():
             return
@@ -283,13 +276,7 @@ class DatasetManager:
 
     @classmethod
     def _database_clock(cls, dialect_name: str) -> str | None:
-        """
-        The SQL of the one clock that dates events, queue rows and runs; None: this host's clock.
-
-        ``clock_timestamp()`` and ``NOW(6)`` read the server's clock when the statement runs
-        (MySQL's session time zone is UTC: Airflow sets it). SQLite has no server: the host
-        that writes the file is its clock. Tests move it by replacing this member.
-        """
+        """The SQL of the clock that dates events, queue rows and runs; None: this host's (SQLite). Tests replace it."""
         return {"postgresql": "clock_timestamp()", "mysql": "NOW(6)"}.get(dialect_name)
 
     @classmethod
@@ -308,13 +295,9 @@ class DatasetManager:
     @classmethod
     def _stamp_events(cls, events: list[DatasetEvent], session: Session) -> None:
         """
-        Date this transaction's events on the database's clock, forward-only per dataset.
-
-        Per dataset, the stamp is the clock, or one microsecond past the dataset's newest
-        other event (an index probe on ``(dataset_id, timestamp)``, read backwards). On
-        PostgreSQL one ``UPDATE .. RETURNING`` does it all (``_postgres_write``); elsewhere
-        one SELECT reads the clock and the newest events, then one UPDATE per dataset. An
-        event whose SAVEPOINT was rolled back is no longer in the session and is skipped.
+        Date this transaction's events on the database's clock, forward-only per dataset (BUG_REPORT, "Producer: events
+        dated at their COMMIT"). PostgreSQL: within ``_postgres_write``'s statement; elsewhere one SELECT reads the
+        clock and each dataset's newest other event, then one UPDATE per dataset.
         """
         from collections import defaultdict
         from datetime import timedelta
@@ -373,12 +356,8 @@ class DatasetManager:
         """
         PostgreSQL: upsert the queue rows no other transaction holds and stamp ``events``, in one statement; return the held keys.
 
-        Stock Airflow sent one statement per event here (``INSERT .. ON CONFLICT DO
-        NOTHING``); this is one per transaction, whatever its outlets and DAGs: the queue
-        rows' parts (``_postgres_upsert_ctes``), then the stamps' (``_postgres_stamp_ctes``).
-        The arrays are bound, so the text depends only on which parts are present, and
-        SQLAlchemy compiles each form once. All parts read one snapshot: a row a scheduler
-        deleted just before this statement is held too, and is left to the sweep.
+        One statement a transaction (stock: one per event); arrays are bound, so SQLAlchemy compiles each form once.
+        All parts read one snapshot: a row a scheduler deleted just before this statement counts as held (the sweep's).
         """
         from sqlalchemy import Integer, String, inspect, text
         from sqlalchemy.orm.attributes import set_committed_value
@@ -420,15 +399,10 @@ class DatasetManager:
         """
         PostgreSQL: ``_postgres_write``'s parts that upsert the queue rows; their result selects the held keys.
 
-        - ``taken``: the existing rows among ``rows``, locked ``FOR UPDATE SKIP LOCKED`` in
-          key order (never waits); ``held``: those that exist but were not taken;
-        - ``written``: the upsert of the others (``_upsert_queue_rows_not_held``), new keys
-          inserted in key order, except the rows ``taken`` of a dataset whose events this
-          statement stamps: those are only locked here, and
-          ``_date_queue_rows_after_their_events`` writes them once, after the stamps (a row this transaction has already written gets its foreign
-          key checked again on a second write, ``FOR KEY SHARE`` on its DAG row, which waits
-          for a scheduler loop holding that row ``FOR UPDATE``; a row it inserted holds that
-          lock already).
+        ``taken``: the existing rows, locked ``FOR UPDATE SKIP LOCKED`` in key order (never waits); ``held``: the
+        existing rows not taken; ``written``: the upsert of the others, new keys in key order. A taken row of a dataset
+        stamped here is only locked, and written once after the stamps: a second write would check its foreign key
+        again, waiting for a scheduler loop holding its DAG row (BUG_REPORT, "Producer: events dated at their COMMIT").
         """
         key = "k.dataset_id = {0}.dataset_id AND k.target_dag_id = {0}.target_dag_id"
         parts = [
@@ -465,11 +439,8 @@ class DatasetManager:
         """
         PostgreSQL: ``_postgres_write``'s parts that stamp ``events``; their result selects each event's stamp.
 
-        - ``clock``: read only once ``written`` is done (``after_written``: it counts
-          ``written``'s rows, so every queue row is locked first: the floor's argument in
-          the module docstring);
-        - ``stamped``: the events' stamps (``_stamp_events``), per dataset the clock or one
-          microsecond past its newest other event.
+        ``clock`` is read once ``written`` is done (``after_written``): every queue row is locked before the stamp is
+        taken, which bounds how late an event can be (BUG_REPORT, "The floor"); ``stamped``: as ``_stamp_events``.
         """
         from datetime import timedelta
 
@@ -503,11 +474,8 @@ class DatasetManager:
         """
         MySQL/MariaDB: lock the existing queue rows among ``rows`` without waiting; return those another transaction holds.
 
-        A key that has a committed row which ``FOR UPDATE SKIP LOCKED`` did not take is
-        busy. A key with no committed row is not: the upsert inserts it, waiting for a
-        concurrent insert of the same key as stock Airflow did. MySQL before 8.0.1 and
-        MariaDB before 10.6 have no ``SKIP LOCKED``: nothing is busy, every row is written,
-        waiting as before.
+        A key with no committed row is not busy: the upsert inserts it, waiting for a concurrent insert as stock did.
+        Without ``SKIP LOCKED`` (MySQL before 8.0.1, MariaDB before 10.6) nothing is busy: every row waits, as before.
         """
         from sqlalchemy import text
 
@@ -536,11 +504,9 @@ class DatasetManager:
         """
         MySQL/MariaDB: a FROM clause of queue rows ``q`` by key, and its parameters.
 
-        The keys come as a derived table ``k`` joined first (``STRAIGHT_JOIN``) to the queue
-        by primary key: one ``eq_ref`` lookup per key at any queue size. A ``WHERE
-        (dataset_id, target_dag_id) IN (..)`` is planned as a scan of the primary key once
-        the keys are a fifth of the table or so (MariaDB ignores ``FORCE INDEX`` there), and
-        a locking scan waits on rows it does not name.
+        The keys, a derived table ``k`` joined first, give one primary-key lookup each at any queue size; a ``WHERE ..
+        IN (..)`` becomes a scan from about a fifth of the table on (MariaDB ignores ``FORCE INDEX`` there), and a
+        locking scan waits on rows it does not name (BUG_REPORT, "Lock discipline").
         """
         derived = " UNION ALL ".join(
             f"SELECT :dataset_id_{i} AS dataset_id, :dag_id_{i} AS target_dag_id" for i in range(len(keys))
@@ -554,34 +520,15 @@ class DatasetManager:
             params,
         )
 
-
     @classmethod
     def _upsert_queue_dagruns(cls, rows: list[tuple[int, str]], events: list[DatasetEvent], session: Session) -> None:
         """
         Upsert queue rows ``(dataset_id, target_dag_id)``, given in key order, leaving out those another transaction holds; then stamp ``events``.
 
-        Stock Airflow's ``DO NOTHING`` never waited for an existing row. The forward-only
-        update waits for the row's holder to end, so one stalled producer (a frozen worker,
-        a hung synchronous standby) would hold up every producer of its dataset for that
-        DAG. Here a busy row is left as it is: at once, or after trying it again with
-        ``SKIP LOCKED`` for ``[dataset_race_fix] queue_row_wait_seconds`` (default 0; after
-        1, 2, 4, then every 8 ms). Any wait serialises the producers of a busy dataset,
-        whose row is nearly always another producer's (MariaDB, 200 events/s: 184
-        committed a second with no wait, 152 with 10 ms, 95 with 50 ms; stock 200).
-
-        Nothing is lost: a busy row is a committed row. A holder that commits leaves it
-        with a newer ``created_at`` (which pulls the scheduler's floor down to the holder's
-        event), one that rolls back leaves it as it was: the DAG stays queued, and its next
-        run reads this transaction's events. The one holder that removes the row, a
-        scheduler deleting it at that instant, is covered by the dataset's next event or
-        the scheduler's sweep (``SchedulerJobRunner._dags_with_unqueued_dataset_events``).
-
-        Lock order: ``SKIP LOCKED`` never waits, so taking existing rows adds no lock
-        cycle. The only wait left is the insert of a new key that another producer is
-        inserting too, and new keys are inserted in key order, so two producers cannot
-        each wait for the other's. Trying again rather than a lock wait with a timeout:
-        rows taken out of key order could then close a cycle, which InnoDB breaks by
-        rolling a whole producer transaction back (1213).
+        A held row is a committed row: the DAG stays queued, nothing is lost (BUG_REPORT, "A stalled producer"). It is
+        tried again for ``[dataset_race_fix] queue_row_wait_seconds`` (default 0: any wait serialises a busy dataset's
+        producers). Lock order: ``SKIP LOCKED`` never waits and new keys go in key order, so producers form no cycle;
+        polling, not a lock wait with a timeout, as rows taken out of key order could close one (InnoDB: 1213).
         """
         import time
 
@@ -609,14 +556,8 @@ class DatasetManager:
         """
         Date the queue rows this transaction wrote one microsecond after its events' stamps, as Airflow orders them.
 
-        The stamp is taken once the rows are locked (the floor's argument), so it is later
-        than the rows' own write; Airflow dates a queue row no earlier than the events it
-        announces (a stock scheduler, during an upgrade, selects events up to the rows'
-        ``created_at``; Airflow's tests check the order). The rows are this transaction's,
-        locked already: this waits for nothing (PostgreSQL: see ``_postgres_upsert_ctes`` for why the
-        rows it only locked are written here first); one statement (executemany on MySQL and
-        SQLite). Every row is moved forward here, so a scheduler that read one before this
-        transaction leaves it in place.
+        The rows are this transaction's, locked already, so this waits for nothing; every row moves forward, so a
+        scheduler that read one before leaves it (BUG_REPORT, "Producer: events dated at their COMMIT").
         """
         from datetime import timedelta, timezone
 
@@ -647,9 +588,8 @@ class DatasetManager:
                 },
             )
             return
-        # MySQL and SQLite: by primary key, one statement run for all rows (executemany). The
-        # value in the form each stores: MySQL's DATETIME(6) in UTC (Airflow's session time
-        # zone), SQLite's 'YYYY-MM-DD HH:MM:SS.ffffff' text, which compares chronologically.
+        # MySQL and SQLite: by primary key, executemany. The value as each stores it: MySQL's DATETIME(6) in UTC
+        # (Airflow's session time zone), SQLite's 'YYYY-MM-DD HH:MM:SS.ffffff' text, which compares chronologically.
         greatest = "GREATEST(created_at, CAST(:after AS DATETIME(6)))" if dialect == "mysql" else "max(created_at, :after)"
         session.execute(
             text(
@@ -673,27 +613,10 @@ class DatasetManager:
         """
         Upsert the queue rows among ``rows`` that no other transaction holds, then stamp ``events``; return the held keys.
 
-        An existing row gets ``max(now, stored + 1 microsecond)``, now on the database's
-        clock (``_database_clock``): never older than the stored value (the guard), and
-        always changed, so that a scheduler that read the row before this producer
-        committed leaves it in place. The rows are locked in the order given.
-
-        A DAG deleted since its event was registered (``delete_dag`` no longer waits for
-        the producer: its queue row is not written yet) loses its row and nobody else's:
-        only rows of DAGs that still exist are written, instead of failing the COMMIT on
-        the foreign key. The DAG rows are read without a lock (a ``FOR KEY SHARE`` would
-        make the producer wait for a scheduler loop holding them ``FOR UPDATE``); a delete
-        committing during this very statement can still fail it, as in stock.
-
-        Per backend:
-        - PostgreSQL: one statement with the stamps, as stock's one ``INSERT .. ON
-          CONFLICT DO NOTHING`` (``_postgres_write``).
-        - MySQL/MariaDB: the take and the existence check (``_busy_queue_rows``), the live
-          DAGs, then the upsert, 500 rows a statement (far below max_allowed_packet)
-          (``_mysql_upsert_queue_rows``).
-        - SQLite: a writer excludes the others, so no row is held; 300 rows a statement,
-          3 variables each (below the 999 variables of builds before 3.32)
-          (``_sqlite_upsert_queue_rows``).
+        A row gets ``max(now, stored + 1 microsecond)`` on ``_database_clock``: never older, and always changed, so a
+        scheduler that read it before this producer committed leaves it. Rows are locked in the order given. Only
+        rows of DAGs that still exist are written (``delete_dag`` no longer waits for the producer), read without a
+        lock: a ``FOR KEY SHARE`` would wait for a scheduler loop holding them ``FOR UPDATE``.
         """
         dialect_name = session.bind.dialect.name
         if dialect_name == "postgresql":
@@ -725,7 +648,7 @@ class DatasetManager:
         for start in range(0, len(dag_ids), 500):
             live.update(session.scalars(select(DagModel.dag_id).where(DagModel.dag_id.in_(dag_ids[start : start + 500]))))
         rows = [row for row in rows if row[1] in live and row not in busy]
-        for start in range(0, len(rows), 500):
+        for start in range(0, len(rows), 500):  # 500 rows a statement: far below max_allowed_packet
             chunk = rows[start : start + 500]
             session.execute(
                 text(
@@ -751,10 +674,8 @@ class DatasetManager:
         from airflow.utils import timezone
 
         now = timezone.utcnow()  # SQLite: this host's clock is the database's
-        # SQLite stores 'YYYY-MM-DD HH:MM:SS.ffffff' text; add one microsecond in integer
-        # arithmetic (julianday() is a float and too coarse) and keep the format so that
-        # text comparison stays chronological. A stored text without microseconds (or with
-        # a '+00:00' suffix, as raw SQL writes it) counts as .000000.
+        # Stored as 'YYYY-MM-DD HH:MM:SS.ffffff' text: one microsecond on in integer arithmetic (julianday() is too
+        # coarse), the format kept so text compares chronologically; no microseconds or a '+00:00' suffix: .000000.
         micros = (
             "(strftime('%s', substr(dataset_dag_run_queue.created_at, 1, 19)) * 1000000"
             " + CASE WHEN substr(dataset_dag_run_queue.created_at, 20, 1) = '.'"
@@ -767,7 +688,7 @@ class DatasetManager:
         # The proposed row's column by its SQL name, the same text: ``stmt.excluded`` builds an
         # alias of the whole table for every statement (a sixth of the COMMIT hook's calls).
         forward = func.max(literal_column("excluded.created_at"), successor)
-        for start in range(0, len(rows), 300):
+        for start in range(0, len(rows), 300):  # 3 variables a row: below the 999 of SQLite builds before 3.32
             stmt = insert(DatasetDagRunQueue).values(
                 [
                     {"dataset_id": dataset_id, "target_dag_id": dag_id, "created_at": now}
