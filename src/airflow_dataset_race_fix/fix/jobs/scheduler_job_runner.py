@@ -136,15 +136,8 @@ class SchedulerJobRunner:
         self, dataset_triggered_dag_info: dict[str, tuple[datetime, datetime]], session: Session
     ) -> list[DagModel]:
         """
-        The sweep: DAGs that have an event newer than their latest run on a dataset with no queue row for them.
-
-        Queue rows are the fast path; this is the net under them, for new events that have
-        none (a busy row a producer left out, rows of events that waited as dated ahead, a
-        stock producer's row deleted during an upgrade; BUG_REPORT, "A stalled producer").
-        At most once per ``[dataset_race_fix] requeue_interval_seconds`` in each scheduler
-        process (that memory changes how soon, never whether). Nothing is written here: the
-        DAGs join the loop's dataset-triggered DAGs (``dataset_triggered_dag_info`` gets
-        theirs), and ``_create_dag_runs_dataset_triggered`` decides them as any other.
+        The sweep: DAGs with an event newer than their latest run on a dataset with no queue row for them (BUG_REPORT,
+        "A stalled producer"), at most once per ``requeue_interval_seconds`` a process; they join the loop's DAGs.
         """
         manager = self._dataset_manager()
         interval = manager._dataset_race_fix_setting("requeue_interval_seconds")
@@ -171,16 +164,9 @@ class SchedulerJobRunner:
         self, dataset_triggered_dag_info: dict[str, tuple[datetime, datetime]], now: datetime, session: Session
     ) -> dict[str, datetime]:
         """
-        ``{dag_id: oldest such stamp}`` of the DAGs not in ``dataset_triggered_dag_info`` that the sweep brings in.
-
-        The net's DAGs (``_dags_with_stranded_dataset_events``), and those with a new event
-        on a reference without a queue row. An event dated after a DAG's latest
-        dataset-triggered run was consumed by none of its runs (a run is dated after every
-        event it consumes), so index probes find them: per (dataset, DAG) reference without
-        a queue row, the dataset's newest event up to the horizon, against the DAG's latest
-        run (or the reference's creation, for a DAG with no run yet) and no older than
-        ``event_lookback_seconds`` (events of a DAG paused long before stay for its next
-        run, as in stock).
+        ``{dag_id: oldest such stamp}`` of the DAGs not in ``dataset_triggered_dag_info`` that the sweep brings in: the
+        net's, and those whose newest event on a reference without a queue row is newer than their latest run (so no
+        run consumed it; no run: than the reference) and than ``event_lookback_seconds`` (a DAG paused long ago waits).
         """
         from sqlalchemy import false, true
 
@@ -241,11 +227,8 @@ class SchedulerJobRunner:
         self, oldest_new: dict[str, datetime], session: Session, *, lock_rows: bool = True
     ) -> list[DagModel]:
         """
-        Of the DAGs of ``oldest_new``, at most ``max_dagruns_to_create_per_loop``, oldest event first.
-
-        Selected as ``DagModel.dags_needing_dagruns`` selects: active, unpaused, no import
-        errors, below ``max_active_runs``, rows locked ``SKIP LOCKED`` (another scheduler's
-        are its own; ``lock_rows`` False: explain, which takes no lock).
+        Of the DAGs of ``oldest_new``, at most ``max_dagruns_to_create_per_loop``, oldest event first, selected as
+        ``DagModel.dags_needing_dagruns`` does, rows locked ``SKIP LOCKED`` (``lock_rows`` False: explain's, no lock).
         """
         from sqlalchemy import false, true
 
@@ -276,26 +259,11 @@ class SchedulerJobRunner:
         """
         The net under the floor: DAGs with an event that no run of theirs consumed, dated below their latest run.
 
-        Such an event committed after a run read past its stamp, more slowly than
-        ``commit_latency_seconds``, and no queue row of its own pulled a floor down to it
-        (BUG_REPORT, "The net"). Nothing else brings its DAG into a loop: its queue row is
-        gone and the sweep looks above the latest run only. So every (DAG, dataset)
-        reference of an active, unpaused DAG that has a dataset-triggered run is read
-        through, from ``min(latest run, database clock) - event_lookback_seconds`` to the
-        latest run, once per ``[dataset_race_fix] full_read_interval_seconds``, whatever
-        else happens to the DAG, by every scheduler process, a restarted one included.
-
-        Cheap per sweep: a reference is read in slices of at most ``slice_size`` events in
-        stamp order (a range of the ``(dataset_id, timestamp)`` index, LIMIT first, then
-        one probe of the consumption record per event), and each sweep reads its share of
-        a round: ``slices a round took * elapsed / interval`` (a reference not read yet
-        counts one slice), at least one slice, and more while the sweep has spent less
-        than ``budget_seconds``. Where a reference's read has got to, and how many slices
-        each took, is this process's memory; losing it (a restart) only starts the reads
-        again.
-
-        Returns ``{dag_id: oldest such stamp}`` for the DAGs found, kept until the DAG is
-        decided: ``_decide_dataset_triggered_runs`` reads their whole window once.
+        A commit slower than ``commit_latency_seconds`` with no queue row of its own, which nothing else brings into a
+        loop (BUG_REPORT, "The net"). Each reference of a DAG with a dataset-triggered run is read through below that
+        run once per ``full_read_interval_seconds``, in slices, each sweep its share of a round (more while under
+        ``budget_seconds``). Where the reads have got to is this process's memory: a restart starts them again.
+        Returns ``{dag_id: oldest such stamp}``, kept until the DAG is decided (a full read of its window).
         """
         from math import ceil
 
@@ -413,25 +381,17 @@ class SchedulerJobRunner:
         """
         The runs this loop creates for these DAGs, and the queue rows it then deletes (as read); writes nothing.
 
-        One decision per DAG, in dag_id order: ``dag_id``, ``dag``, ``events`` (what its run
-        would consume), ``deferred`` (events dated beyond the horizon), ``late`` (events
-        dated before its latest run), ``queued`` (its queue rows), ``floors`` (per dataset,
-        where the read started; absent: the whole history, for a first run), ``full_read``,
-        and ``run`` (``execution_date``, ``data_interval``, ``run_id``) or None when it
-        waits; ``skipped`` names why a DAG was not decided at all. Split from
-        ``_create_dag_runs_dataset_triggered`` so that ``airflow-dataset-race-fix explain``
-        gives the verdict of this very code, read-only. The steps: read the state, then per
-        DAG its floors, its events, the choice and the run.
+        One decision per DAG, in dag_id order: ``dag_id``, ``dag``, ``events``, ``deferred`` (beyond the horizon),
+        ``late`` (before its latest run), ``queued``, ``floors`` (absent: a first run's whole history), ``full_read``,
+        ``run`` (None: it waits) and ``skipped`` (why not decided). Split out so that ``explain`` runs this very code.
         """
         manager = self._dataset_manager()
         state = self._read_dataset_decision_state(sorted(dm.dag_id for dm in dag_models), session)
         lookback = timedelta(seconds=manager._dataset_race_fix_setting("event_lookback_seconds"))
         commit_latency = timedelta(seconds=manager._dataset_race_fix_setting("commit_latency_seconds"))
-        # DAGs the net found a late commit for (``_dags_with_stranded_dataset_events``): their
-        # next decision reads the whole window.
+        # DAGs the net found a late commit for: their next decision reads the whole window.
         net_found: dict[str, datetime] = self.__dict__.get("_dataset_race_fix_net", {}).get("found", {})
-        # Nothing dated further ahead of the database's clock dates a run (a stock producer's
-        # host clock). The clock is the one events and queue rows are dated on.
+        # Nothing dated further ahead of the database's clock (a stock producer's host clock) dates a run.
         horizon = state.database_now + timedelta(seconds=manager._dataset_race_fix_setting("max_event_ahead_seconds"))
         consumed_rows: list[tuple[int, str, Any]] = []  # deleted at the end, as read
         decisions: list[dict[str, Any]] = []
@@ -480,11 +440,8 @@ class SchedulerJobRunner:
 
     def _dataset_statement(self, key: tuple[Any, ...], build: Callable[[], Any]) -> Any:
         """
-        The statement kept under ``key`` (its dialect, clock and shape), built by ``build()`` the first time.
-
-        The statements are built once per scheduler process (and shape), their values bound
-        at each execution: SQLAlchemy then neither builds nor keys them again, which was a
-        large share of a loop's cost (BUG_REPORT section 7).
+        The statement kept under ``key`` (dialect, clock, shape), built by ``build()`` once a process, values bound at
+        each execution: building and keying them was a large share of a loop's cost (BUG_REPORT section 7).
         """
         statements: dict[tuple[Any, ...], Any] = self.__dict__.setdefault("_dataset_race_fix_statements", {})
         if key not in statements:
@@ -493,11 +450,9 @@ class SchedulerJobRunner:
 
     def _read_dataset_decision_state(self, dag_ids: list[str], session: Session) -> _DatasetDecisionState:
         """
-        The state the decisions of ``dag_ids`` start from, read without locks: their queue rows
-        (each deleted at the end exactly as read: on SQLite, as the stored text, whatever format
-        wrote it), their datasets (those they are scheduled on, and those their queue rows name:
-        an alias that resolved to a dataset before the DAG was parsed again) with URIs, their
-        latest runs and the database's clock. Two statements for all DAGs (per 500).
+        The state the decisions of ``dag_ids`` start from, read without locks, two statements per 500 DAGs: queue rows
+        (on SQLite also the stored text, to delete them as read), datasets (scheduled on, or named by a queue row: an
+        alias resolved before the DAG was parsed again) with URIs, latest runs and the database's clock.
         """
         from sqlalchemy import Text, bindparam, cast
 
@@ -555,10 +510,9 @@ class SchedulerJobRunner:
     @classmethod
     def _runs_and_datasets_statement(cls, dialect: str, clock: str | None) -> Any:
         """
-        Per DAG of ``dag_ids``, one row per dataset it is scheduled on (or one row without):
-        its latest dataset-triggered run's date and interval end, its latest run's date (any
-        type) and the database's clock; with each dataset, its id and URI, and the newest
-        event of it that the latest run consumed (the floor, module docstring).
+        Per DAG of ``dag_ids``, a row per dataset it is scheduled on (or one without): its latest dataset-triggered
+        run's date and interval end, its latest run's date (any type), the database's clock, and the dataset's id, URI
+        and newest event the latest run consumed (BUG_REPORT, "The floor").
         """
         from sqlalchemy import bindparam, literal_column, null
 
@@ -608,12 +562,8 @@ class SchedulerJobRunner:
     @staticmethod
     def _postgres_runs_and_datasets_statement(reference: Any, latest_of_any_type: Any, clock_column: Any) -> Any:
         """
-        ``_runs_and_datasets_statement`` on PostgreSQL, in shapes whose plans follow the rows they need
-        whatever the statistics (issue 30): the latest run looked up once per DAG (LATERAL),
-        and the newest event each dataset's latest run consumed read from that run's links to
-        their events by primary key (with none, the planner started from the dataset's whole
-        history and probed the links per event). OFFSET 0 keeps a LATERAL subquery from being
-        pulled up into a plain join.
+        ``_runs_and_datasets_statement`` on PostgreSQL, in shapes whose plans follow the rows they need whatever the
+        statistics (issue 30): the latest run once per DAG (LATERAL; OFFSET 0 keeps one from becoming a plain join).
         """
         from sqlalchemy import bindparam, true
 
@@ -634,11 +584,8 @@ class SchedulerJobRunner:
             .correlate(association_table, reference)  # the link beside it, the reference two levels up
             .lateral()
         )
-        # The run's links newest first (its primary key, backwards), to the first whose event
-        # is of this dataset: the dataset's newest by insertion, whose stamp is at most the
-        # newest stamp (a lower floor, never a higher one), found at once whatever the
-        # run's size; a max() over the links read all of a first run's 50 000 (and JIT-
-        # compiled the statement for its estimated cost).
+        # The run's links newest first, to the first of this dataset: its newest by insertion, stamped at most the
+        # newest (a lower floor, never a higher one), found at once; a max() read all of a first run's 50 000 links.
         newest_consumed_by_latest_run = (
             select(event_of_link.c.timestamp)
             .select_from(association_table.join(event_of_link, true()))
@@ -679,9 +626,8 @@ class SchedulerJobRunner:
 
         if not groups:
             return select(DatasetEvent).where(DatasetEvent.dataset_id.in_(bindparam("ids_0", expanding=True)))
-        # What this DAG already consumed. A run is never dated before the events it
-        # consumed, so only its runs from the lowest floor on matter: a small set, which
-        # the databases hash once instead of probing per event.
+        # What this DAG consumed: a run is never dated before its events, so only its runs from the lowest floor on
+        # matter, a small set the databases hash once instead of probing per event.
         runs_from_floor = (DagRun.dag_id == bindparam("dag_id"), DagRun.execution_date >= bindparam("runs_floor"))
         if dialect != "postgresql":
             consumed = (
@@ -690,10 +636,8 @@ class SchedulerJobRunner:
                 .where(*runs_from_floor)
             )
         else:
-            # From those runs to their events, one index probe per run: a LATERAL
-            # join keeps PostgreSQL from hashing the whole association table, which
-            # it chose when one DAG's consumption filled it (50 000 rows read for
-            # 2 500 wanted: 10 ms of a 50 ms loop).
+            # One index probe per run: LATERAL keeps PostgreSQL from hashing the whole association table
+            # (docs/measurements.md, "The consumed-event check and the window's remaining gap").
             runs = select(DagRun.id).where(*runs_from_floor).subquery()
             links = (
                 select(association_table.c.event_id)
@@ -736,12 +680,9 @@ class SchedulerJobRunner:
         """
         Where a DAG reads each dataset's events from (BUG_REPORT, "The floor"); pure.
 
-        The newest event of it that the latest run consumed (``newest_consumed``), or its
-        oldest queue row if older, minus ``commit_latency``; the whole look-back (the old
-        rule) for a dataset the latest run did not consume, and for every dataset of a DAG
-        the net found a late commit for (``found_late``). A database clock behind the latest
-        run (stepped back) stamps new events below every floor: then the window under the
-        clock is read too, in full, until it catches up. No run yet: every event.
+        The newest event the latest run consumed, or the queue row if older, minus ``commit_latency``; the whole
+        look-back for a dataset the latest run did not consume, for a DAG the net found (``found_late``), and while the
+        clock is behind the latest run (stepped back: new events are stamped below every floor). No run yet: all events.
         """
         if latest_run_date is None:  # no run of this DAG has consumed anything yet
             return cls._DatasetFloors({}, None, True)
@@ -798,15 +739,10 @@ class SchedulerJobRunner:
         """
         Whether a DAG's events make a run, and its logical date before the unique-date check; pure.
 
-        Events dated beyond the horizon wait: a run is never dated before its events. A run
-        only when the condition (``evaluate``, of ``{uri: True}`` for the datasets with
-        events) holds. Its date: the newest of the queue dates (``loop_date``, the loop's,
-        and the queue rows'; none dated beyond the horizon, a stock producer's host clock,
-        so no run is dated ahead of the database's clock), the events, and one microsecond
-        after the latest run. No run: the queue rows whose datasets have no event left to
-        consume are stale and deleted (as read), so they do not make the DAG look ready
-        again and take a slot from DAGs that can run (events dated ahead are queued again
-        by the sweep once the clock gets there).
+        Events beyond the horizon wait (a run is never dated before its events). A run only when ``evaluate`` holds on
+        the datasets with events, dated at the newest of the queue dates up to the horizon, the events and the latest
+        run + 1 microsecond. No run: the queue rows of datasets with nothing to consume are deleted (as read), so the
+        DAG does not look ready again and take a slot (BUG_REPORT, "A stalled producer").
         """
         deferred = [event for event in dataset_events if event.timestamp > horizon]
         events = [event for event in dataset_events if event.timestamp <= horizon]
@@ -922,8 +858,8 @@ class SchedulerJobRunner:
         """
         Delete queue rows ``(dataset_id, target_dag_id, created_at as read)`` that still hold that value.
 
-        Never waits for a producer where the database can skip locked rows; touches no row
-        but those given (see the module docstring for the lock-order argument).
+        Never waits for a producer where the database can skip locked rows, and locks no row but those given, so it
+        closes no lock cycle with producers (BUG_REPORT, "Lock discipline"); 500 rows a statement.
         """
         from sqlalchemy import Text, any_, bindparam, cast, literal_column, text, tuple_
 
@@ -946,11 +882,8 @@ class SchedulerJobRunner:
         for start in range(0, len(rows), 500):
             chunk = rows[start : start + 500]
             if dialect.name == "postgresql":
-                # One statement: take the rows still as read, skipping those a producer holds,
-                # then delete them by their physical address. ARRAY(..) makes the locking
-                # select an InitPlan, run once whatever the statistics say; as an IN
-                # subquery it could be planned as the inner side of a nested loop, rescanned
-                # once per queue row (minutes at 10 000 rows, statistics from a near-empty queue).
+                # Take the rows still as read, skipping those a producer holds, and delete them by address. ARRAY(..)
+                # runs the locking select once (an InitPlan); an IN subquery can be rescanned per queue row.
                 ctid = literal_column("ctid")
                 taken = select(ctid).select_from(DatasetDagRunQueue.__table__).where(as_read.in_(chunk))
                 session.execute(
@@ -959,8 +892,8 @@ class SchedulerJobRunner:
                     .execution_options(synchronize_session=False)
                 )
                 continue
-            # MySQL/MariaDB: lock by primary key (skipping what producers hold where the server
-            # can), then delete exactly those keys by primary key.
+            # MySQL/MariaDB: lock by primary key, skipping what producers hold where the server can (else waiting
+            # in key order, as producers do: no cycle), then delete exactly those keys by primary key.
             version = dialect.server_version_info or ()
             taken = session.execute(
                 select(*key_columns)
