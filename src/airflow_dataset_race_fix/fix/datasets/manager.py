@@ -71,10 +71,7 @@ class DatasetManager:
 
     @staticmethod
     def _dataset_race_fix_settings() -> dict[str, tuple[int | float, str]]:
-        """
-        The ``[dataset_race_fix]`` settings, ``key -> (default, meaning)``, declared here only; read them with
-        ``_dataset_race_fix_setting``. (``enable_via_plugin`` is the plugin's opt-in, read before this loads.)
-        """
+        """``[dataset_race_fix]`` settings, ``key -> (default, meaning)``, read by ``_dataset_race_fix_setting``."""
         return {
             "commit_latency_seconds": (10, "scheduler: a producer's stamp-to-COMMIT time that the floor allows for"),
             "event_lookback_seconds": (900, "scheduler: how far below the latest run a full read, the net and the sweep look"),
@@ -209,10 +206,7 @@ class DatasetManager:
 
     @classmethod
     def _defer_queue_dagruns(cls, dataset_id: int, dags_to_queue: set[DagModel], session: Session) -> None:
-        """
-        Remember the queue rows of this event for ``_write_at_commit``, each with the (sub)transaction that first
-        registered it, so that rolling back a SAVEPOINT forgets exactly the rows registered inside it.
-        """
+        """Remember this event's queue rows for ``_write_at_commit``, with the (sub)transaction that first added each."""
         deferred: dict[tuple[int, str], SessionTransaction] = session.info.setdefault(
             "airflow_dataset_race_fix.deferred_queue_rows", {}
         )
@@ -239,9 +233,8 @@ class DatasetManager:
     @classmethod
     def _write_at_commit(cls, session: Session) -> None:
         """
-        ``before_commit`` of the outermost transaction: the queue rows, then the event stamps, as its last statements.
-
-        Forgotten only once written: if a statement here fails and the caller commits again, they are written then.
+        ``before_commit`` of the outermost transaction: the queue rows, then the event stamps, as its last statements;
+        forgotten only once written, so a failed statement here is written at the caller's next COMMIT.
         """
         if session.in_nested_transaction():
             return
@@ -295,9 +288,8 @@ class DatasetManager:
     @classmethod
     def _stamp_events(cls, events: list[DatasetEvent], session: Session) -> None:
         """
-        Date this transaction's events on the database's clock, forward-only per dataset (BUG_REPORT, "Producer: events
-        dated at their COMMIT"). PostgreSQL: within ``_postgres_write``'s statement; elsewhere one SELECT reads the
-        clock and each dataset's newest other event, then one UPDATE per dataset.
+        Date this transaction's events on the database's clock, forward-only per dataset (BUG_REPORT, "Producer:
+        events dated at their COMMIT"); on PostgreSQL in ``_postgres_write``'s statement.
         """
         from collections import defaultdict
         from datetime import timedelta
@@ -354,10 +346,8 @@ class DatasetManager:
         cls, rows: list[tuple[int, str]], events: list[DatasetEvent], session: Session
     ) -> set[tuple[int, str]]:
         """
-        PostgreSQL: upsert the queue rows no other transaction holds and stamp ``events``, in one statement; return the held keys.
-
-        One statement a transaction (stock: one per event); arrays are bound, so SQLAlchemy compiles each form once.
-        All parts read one snapshot: a row a scheduler deleted just before this statement counts as held (the sweep's).
+        PostgreSQL: upsert the queue rows no other transaction holds and stamp ``events``, in one statement; return the
+        held keys. All parts read one snapshot: a row a scheduler deleted just before counts as held (the sweep's).
         """
         from sqlalchemy import Integer, String, inspect, text
         from sqlalchemy.orm.attributes import set_committed_value
@@ -397,12 +387,10 @@ class DatasetManager:
         rows: list[tuple[int, str]], events: list[DatasetEvent], clock: str
     ) -> tuple[list[str], str, dict[str, object]]:
         """
-        PostgreSQL: ``_postgres_write``'s parts that upsert the queue rows; their result selects the held keys.
-
-        ``taken``: the existing rows, locked ``FOR UPDATE SKIP LOCKED`` in key order (never waits); ``held``: the
-        existing rows not taken; ``written``: the upsert of the others, new keys in key order. A taken row of a dataset
-        stamped here is only locked, and written once after the stamps: a second write would check its foreign key
-        again, waiting for a scheduler loop holding its DAG row (BUG_REPORT, "Producer: events dated at their COMMIT").
+        PostgreSQL: ``_postgres_write``'s parts that upsert the queue rows (``taken`` never waits, new keys go in key
+        order); their result selects the held keys. A taken row of a dataset stamped here is only locked: a second
+        write would check its foreign key again, waiting for a scheduler loop holding its DAG row (BUG_REPORT,
+        "Producer: events dated at their COMMIT").
         """
         key = "k.dataset_id = {0}.dataset_id AND k.target_dag_id = {0}.target_dag_id"
         parts = [
@@ -437,10 +425,8 @@ class DatasetManager:
         cls, events: list[DatasetEvent], clock: str, after_written: bool
     ) -> tuple[list[str], str, dict[str, object]]:
         """
-        PostgreSQL: ``_postgres_write``'s parts that stamp ``events``; their result selects each event's stamp.
-
-        ``clock`` is read once ``written`` is done (``after_written``): every queue row is locked before the stamp is
-        taken, which bounds how late an event can be (BUG_REPORT, "The floor"); ``stamped``: as ``_stamp_events``.
+        PostgreSQL: ``_postgres_write``'s parts that stamp ``events``; their result selects each event's stamp. The
+        clock is read after ``written``: every queue row is locked before the stamp (BUG_REPORT, "The floor").
         """
         from datetime import timedelta
 
@@ -472,10 +458,8 @@ class DatasetManager:
     @classmethod
     def _busy_queue_rows(cls, rows: list[tuple[int, str]], session: Session) -> set[tuple[int, str]]:
         """
-        MySQL/MariaDB: lock the existing queue rows among ``rows`` without waiting; return those another transaction holds.
-
-        A key with no committed row is not busy: the upsert inserts it, waiting for a concurrent insert as stock did.
-        Without ``SKIP LOCKED`` (MySQL before 8.0.1, MariaDB before 10.6) nothing is busy: every row waits, as before.
+        MySQL/MariaDB: lock the existing queue rows among ``rows`` without waiting; return those another transaction
+        holds. A new key is not busy (its insert waits, as stock's); without ``SKIP LOCKED`` nothing is.
         """
         from sqlalchemy import text
 
@@ -502,11 +486,8 @@ class DatasetManager:
     @staticmethod
     def _queue_keys_joined_first(keys: list[tuple[int, str]]) -> tuple[str, dict[str, object]]:
         """
-        MySQL/MariaDB: a FROM clause of queue rows ``q`` by key, and its parameters.
-
-        The keys, a derived table ``k`` joined first, give one primary-key lookup each at any queue size; a ``WHERE ..
-        IN (..)`` becomes a scan from about a fifth of the table on (MariaDB ignores ``FORCE INDEX`` there), and a
-        locking scan waits on rows it does not name (BUG_REPORT, "Lock discipline").
+        MySQL/MariaDB: a FROM clause of queue rows ``q`` by key, one primary-key lookup each, and its parameters; an
+        ``IN (..)`` is planned as a scan, which waits on rows it does not name (BUG_REPORT, "Lock discipline").
         """
         derived = " UNION ALL ".join(
             f"SELECT :dataset_id_{i} AS dataset_id, :dag_id_{i} AS target_dag_id" for i in range(len(keys))
@@ -523,12 +504,10 @@ class DatasetManager:
     @classmethod
     def _upsert_queue_dagruns(cls, rows: list[tuple[int, str]], events: list[DatasetEvent], session: Session) -> None:
         """
-        Upsert queue rows ``(dataset_id, target_dag_id)``, given in key order, leaving out those another transaction holds; then stamp ``events``.
-
-        A held row is a committed row: the DAG stays queued, nothing is lost (BUG_REPORT, "A stalled producer"). It is
-        tried again for ``[dataset_race_fix] queue_row_wait_seconds`` (default 0: any wait serialises a busy dataset's
-        producers). Lock order: ``SKIP LOCKED`` never waits and new keys go in key order, so producers form no cycle;
-        polling, not a lock wait with a timeout, as rows taken out of key order could close one (InnoDB: 1213).
+        Upsert queue rows ``(dataset_id, target_dag_id)``, given in key order, leaving out those another transaction
+        holds (committed rows: the DAG stays queued; BUG_REPORT, "A stalled producer"); then stamp ``events``. Lock
+        order: taking existing rows never waits and new keys go in key order, so producers form no cycle; polling, not
+        a lock wait with a timeout, as rows taken out of key order could close one (InnoDB: 1213).
         """
         import time
 
@@ -554,10 +533,8 @@ class DatasetManager:
         cls, rows: list[tuple[int, str]], events: list[DatasetEvent], session: Session
     ) -> None:
         """
-        Date the queue rows this transaction wrote one microsecond after its events' stamps, as Airflow orders them.
-
-        The rows are this transaction's, locked already, so this waits for nothing; every row moves forward, so a
-        scheduler that read one before leaves it (BUG_REPORT, "Producer: events dated at their COMMIT").
+        Date the queue rows this transaction wrote one microsecond after its events' stamps, as Airflow orders them;
+        they are locked already, so this waits for nothing (BUG_REPORT, "Producer: events dated at their COMMIT").
         """
         from datetime import timedelta, timezone
 
@@ -588,8 +565,7 @@ class DatasetManager:
                 },
             )
             return
-        # MySQL and SQLite: by primary key, executemany. The value as each stores it: MySQL's DATETIME(6) in UTC
-        # (Airflow's session time zone), SQLite's 'YYYY-MM-DD HH:MM:SS.ffffff' text, which compares chronologically.
+        # By primary key, executemany; MySQL's DATETIME(6) in UTC, SQLite's text, which compares chronologically.
         greatest = "GREATEST(created_at, CAST(:after AS DATETIME(6)))" if dialect == "mysql" else "max(created_at, :after)"
         session.execute(
             text(
@@ -611,12 +587,10 @@ class DatasetManager:
         cls, rows: list[tuple[int, str]], events: list[DatasetEvent], session: Session
     ) -> set[tuple[int, str]]:
         """
-        Upsert the queue rows among ``rows`` that no other transaction holds, then stamp ``events``; return the held keys.
-
-        A row gets ``max(now, stored + 1 microsecond)`` on ``_database_clock``: never older, and always changed, so a
-        scheduler that read it before this producer committed leaves it. Rows are locked in the order given. Only
-        rows of DAGs that still exist are written (``delete_dag`` no longer waits for the producer), read without a
-        lock: a ``FOR KEY SHARE`` would wait for a scheduler loop holding them ``FOR UPDATE``.
+        Upsert the queue rows among ``rows`` that no other transaction holds, in that order, then stamp ``events``;
+        return the held keys. A row gets ``max(now, stored + 1 microsecond)``: always changed, so a scheduler that read
+        it before leaves it. Only rows of DAGs that still exist, read without a lock (``FOR KEY SHARE`` would wait for
+        a scheduler loop): ``delete_dag`` no longer waits for the producer.
         """
         dialect_name = session.bind.dialect.name
         if dialect_name == "postgresql":
@@ -638,8 +612,7 @@ class DatasetManager:
 
         dialect = session.bind.dialect
         clock = cls._database_clock(dialect.name)
-        # MySQL 8.0.19+ names the new row with an alias; VALUES() is deprecated there
-        # (warning 1287). MariaDB has only VALUES().
+        # MySQL 8.0.19+ names the new row with an alias (VALUES() is deprecated: 1287); MariaDB has only VALUES().
         alias = not dialect.is_mariadb and dialect.server_version_info >= (8, 0, 19)
         new_created_at = "new.created_at" if alias else "VALUES(created_at)"
         busy = cls._busy_queue_rows(rows, session)
@@ -685,8 +658,7 @@ class DatasetManager:
             f"strftime('%Y-%m-%d %H:%M:%S', {micros} / 1000000, 'unixepoch')"
             f" || printf('.%06d', {micros} % 1000000)"
         )
-        # The proposed row's column by its SQL name, the same text: ``stmt.excluded`` builds an
-        # alias of the whole table for every statement (a sixth of the COMMIT hook's calls).
+        # By its SQL name: ``stmt.excluded`` builds an alias of the table per statement (a sixth of the hook's calls).
         forward = func.max(literal_column("excluded.created_at"), successor)
         for start in range(0, len(rows), 300):  # 3 variables a row: below the 999 of SQLite builds before 3.32
             stmt = insert(DatasetDagRunQueue).values(

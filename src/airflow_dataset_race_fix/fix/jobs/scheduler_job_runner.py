@@ -174,9 +174,8 @@ class SchedulerJobRunner:
         ahead = manager._dataset_race_fix_setting("max_event_ahead_seconds")
         lookback = manager._dataset_race_fix_setting("event_lookback_seconds")
         reference = DagScheduleDatasetReference
-        # ORDER BY .. LIMIT 1, not max(), here and below: MySQL reads every event of the
-        # dataset (every run of the DAG) for a correlated max() with a filter, and stops at the
-        # first match walking (dataset_id, timestamp) ((dag_id, execution_date)) backwards.
+        # ORDER BY .. LIMIT 1, not max(): for a correlated max() with a filter MySQL reads every event of the
+        # dataset (run of the DAG); this stops at the first match walking the index backwards.
         newest = (
             select(DatasetEvent.timestamp)
             .where(
@@ -257,13 +256,10 @@ class SchedulerJobRunner:
 
     def _dags_with_stranded_dataset_events(self, now: datetime, session: Session) -> dict[str, datetime]:
         """
-        The net under the floor: DAGs with an event that no run of theirs consumed, dated below their latest run.
-
-        A commit slower than ``commit_latency_seconds`` with no queue row of its own, which nothing else brings into a
-        loop (BUG_REPORT, "The net"). Each reference of a DAG with a dataset-triggered run is read through below that
-        run once per ``full_read_interval_seconds``, in slices, each sweep its share of a round (more while under
-        ``budget_seconds``). Where the reads have got to is this process's memory: a restart starts them again.
-        Returns ``{dag_id: oldest such stamp}``, kept until the DAG is decided (a full read of its window).
+        The net under the floor (BUG_REPORT, "The net"): ``{dag_id: oldest such stamp}`` of the DAGs with an event
+        below their latest run that no run of theirs consumed, kept until the DAG is decided. Each reference is read
+        through once per ``full_read_interval_seconds`` in slices, each sweep its share of a round; a restart, which
+        loses where the reads have got to, only starts them again.
         """
         from math import ceil
 
@@ -291,8 +287,7 @@ class SchedulerJobRunner:
             (key for key in references if started - read_through_at.get(key, float("-inf")) >= interval),
             key=lambda key: (key not in cursor, read_through_at.get(key, float("-inf")), key),
         )
-        # Slices this sweep reads at least (then more while under budget): its share of a
-        # round, as long as the last round's reads took (a reference not read yet: one slice).
+        # Slices this sweep reads at least: its share of the last round's (a reference not read yet: one slice).
         round_slices = sum(slices_of.get(key, 1) for key in references)
         share = float("inf") if not interval or only is not None else max(1, ceil(round_slices * elapsed / interval))
         slice_of_reference = self._stranded_events_slice(slice_size)
@@ -313,8 +308,7 @@ class SchedulerJobRunner:
                     cursor.pop(key, None)
                     read_through_at[key], slices_of[key] = time.monotonic(), read + 1
                     break
-                # More to read: from the newest stamp of this slice (again, for its ties; a
-                # microsecond on when a whole slice shares one stamp).
+                # More: from this slice's newest stamp again, for its ties (one microsecond on if all share it).
                 cursor[key] = (newest if newest > start else newest + timedelta(microseconds=1), read + 1)
             else:
                 break  # this sweep's share and budget are spent
@@ -361,8 +355,7 @@ class SchedulerJobRunner:
             DatasetEvent.timestamp <= bindparam("end"),
         )
         piece = event.order_by(DatasetEvent.timestamp).limit(slice_size).subquery()
-        # From the event to its links, then each link's run by primary key: a scalar
-        # subquery, so that no plan can start from the DAG's runs (thousands) per event.
+        # Each link's run by primary key, a scalar subquery: no plan can start from the DAG's runs per event.
         run_of_link = select(DagRun.dag_id).where(DagRun.id == association_table.c.dag_run_id).scalar_subquery()
         consumed = (
             select(association_table.c.event_id)
@@ -379,11 +372,9 @@ class SchedulerJobRunner:
         session: Session,
     ) -> tuple[list[dict[str, Any]], list[tuple[int, str, Any]]]:
         """
-        The runs this loop creates for these DAGs, and the queue rows it then deletes (as read); writes nothing.
-
-        One decision per DAG, in dag_id order: ``dag_id``, ``dag``, ``events``, ``deferred`` (beyond the horizon),
-        ``late`` (before its latest run), ``queued``, ``floors`` (absent: a first run's whole history), ``full_read``,
-        ``run`` (None: it waits) and ``skipped`` (why not decided). Split out so that ``explain`` runs this very code.
+        The runs this loop creates for these DAGs, and the queue rows it then deletes (as read); writes nothing, so
+        that ``explain`` runs this very code. One decision per DAG, in dag_id order: ``dag_id``, ``dag``, ``events``,
+        ``deferred``, ``late``, ``queued``, ``floors``, ``full_read``, ``run`` (None: it waits) and ``skipped`` (why).
         """
         manager = self._dataset_manager()
         state = self._read_dataset_decision_state(sorted(dm.dag_id for dm in dag_models), session)
@@ -439,10 +430,7 @@ class SchedulerJobRunner:
         return decisions, consumed_rows
 
     def _dataset_statement(self, key: tuple[Any, ...], build: Callable[[], Any]) -> Any:
-        """
-        The statement kept under ``key`` (dialect, clock, shape), built by ``build()`` once a process, values bound at
-        each execution: building and keying them was a large share of a loop's cost (BUG_REPORT section 7).
-        """
+        """The statement kept under ``key``, built by ``build()`` once a process (BUG_REPORT section 7: loop cost)."""
         statements: dict[tuple[Any, ...], Any] = self.__dict__.setdefault("_dataset_race_fix_statements", {})
         if key not in statements:
             statements[key] = build()
@@ -450,9 +438,8 @@ class SchedulerJobRunner:
 
     def _read_dataset_decision_state(self, dag_ids: list[str], session: Session) -> _DatasetDecisionState:
         """
-        The state the decisions of ``dag_ids`` start from, read without locks, two statements per 500 DAGs: queue rows
-        (on SQLite also the stored text, to delete them as read), datasets (scheduled on, or named by a queue row: an
-        alias resolved before the DAG was parsed again) with URIs, latest runs and the database's clock.
+        The state the decisions of ``dag_ids`` start from, read without locks, two statements per 500 DAGs. A queue row
+        can name a dataset the DAG is not scheduled on: an alias resolved before the DAG was parsed again.
         """
         from sqlalchemy import Text, bindparam, cast
 
@@ -510,9 +497,8 @@ class SchedulerJobRunner:
     @classmethod
     def _runs_and_datasets_statement(cls, dialect: str, clock: str | None) -> Any:
         """
-        Per DAG of ``dag_ids``, a row per dataset it is scheduled on (or one without): its latest dataset-triggered
-        run's date and interval end, its latest run's date (any type), the database's clock, and the dataset's id, URI
-        and newest event the latest run consumed (BUG_REPORT, "The floor").
+        Per DAG of ``dag_ids``, a row per dataset it is scheduled on (or one without): its latest runs, the database's
+        clock, and the dataset's id, URI and newest event the latest run consumed (BUG_REPORT, "The floor").
         """
         from sqlalchemy import bindparam, literal_column, null
 
@@ -584,8 +570,8 @@ class SchedulerJobRunner:
             .correlate(association_table, reference)  # the link beside it, the reference two levels up
             .lateral()
         )
-        # The run's links newest first, to the first of this dataset: its newest by insertion, stamped at most the
-        # newest (a lower floor, never a higher one), found at once; a max() read all of a first run's 50 000 links.
+        # The run's links newest first, to the first of this dataset: stamped at most the newest (a lower floor, never
+        # higher), found at once, where a max() read all of a first run's 50 000 links.
         newest_consumed_by_latest_run = (
             select(event_of_link.c.timestamp)
             .select_from(association_table.join(event_of_link, true()))
@@ -616,9 +602,8 @@ class SchedulerJobRunner:
     @staticmethod
     def _events_not_consumed_statement(dialect: str, groups: int) -> Any:
         """
-        Events of datasets ``ids_<i>`` dated from ``floor_<i>`` on, for ``i < groups``, that no
-        run of ``dag_id`` dated from ``runs_floor`` on consumed. ``groups`` 0: every event of
-        ``ids_0`` (a DAG's first run).
+        Events of datasets ``ids_<i>`` from ``floor_<i>`` on (``i < groups``) that no run of ``dag_id`` from
+        ``runs_floor`` on consumed. ``groups`` 0: every event of ``ids_0`` (a DAG's first run).
         """
         from sqlalchemy import bindparam, true
 
@@ -636,8 +621,7 @@ class SchedulerJobRunner:
                 .where(*runs_from_floor)
             )
         else:
-            # One index probe per run: LATERAL keeps PostgreSQL from hashing the whole association table
-            # (docs/measurements.md, "The consumed-event check and the window's remaining gap").
+            # One index probe per run: LATERAL keeps PostgreSQL from hashing the whole association table.
             runs = select(DagRun.id).where(*runs_from_floor).subquery()
             links = (
                 select(association_table.c.event_id)
@@ -659,8 +643,7 @@ class SchedulerJobRunner:
             DatasetEvent.id.not_in(consumed),
         )
         if dialect == "mysql":
-            # InnoDB's secondary indexes carry the primary key: the consumed-event check
-            # then runs on (dataset_id, timestamp, id) alone, and only kept rows are read.
+            # InnoDB's secondary indexes carry the primary key: the check runs on the index, and reads only kept rows.
             chosen = select(DatasetEvent).where(DatasetEvent.id.in_(chosen.with_only_columns(DatasetEvent.id)))
         return chosen
 
@@ -678,11 +661,8 @@ class SchedulerJobRunner:
         commit_latency: timedelta,
     ) -> _DatasetFloors:
         """
-        Where a DAG reads each dataset's events from (BUG_REPORT, "The floor"); pure.
-
-        The newest event the latest run consumed, or the queue row if older, minus ``commit_latency``; the whole
-        look-back for a dataset the latest run did not consume, for a DAG the net found (``found_late``), and while the
-        clock is behind the latest run (stepped back: new events are stamped below every floor). No run yet: all events.
+        Where a DAG reads each dataset's events from (BUG_REPORT, "The floor"); pure. The whole look-back for a dataset
+        the latest run did not consume, a DAG the net found, and a clock stepped back behind the latest run.
         """
         if latest_run_date is None:  # no run of this DAG has consumed anything yet
             return cls._DatasetFloors({}, None, True)
@@ -737,12 +717,9 @@ class SchedulerJobRunner:
         evaluate: Callable[[dict[str, bool]], bool],
     ) -> _DatasetRunChoice:
         """
-        Whether a DAG's events make a run, and its logical date before the unique-date check; pure.
-
-        Events beyond the horizon wait (a run is never dated before its events). A run only when ``evaluate`` holds on
-        the datasets with events, dated at the newest of the queue dates up to the horizon, the events and the latest
-        run + 1 microsecond. No run: the queue rows of datasets with nothing to consume are deleted (as read), so the
-        DAG does not look ready again and take a slot (BUG_REPORT, "A stalled producer").
+        Whether a DAG's events make a run, and its logical date before the unique-date check; pure. Events beyond the
+        horizon wait (a run is never dated before its events). No run: the queue rows of datasets with nothing to
+        consume are deleted (as read), so the DAG takes no slot it cannot use (BUG_REPORT, "A stalled producer").
         """
         deferred = [event for event in dataset_events if event.timestamp > horizon]
         events = [event for event in dataset_events if event.timestamp <= horizon]
@@ -856,10 +833,8 @@ class SchedulerJobRunner:
     @staticmethod
     def _delete_dataset_queue_rows_as_read(rows: list[tuple[int, str, Any]], session: Session) -> None:
         """
-        Delete queue rows ``(dataset_id, target_dag_id, created_at as read)`` that still hold that value.
-
-        Never waits for a producer where the database can skip locked rows, and locks no row but those given, so it
-        closes no lock cycle with producers (BUG_REPORT, "Lock discipline"); 500 rows a statement.
+        Delete queue rows ``(dataset_id, target_dag_id, created_at as read)`` that still hold that value, 500 a
+        statement, locking no other row and skipping a producer's where it can (BUG_REPORT, "Lock discipline").
         """
         from sqlalchemy import Text, any_, bindparam, cast, literal_column, text, tuple_
 
