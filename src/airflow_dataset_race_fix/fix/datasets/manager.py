@@ -232,10 +232,7 @@ class DatasetManager:
 
     @classmethod
     def _write_at_commit(cls, session: Session) -> None:
-        """
-        ``before_commit`` of the outermost transaction: the queue rows, then the event stamps, as its last statements;
-        forgotten only once written, so a failed statement here is written at the caller's next COMMIT.
-        """
+        """``before_commit`` of the outermost transaction: queue rows, then event stamps, as its last statements."""
         if session.in_nested_transaction():
             return
         deferred = session.info.get("airflow_dataset_race_fix.deferred_queue_rows")
@@ -247,7 +244,7 @@ class DatasetManager:
             cls._upsert_queue_dagruns(sorted(deferred), events or [], session)
         elif events:
             cls._stamp_events(events, session)
-        session.info.pop("airflow_dataset_race_fix.deferred_queue_rows", None)
+        session.info.pop("airflow_dataset_race_fix.deferred_queue_rows", None)  # only once written: a failure retries
         session.info.pop("airflow_dataset_race_fix.events_to_stamp", None)
 
     @classmethod
@@ -287,10 +284,7 @@ class DatasetManager:
 
     @classmethod
     def _stamp_events(cls, events: list[DatasetEvent], session: Session) -> None:
-        """
-        Date this transaction's events on the database's clock, forward-only per dataset (BUG_REPORT, "Producer:
-        events dated at their COMMIT"); on PostgreSQL in ``_postgres_write``'s statement.
-        """
+        """Date this transaction's events on the database's clock, forward-only per dataset (BUG_REPORT section 4)."""
         from collections import defaultdict
         from datetime import timedelta
 
@@ -345,10 +339,7 @@ class DatasetManager:
     def _postgres_write(
         cls, rows: list[tuple[int, str]], events: list[DatasetEvent], session: Session
     ) -> set[tuple[int, str]]:
-        """
-        PostgreSQL: upsert the queue rows no other transaction holds and stamp ``events``, in one statement; return the
-        held keys. All parts read one snapshot: a row a scheduler deleted just before counts as held (the sweep's).
-        """
+        """PostgreSQL: upsert the queue rows not held and stamp ``events``, in one statement; return the held keys."""
         from sqlalchemy import Integer, String, inspect, text
         from sqlalchemy.orm.attributes import set_committed_value
 
@@ -366,7 +357,7 @@ class DatasetManager:
             parts += ctes
             results.append(result)
             params.update(bound)
-        held: set[tuple[int, str]] = set()
+        held: set[tuple[int, str]] = set()  # one snapshot: a row deleted just before counts as held
         stamp_of = {}
         for dataset_id, dag_id, event_id, stamp in session.execute(
             text("WITH " + ", ".join(parts) + " " + " UNION ALL ".join(results)).columns(
@@ -424,15 +415,12 @@ class DatasetManager:
     def _postgres_stamp_ctes(
         cls, events: list[DatasetEvent], clock: str, after_written: bool
     ) -> tuple[list[str], str, dict[str, object]]:
-        """
-        PostgreSQL: ``_postgres_write``'s parts that stamp ``events``; their result selects each event's stamp. The
-        clock is read after ``written``: every queue row is locked before the stamp (BUG_REPORT, "The floor").
-        """
+        """PostgreSQL: ``_postgres_write``'s parts that stamp ``events``; their result selects each event's stamp."""
         from datetime import timedelta
 
         after = " FROM (SELECT count(*) FROM written) AS w" if after_written else ""
         parts = [
-            f"clock AS MATERIALIZED (SELECT {clock} AS now{after})",
+            f"clock AS MATERIALIZED (SELECT {clock} AS now{after})",  # every queue row locked first: the floor
             "stamps AS MATERIALIZED (SELECT d.dataset_id, CASE WHEN newest.timestamp + interval "
             "'1 microsecond' BETWEEN clock.now AND clock.now + :ahead THEN newest.timestamp + interval "
             "'1 microsecond' ELSE clock.now END AS stamp "
@@ -457,14 +445,11 @@ class DatasetManager:
 
     @classmethod
     def _busy_queue_rows(cls, rows: list[tuple[int, str]], session: Session) -> set[tuple[int, str]]:
-        """
-        MySQL/MariaDB: lock the existing queue rows among ``rows`` without waiting; return those another transaction
-        holds. A new key is not busy (its insert waits, as stock's); without ``SKIP LOCKED`` nothing is.
-        """
+        """MySQL/MariaDB: lock the existing queue rows among ``rows`` without waiting; return those others hold."""
         from sqlalchemy import text
 
         dialect = session.bind.dialect
-        if (dialect.server_version_info or ()) < ((10, 6) if dialect.is_mariadb else (8, 0, 1)):
+        if (dialect.server_version_info or ()) < ((10, 6) if dialect.is_mariadb else (8, 0, 1)):  # no SKIP LOCKED
             return set()
 
         def existing(keys: list[tuple[int, str]], lock: bool) -> set[tuple[int, str]]:
@@ -485,10 +470,7 @@ class DatasetManager:
 
     @staticmethod
     def _queue_keys_joined_first(keys: list[tuple[int, str]]) -> tuple[str, dict[str, object]]:
-        """
-        MySQL/MariaDB: a FROM clause of queue rows ``q`` by key, one primary-key lookup each, and its parameters; an
-        ``IN (..)`` is planned as a scan, which waits on rows it does not name (BUG_REPORT, "Lock discipline").
-        """
+        """MySQL/MariaDB: a FROM clause of queue rows ``q`` by key, one primary-key lookup each, and its parameters."""
         derived = " UNION ALL ".join(
             f"SELECT :dataset_id_{i} AS dataset_id, :dag_id_{i} AS target_dag_id" for i in range(len(keys))
         )
@@ -532,10 +514,7 @@ class DatasetManager:
     def _date_queue_rows_after_their_events(
         cls, rows: list[tuple[int, str]], events: list[DatasetEvent], session: Session
     ) -> None:
-        """
-        Date the queue rows this transaction wrote one microsecond after its events' stamps, as Airflow orders them;
-        they are locked already, so this waits for nothing (BUG_REPORT, "Producer: events dated at their COMMIT").
-        """
+        """Date the queue rows this transaction wrote one microsecond after its events' stamps (Airflow's order)."""
         from datetime import timedelta, timezone
 
         from sqlalchemy import inspect, text
@@ -545,7 +524,7 @@ class DatasetManager:
             if inspect(dataset_event).persistent:
                 stamp = dataset_event.timestamp + timedelta(microseconds=1)
                 after[dataset_event.dataset_id] = max(after.get(dataset_event.dataset_id, stamp), stamp)
-        rows = [row for row in rows if row[0] in after]
+        rows = [row for row in rows if row[0] in after]  # this transaction's, locked already: no wait
         if not rows:
             return
         dialect = session.bind.dialect.name

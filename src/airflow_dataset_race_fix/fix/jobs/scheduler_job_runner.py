@@ -135,10 +135,7 @@ class SchedulerJobRunner:
     def _dags_with_unqueued_dataset_events(
         self, dataset_triggered_dag_info: dict[str, tuple[datetime, datetime]], session: Session
     ) -> list[DagModel]:
-        """
-        The sweep: DAGs with an event newer than their latest run on a dataset with no queue row for them (BUG_REPORT,
-        "A stalled producer"), at most once per ``requeue_interval_seconds`` a process; they join the loop's DAGs.
-        """
+        """The sweep, once per ``requeue_interval_seconds``: the DAGs it adds (BUG_REPORT, "A stalled producer")."""
         manager = self._dataset_manager()
         interval = manager._dataset_race_fix_setting("requeue_interval_seconds")
         swept_at = self.__dict__.get("_dataset_race_fix_swept_at")
@@ -201,8 +198,7 @@ class SchedulerJobRunner:
             )
             .exists()
         )
-        # The net under the floor: DAGs with a late commit below their latest run.
-        oldest_new: dict[str, datetime] = {
+        oldest_new: dict[str, datetime] = {  # the net's: DAGs with a late commit below their latest run
             dag_id: stamp
             for dag_id, stamp in self._dags_with_stranded_dataset_events(now, session).items()
             if dag_id not in dataset_triggered_dag_info
@@ -437,10 +433,7 @@ class SchedulerJobRunner:
         return statements[key]
 
     def _read_dataset_decision_state(self, dag_ids: list[str], session: Session) -> _DatasetDecisionState:
-        """
-        The state the decisions of ``dag_ids`` start from, read without locks, two statements per 500 DAGs. A queue row
-        can name a dataset the DAG is not scheduled on: an alias resolved before the DAG was parsed again.
-        """
+        """The state the decisions of ``dag_ids`` start from, read without locks, two statements per 500 DAGs."""
         from sqlalchemy import Text, bindparam, cast
 
         dialect = session.bind.dialect.name
@@ -480,7 +473,7 @@ class SchedulerJobRunner:
                     dataset_uris[dataset_id] = uri
                 if newest is not None:
                     newest_consumed[dag_id][dataset_id] = newest
-        for dag_id, queued in queued_rows.items():
+        for dag_id, queued in queued_rows.items():  # an alias resolved before its DAG was parsed again
             dataset_ids_of[dag_id].update(queued)
         unknown = sorted(set().union(*queued_rows.values()) - dataset_uris.keys())
         for start in range(0, len(unknown), 500):
@@ -547,10 +540,7 @@ class SchedulerJobRunner:
 
     @staticmethod
     def _postgres_runs_and_datasets_statement(reference: Any, latest_of_any_type: Any, clock_column: Any) -> Any:
-        """
-        ``_runs_and_datasets_statement`` on PostgreSQL, in shapes whose plans follow the rows they need whatever the
-        statistics (issue 30): the latest run once per DAG (LATERAL; OFFSET 0 keeps one from becoming a plain join).
-        """
+        """``_runs_and_datasets_statement`` on PostgreSQL, planned by the rows it needs whatever the statistics."""
         from sqlalchemy import bindparam, true
 
         from airflow.models.dataset import association_table
@@ -566,7 +556,7 @@ class SchedulerJobRunner:
         event_of_link = (
             select(DatasetEvent.timestamp)
             .where(DatasetEvent.id == association_table.c.event_id, DatasetEvent.dataset_id == reference.dataset_id)
-            .offset(0)
+            .offset(0)  # LATERAL, not pulled up into a plain join
             .correlate(association_table, reference)  # the link beside it, the reference two levels up
             .lateral()
         )
@@ -660,14 +650,11 @@ class SchedulerJobRunner:
         lookback: timedelta,
         commit_latency: timedelta,
     ) -> _DatasetFloors:
-        """
-        Where a DAG reads each dataset's events from (BUG_REPORT, "The floor"); pure. The whole look-back for a dataset
-        the latest run did not consume, a DAG the net found, and a clock stepped back behind the latest run.
-        """
+        """Where a DAG reads each dataset's events from (BUG_REPORT, "The floor"); pure."""
         if latest_run_date is None:  # no run of this DAG has consumed anything yet
             return cls._DatasetFloors({}, None, True)
         full_floor = min([latest_run_date, database_now, *queued.values()]) - lookback
-        full_read = found_late or latest_run_date > horizon
+        full_read = found_late or latest_run_date > horizon  # the net found one; a clock stepped back
         floors: dict[int, datetime] = {}
         for dataset_id in dataset_ids:
             newest = newest_consumed.get(dataset_id)
