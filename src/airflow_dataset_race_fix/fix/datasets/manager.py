@@ -23,49 +23,12 @@
 """
 The producer side of the fix: forward-only dataset queue rows and event stamps, written at commit.
 
-``DatasetManager._queue_dagruns`` writes one ``DatasetDagRunQueue`` (DDRQ) row per
-consuming DAG in the producer's transaction. Stock Airflow keeps an existing row as it
-is (``ON CONFLICT DO NOTHING`` on PostgreSQL, a ``merge`` in a SAVEPOINT elsewhere), so
-the row's ``created_at`` goes stale while new events arrive (S1), and concurrent
-producers on MySQL/SQLite trade IntegrityErrors for stale rows (S7).
-
-Here every write moves ``created_at`` strictly forward: to the producer's clock, or one
-microsecond past the stored value when that clock is behind (another host, or a later
-commit of an earlier flush). A write therefore always changes the row, which is what
-lets the scheduler delete a row only "as it read it" (see ``scheduler_job_runner.py``):
-a producer that touched the row after the scheduler read it is never deleted with it.
-
-Lock discipline. An upsert that changes an existing row locks it until the producer's
-transaction ends (stock PostgreSQL's ``DO NOTHING`` did not). So the rows are not written
-when each outlet is registered: they are remembered on the session and written by one
-upsert (chunked for the backends' statement limits) just before the producer's COMMIT,
-after everything else the transaction flushes, in one global order ``(dataset_id,
-target_dag_id)``. Every producer therefore takes queue-row locks in the same order and
-holds them only for its COMMIT: producers cannot deadlock each other whatever the order
-of a task's outlets, and the scheduler (which only takes these rows with ``SKIP LOCKED``)
-never waits for them. A rolled back transaction or SAVEPOINT drops what it registered, so
-a queue row is written if and only if its event commits. Queue rows of a transaction are
-visible (to other sessions and to itself) from its COMMIT on, like its events.
-
-Commit stamps. Stock Airflow dates an event (``DatasetEvent.timestamp``) when it is
-flushed, on the producer host's clock, and the event becomes visible when the producer
-commits, possibly much later: a late commit can hide anywhere behind events the
-scheduler already took, so the scheduler had to read a long look-back window on every
-run. Here the last statement before the COMMIT, after the queue upsert, re-dates the
-transaction's events on one clock, the database's (PostgreSQL ``clock_timestamp()``,
-MySQL/MariaDB ``NOW(6)``; SQLite: this host's clock, which is the database's), and the
-queue rows get the same clock, then one microsecond past their events' stamps (Airflow's
-order: a queue row is never dated before the events it announces). Why that bounds how late an event can be: the upsert has
-locked the (dataset, DAG) queue row before the stamp is taken, and holds it to the end
-of the COMMIT, so the producers of one dataset for one DAG stamp and commit one after
-the other; an event that commits after a run read the events is stamped no earlier than
-that read minus its own stamp-to-COMMIT time (the scheduler's floor, see
-``scheduler_job_runner.py``). Stamps are forward-only per dataset: at least one
-microsecond past the dataset's newest other visible event, so a database clock stepped
-back does not date a new event under what was already consumed; a newest event dated
-more than ``[dataset_race_fix] max_event_ahead_seconds`` ahead (a stock producer whose
-host clock runs ahead, during an upgrade) is not followed, so it cannot drag every later
-stamp, and run, into the future.
+A producer's queue rows are remembered on the session and written by one upsert just before its
+COMMIT, in key order, each ``created_at`` moved strictly forward (so the scheduler can delete a row
+exactly as it read it); then its events are dated on the database's clock, forward-only per dataset.
+Why, and why it is safe: BUG_REPORT.md section 4 ("Producer: forward-only queue rows, written at
+commit", "Producer: events dated at their COMMIT, on the database's clock", "Lock discipline",
+"A stalled producer") and section 6 ("The floor").
 
 This file is the single source of truth: the import-time shim installs these members on
 Airflow's class and ``patches/`` are generated from this text. Write them as Airflow
@@ -108,13 +71,7 @@ class DatasetManager:
 
     @staticmethod
     def _dataset_race_fix_settings() -> dict[str, tuple[int | float, str]]:
-        """
-        The ``[dataset_race_fix]`` settings the fix reads: ``key -> (default, meaning)``, declared here only.
-
-        Read them with ``_dataset_race_fix_setting``. (``enable_via_plugin``, default False,
-        is the plugin's opt-in, read by ``airflow_dataset_race_fix.plugin`` itself before
-        any of this is loaded.)
-        """
+        """``[dataset_race_fix]`` settings, ``key -> (default, meaning)``, read by ``_dataset_race_fix_setting``."""
         return {
             "commit_latency_seconds": (10, "scheduler: a producer's stamp-to-COMMIT time that the floor allows for"),
             "event_lookback_seconds": (900, "scheduler: how far below the latest run a full read, the net and the sweep look"),
@@ -249,12 +206,7 @@ class DatasetManager:
 
     @classmethod
     def _defer_queue_dagruns(cls, dataset_id: int, dags_to_queue: set[DagModel], session: Session) -> None:
-        """
-        Remember the queue rows of this event; ``_write_at_commit`` writes them at COMMIT.
-
-        Each row remembers the (sub)transaction that registered it first, so that rolling
-        back a SAVEPOINT forgets exactly the rows registered inside it.
-        """
+        """Remember this event's queue rows for ``_write_at_commit``, with the (sub)transaction that first added each."""
         deferred: dict[tuple[int, str], SessionTransaction] = session.info.setdefault(
             "airflow_dataset_race_fix.deferred_queue_rows", {}
         )
@@ -280,13 +232,7 @@ class DatasetManager:
 
     @classmethod
     def _write_at_commit(cls, session: Session) -> None:
-        """
-        ``before_commit``: the queue rows, then the event stamps, as the transaction's last statements.
-
-        Skipped when only a SAVEPOINT is released. What is remembered is forgotten only once
-        written: if a statement here fails (a lock wait timeout on MySQL, say) and the caller
-        commits again, the rows and stamps are written then, never skipped.
-        """
+        """``before_commit`` of the outermost transaction: queue rows, then event stamps, as its last statements."""
         if session.in_nested_transaction():
             return
         deferred = session.info.get("airflow_dataset_race_fix.deferred_queue_rows")
@@ -298,7 +244,7 @@ class DatasetManager:
             cls._upsert_queue_dagruns(sorted(deferred), events or [], session)
         elif events:
             cls._stamp_events(events, session)
-        session.info.pop("airflow_dataset_race_fix.deferred_queue_rows", None)
+        session.info.pop("airflow_dataset_race_fix.deferred_queue_rows", None)  # only once written: a failure retries
         session.info.pop("airflow_dataset_race_fix.events_to_stamp", None)
 
     @classmethod
@@ -320,13 +266,7 @@ class DatasetManager:
 
     @classmethod
     def _database_clock(cls, dialect_name: str) -> str | None:
-        """
-        The SQL of the one clock that dates events, queue rows and runs; None: this host's clock.
-
-        ``clock_timestamp()`` and ``NOW(6)`` read the server's clock when the statement runs
-        (MySQL's session time zone is UTC: Airflow sets it). SQLite has no server: the host
-        that writes the file is its clock. Tests move it by replacing this member.
-        """
+        """The SQL of the clock that dates events, queue rows and runs; None: this host's (SQLite). Tests replace it."""
         return {"postgresql": "clock_timestamp()", "mysql": "NOW(6)"}.get(dialect_name)
 
     @classmethod
@@ -344,15 +284,7 @@ class DatasetManager:
 
     @classmethod
     def _stamp_events(cls, events: list[DatasetEvent], session: Session) -> None:
-        """
-        Date this transaction's events on the database's clock, forward-only per dataset.
-
-        Per dataset, the stamp is the clock, or one microsecond past the dataset's newest
-        other event (an index probe on ``(dataset_id, timestamp)``, read backwards). On
-        PostgreSQL one ``UPDATE .. RETURNING`` does it all (``_postgres_write``); elsewhere
-        one SELECT reads the clock and the newest events, then one UPDATE per dataset. An
-        event whose SAVEPOINT was rolled back is no longer in the session and is skipped.
-        """
+        """Date this transaction's events on the database's clock, forward-only per dataset (BUG_REPORT section 4)."""
         from collections import defaultdict
         from datetime import timedelta
 
@@ -407,16 +339,7 @@ class DatasetManager:
     def _postgres_write(
         cls, rows: list[tuple[int, str]], events: list[DatasetEvent], session: Session
     ) -> set[tuple[int, str]]:
-        """
-        PostgreSQL: upsert the queue rows no other transaction holds and stamp ``events``, in one statement; return the held keys.
-
-        Stock Airflow sent one statement per event here (``INSERT .. ON CONFLICT DO
-        NOTHING``); this is one per transaction, whatever its outlets and DAGs: the queue
-        rows' parts (``_postgres_upsert_ctes``), then the stamps' (``_postgres_stamp_ctes``).
-        The arrays are bound, so the text depends only on which parts are present, and
-        SQLAlchemy compiles each form once. All parts read one snapshot: a row a scheduler
-        deleted just before this statement is held too, and is left to the sweep.
-        """
+        """PostgreSQL: upsert the queue rows not held and stamp ``events``, in one statement; return the held keys."""
         from sqlalchemy import Integer, String, inspect, text
         from sqlalchemy.orm.attributes import set_committed_value
 
@@ -434,7 +357,7 @@ class DatasetManager:
             parts += ctes
             results.append(result)
             params.update(bound)
-        held: set[tuple[int, str]] = set()
+        held: set[tuple[int, str]] = set()  # one snapshot: a row deleted just before counts as held
         stamp_of = {}
         for dataset_id, dag_id, event_id, stamp in session.execute(
             text("WITH " + ", ".join(parts) + " " + " UNION ALL ".join(results)).columns(
@@ -455,17 +378,10 @@ class DatasetManager:
         rows: list[tuple[int, str]], events: list[DatasetEvent], clock: str
     ) -> tuple[list[str], str, dict[str, object]]:
         """
-        PostgreSQL: ``_postgres_write``'s parts that upsert the queue rows; their result selects the held keys.
-
-        - ``taken``: the existing rows among ``rows``, locked ``FOR UPDATE SKIP LOCKED`` in
-          key order (never waits); ``held``: those that exist but were not taken;
-        - ``written``: the upsert of the others (``_upsert_queue_rows_not_held``), new keys
-          inserted in key order, except the rows ``taken`` of a dataset whose events this
-          statement stamps: those are only locked here, and
-          ``_date_queue_rows_after_their_events`` writes them once, after the stamps (a row this transaction has already written gets its foreign
-          key checked again on a second write, ``FOR KEY SHARE`` on its DAG row, which waits
-          for a scheduler loop holding that row ``FOR UPDATE``; a row it inserted holds that
-          lock already).
+        PostgreSQL: ``_postgres_write``'s parts that upsert the queue rows (``taken`` never waits, new keys go in key
+        order); their result selects the held keys. A taken row of a dataset stamped here is only locked: a second
+        write would check its foreign key again, waiting for a scheduler loop holding its DAG row (BUG_REPORT,
+        "Producer: events dated at their COMMIT").
         """
         key = "k.dataset_id = {0}.dataset_id AND k.target_dag_id = {0}.target_dag_id"
         parts = [
@@ -499,20 +415,12 @@ class DatasetManager:
     def _postgres_stamp_ctes(
         cls, events: list[DatasetEvent], clock: str, after_written: bool
     ) -> tuple[list[str], str, dict[str, object]]:
-        """
-        PostgreSQL: ``_postgres_write``'s parts that stamp ``events``; their result selects each event's stamp.
-
-        - ``clock``: read only once ``written`` is done (``after_written``: it counts
-          ``written``'s rows, so every queue row is locked first: the floor's argument in
-          the module docstring);
-        - ``stamped``: the events' stamps (``_stamp_events``), per dataset the clock or one
-          microsecond past its newest other event.
-        """
+        """PostgreSQL: ``_postgres_write``'s parts that stamp ``events``; their result selects each event's stamp."""
         from datetime import timedelta
 
         after = " FROM (SELECT count(*) FROM written) AS w" if after_written else ""
         parts = [
-            f"clock AS MATERIALIZED (SELECT {clock} AS now{after})",
+            f"clock AS MATERIALIZED (SELECT {clock} AS now{after})",  # every queue row locked first: the floor
             "stamps AS MATERIALIZED (SELECT d.dataset_id, CASE WHEN newest.timestamp + interval "
             "'1 microsecond' BETWEEN clock.now AND clock.now + :ahead THEN newest.timestamp + interval "
             "'1 microsecond' ELSE clock.now END AS stamp "
@@ -537,19 +445,11 @@ class DatasetManager:
 
     @classmethod
     def _busy_queue_rows(cls, rows: list[tuple[int, str]], session: Session) -> set[tuple[int, str]]:
-        """
-        MySQL/MariaDB: lock the existing queue rows among ``rows`` without waiting; return those another transaction holds.
-
-        A key that has a committed row which ``FOR UPDATE SKIP LOCKED`` did not take is
-        busy. A key with no committed row is not: the upsert inserts it, waiting for a
-        concurrent insert of the same key as stock Airflow did. MySQL before 8.0.1 and
-        MariaDB before 10.6 have no ``SKIP LOCKED``: nothing is busy, every row is written,
-        waiting as before.
-        """
+        """MySQL/MariaDB: lock the existing queue rows among ``rows`` without waiting; return those others hold."""
         from sqlalchemy import text
 
         dialect = session.bind.dialect
-        if (dialect.server_version_info or ()) < ((10, 6) if dialect.is_mariadb else (8, 0, 1)):
+        if (dialect.server_version_info or ()) < ((10, 6) if dialect.is_mariadb else (8, 0, 1)):  # no SKIP LOCKED
             return set()
 
         def existing(keys: list[tuple[int, str]], lock: bool) -> set[tuple[int, str]]:
@@ -570,15 +470,7 @@ class DatasetManager:
 
     @staticmethod
     def _queue_keys_joined_first(keys: list[tuple[int, str]]) -> tuple[str, dict[str, object]]:
-        """
-        MySQL/MariaDB: a FROM clause of queue rows ``q`` by key, and its parameters.
-
-        The keys come as a derived table ``k`` joined first (``STRAIGHT_JOIN``) to the queue
-        by primary key: one ``eq_ref`` lookup per key at any queue size. A ``WHERE
-        (dataset_id, target_dag_id) IN (..)`` is planned as a scan of the primary key once
-        the keys are a fifth of the table or so (MariaDB ignores ``FORCE INDEX`` there), and
-        a locking scan waits on rows it does not name.
-        """
+        """MySQL/MariaDB: a FROM clause of queue rows ``q`` by key, one primary-key lookup each, and its parameters."""
         derived = " UNION ALL ".join(
             f"SELECT :dataset_id_{i} AS dataset_id, :dag_id_{i} AS target_dag_id" for i in range(len(keys))
         )
@@ -591,34 +483,13 @@ class DatasetManager:
             params,
         )
 
-
     @classmethod
     def _upsert_queue_dagruns(cls, rows: list[tuple[int, str]], events: list[DatasetEvent], session: Session) -> None:
         """
-        Upsert queue rows ``(dataset_id, target_dag_id)``, given in key order, leaving out those another transaction holds; then stamp ``events``.
-
-        Stock Airflow's ``DO NOTHING`` never waited for an existing row. The forward-only
-        update waits for the row's holder to end, so one stalled producer (a frozen worker,
-        a hung synchronous standby) would hold up every producer of its dataset for that
-        DAG. Here a busy row is left as it is: at once, or after trying it again with
-        ``SKIP LOCKED`` for ``[dataset_race_fix] queue_row_wait_seconds`` (default 0; after
-        1, 2, 4, then every 8 ms). Any wait serialises the producers of a busy dataset,
-        whose row is nearly always another producer's (MariaDB, 200 events/s: 184
-        committed a second with no wait, 152 with 10 ms, 95 with 50 ms; stock 200).
-
-        Nothing is lost: a busy row is a committed row. A holder that commits leaves it
-        with a newer ``created_at`` (which pulls the scheduler's floor down to the holder's
-        event), one that rolls back leaves it as it was: the DAG stays queued, and its next
-        run reads this transaction's events. The one holder that removes the row, a
-        scheduler deleting it at that instant, is covered by the dataset's next event or
-        the scheduler's sweep (``SchedulerJobRunner._dags_with_unqueued_dataset_events``).
-
-        Lock order: ``SKIP LOCKED`` never waits, so taking existing rows adds no lock
-        cycle. The only wait left is the insert of a new key that another producer is
-        inserting too, and new keys are inserted in key order, so two producers cannot
-        each wait for the other's. Trying again rather than a lock wait with a timeout:
-        rows taken out of key order could then close a cycle, which InnoDB breaks by
-        rolling a whole producer transaction back (1213).
+        Upsert queue rows ``(dataset_id, target_dag_id)``, given in key order, leaving out those another transaction
+        holds (committed rows: the DAG stays queued; BUG_REPORT, "A stalled producer"); then stamp ``events``. Lock
+        order: taking existing rows never waits and new keys go in key order, so producers form no cycle; polling, not
+        a lock wait with a timeout, as rows taken out of key order could close one (InnoDB: 1213).
         """
         import time
 
@@ -643,18 +514,7 @@ class DatasetManager:
     def _date_queue_rows_after_their_events(
         cls, rows: list[tuple[int, str]], events: list[DatasetEvent], session: Session
     ) -> None:
-        """
-        Date the queue rows this transaction wrote one microsecond after its events' stamps, as Airflow orders them.
-
-        The stamp is taken once the rows are locked (the floor's argument), so it is later
-        than the rows' own write; Airflow dates a queue row no earlier than the events it
-        announces (a stock scheduler, during an upgrade, selects events up to the rows'
-        ``created_at``; Airflow's tests check the order). The rows are this transaction's,
-        locked already: this waits for nothing (PostgreSQL: see ``_postgres_upsert_ctes`` for why the
-        rows it only locked are written here first); one statement (executemany on MySQL and
-        SQLite). Every row is moved forward here, so a scheduler that read one before this
-        transaction leaves it in place.
-        """
+        """Date the queue rows this transaction wrote one microsecond after its events' stamps (Airflow's order)."""
         from datetime import timedelta, timezone
 
         from sqlalchemy import inspect, text
@@ -664,7 +524,7 @@ class DatasetManager:
             if inspect(dataset_event).persistent:
                 stamp = dataset_event.timestamp + timedelta(microseconds=1)
                 after[dataset_event.dataset_id] = max(after.get(dataset_event.dataset_id, stamp), stamp)
-        rows = [row for row in rows if row[0] in after]
+        rows = [row for row in rows if row[0] in after]  # this transaction's, locked already: no wait
         if not rows:
             return
         dialect = session.bind.dialect.name
@@ -684,9 +544,7 @@ class DatasetManager:
                 },
             )
             return
-        # MySQL and SQLite: by primary key, one statement run for all rows (executemany). The
-        # value in the form each stores: MySQL's DATETIME(6) in UTC (Airflow's session time
-        # zone), SQLite's 'YYYY-MM-DD HH:MM:SS.ffffff' text, which compares chronologically.
+        # By primary key, executemany; MySQL's DATETIME(6) in UTC, SQLite's text, which compares chronologically.
         greatest = "GREATEST(created_at, CAST(:after AS DATETIME(6)))" if dialect == "mysql" else "max(created_at, :after)"
         session.execute(
             text(
@@ -708,29 +566,10 @@ class DatasetManager:
         cls, rows: list[tuple[int, str]], events: list[DatasetEvent], session: Session
     ) -> set[tuple[int, str]]:
         """
-        Upsert the queue rows among ``rows`` that no other transaction holds, then stamp ``events``; return the held keys.
-
-        An existing row gets ``max(now, stored + 1 microsecond)``, now on the database's
-        clock (``_database_clock``): never older than the stored value (the guard), and
-        always changed, so that a scheduler that read the row before this producer
-        committed leaves it in place. The rows are locked in the order given.
-
-        A DAG deleted since its event was registered (``delete_dag`` no longer waits for
-        the producer: its queue row is not written yet) loses its row and nobody else's:
-        only rows of DAGs that still exist are written, instead of failing the COMMIT on
-        the foreign key. The DAG rows are read without a lock (a ``FOR KEY SHARE`` would
-        make the producer wait for a scheduler loop holding them ``FOR UPDATE``); a delete
-        committing during this very statement can still fail it, as in stock.
-
-        Per backend:
-        - PostgreSQL: one statement with the stamps, as stock's one ``INSERT .. ON
-          CONFLICT DO NOTHING`` (``_postgres_write``).
-        - MySQL/MariaDB: the take and the existence check (``_busy_queue_rows``), the live
-          DAGs, then the upsert, 500 rows a statement (far below max_allowed_packet)
-          (``_mysql_upsert_queue_rows``).
-        - SQLite: a writer excludes the others, so no row is held; 300 rows a statement,
-          3 variables each (below the 999 variables of builds before 3.32)
-          (``_sqlite_upsert_queue_rows``).
+        Upsert the queue rows among ``rows`` that no other transaction holds, in that order, then stamp ``events``;
+        return the held keys. A row gets ``max(now, stored + 1 microsecond)``: always changed, so a scheduler that read
+        it before leaves it. Only rows of DAGs that still exist, read without a lock (``FOR KEY SHARE`` would wait for
+        a scheduler loop): ``delete_dag`` no longer waits for the producer.
         """
         dialect_name = session.bind.dialect.name
         if dialect_name == "postgresql":
@@ -752,8 +591,7 @@ class DatasetManager:
 
         dialect = session.bind.dialect
         clock = cls._database_clock(dialect.name)
-        # MySQL 8.0.19+ names the new row with an alias; VALUES() is deprecated there
-        # (warning 1287). MariaDB has only VALUES().
+        # MySQL 8.0.19+ names the new row with an alias (VALUES() is deprecated: 1287); MariaDB has only VALUES().
         alias = not dialect.is_mariadb and dialect.server_version_info >= (8, 0, 19)
         new_created_at = "new.created_at" if alias else "VALUES(created_at)"
         busy = cls._busy_queue_rows(rows, session)
@@ -762,7 +600,7 @@ class DatasetManager:
         for start in range(0, len(dag_ids), 500):
             live.update(session.scalars(select(DagModel.dag_id).where(DagModel.dag_id.in_(dag_ids[start : start + 500]))))
         rows = [row for row in rows if row[1] in live and row not in busy]
-        for start in range(0, len(rows), 500):
+        for start in range(0, len(rows), 500):  # 500 rows a statement: far below max_allowed_packet
             chunk = rows[start : start + 500]
             session.execute(
                 text(
@@ -788,10 +626,8 @@ class DatasetManager:
         from airflow.utils import timezone
 
         now = timezone.utcnow()  # SQLite: this host's clock is the database's
-        # SQLite stores 'YYYY-MM-DD HH:MM:SS.ffffff' text; add one microsecond in integer
-        # arithmetic (julianday() is a float and too coarse) and keep the format so that
-        # text comparison stays chronological. A stored text without microseconds (or with
-        # a '+00:00' suffix, as raw SQL writes it) counts as .000000.
+        # Stored as 'YYYY-MM-DD HH:MM:SS.ffffff' text: one microsecond on in integer arithmetic (julianday() is too
+        # coarse), the format kept so text compares chronologically; no microseconds or a '+00:00' suffix: .000000.
         micros = (
             "(strftime('%s', substr(dataset_dag_run_queue.created_at, 1, 19)) * 1000000"
             " + CASE WHEN substr(dataset_dag_run_queue.created_at, 20, 1) = '.'"
@@ -801,10 +637,9 @@ class DatasetManager:
             f"strftime('%Y-%m-%d %H:%M:%S', {micros} / 1000000, 'unixepoch')"
             f" || printf('.%06d', {micros} % 1000000)"
         )
-        # The proposed row's column by its SQL name, the same text: ``stmt.excluded`` builds an
-        # alias of the whole table for every statement (a sixth of the COMMIT hook's calls).
+        # By its SQL name: ``stmt.excluded`` builds an alias of the table per statement (a sixth of the hook's calls).
         forward = func.max(literal_column("excluded.created_at"), successor)
-        for start in range(0, len(rows), 300):
+        for start in range(0, len(rows), 300):  # 3 variables a row: below the 999 of SQLite builds before 3.32
             stmt = insert(DatasetDagRunQueue).values(
                 [
                     {"dataset_id": dataset_id, "target_dag_id": dag_id, "created_at": now}

@@ -23,26 +23,14 @@
 """
 The scheduler side of the fix: a dataset-triggered run consumes what its DAG has not consumed yet.
 
-BUG_REPORT.md section 4 ("Scheduler: consume what is unconsumed", "Lock discipline") gives
-the argument, and section 6 why its bounds hold ("The floor", "The net"). In short, for each
-DAG the loop decides (``_decide_dataset_triggered_runs``, read-only, which explain runs too):
-
-- read the state: queue rows (without locks), datasets, latest runs, the database's clock;
-- floors (``_dataset_floors``): per dataset, the newest event the latest run consumed minus
-  ``[dataset_race_fix] commit_latency_seconds``; the whole ``event_lookback_seconds`` window
-  for a first run, a new or quiet dataset, a clock stepped back, or a late commit the net found;
-- select the events above the floors that no run of the DAG consumed;
-- decide (``_choose_dataset_run``): a run only when the DAG's condition holds on datasets with
-  such events; dated by its events and queue rows, after its latest run, never by one dated
-  more than ``max_event_ahead_seconds`` ahead of the database's clock (those wait).
-
-The queue rows read are deleted exactly as read, for all DAGs at the end of the loop, taken
-``SKIP LOCKED`` where the database can, so the scheduler never waits for a producer
-(``_delete_dataset_queue_rows_as_read``). The sweep (``_dags_with_unqueued_dataset_events``,
-every ``requeue_interval_seconds``) brings in DAGs whose new events have no queue row, and the
-net under the floor (``_dags_with_stranded_dataset_events``) reads every reference below its
-latest run once per ``full_read_interval_seconds``. Settings: ``DatasetManager._dataset_race_fix_settings``.
-Statements whose size follows the number of DAGs, datasets or rows are chunked (500 terms).
+Per DAG the loop decides (``_decide_dataset_triggered_runs``, read-only, which explain runs too):
+read the state, a floor per dataset (``_dataset_floors``), the events above it that no run of the
+DAG consumed, and the run they make (``_choose_dataset_run``). The queue rows read are deleted
+exactly as read at the end of the loop (``_delete_dataset_queue_rows_as_read``). The sweep
+(``_dags_with_unqueued_dataset_events``) brings in DAGs whose new events have no queue row, and the
+net (``_dags_with_stranded_dataset_events``) late commits below a DAG's latest run. Why: BUG_REPORT.md
+section 4 ("Scheduler: consume what is unconsumed", "Lock discipline", "A stalled producer") and
+section 6 ("The floor", "The net"). Settings: ``DatasetManager._dataset_race_fix_settings``.
 
 Nothing here commits: all of it is in the scheduler's own transaction, as before.
 Every global below must name the same object in ``airflow.jobs.scheduler_job_runner``.
@@ -147,17 +135,7 @@ class SchedulerJobRunner:
     def _dags_with_unqueued_dataset_events(
         self, dataset_triggered_dag_info: dict[str, tuple[datetime, datetime]], session: Session
     ) -> list[DagModel]:
-        """
-        The sweep: DAGs that have an event newer than their latest run on a dataset with no queue row for them.
-
-        Queue rows are the fast path; this is the net under them, for new events that have
-        none (a busy row a producer left out, rows of events that waited as dated ahead, a
-        stock producer's row deleted during an upgrade; BUG_REPORT, "A stalled producer").
-        At most once per ``[dataset_race_fix] requeue_interval_seconds`` in each scheduler
-        process (that memory changes how soon, never whether). Nothing is written here: the
-        DAGs join the loop's dataset-triggered DAGs (``dataset_triggered_dag_info`` gets
-        theirs), and ``_create_dag_runs_dataset_triggered`` decides them as any other.
-        """
+        """The sweep, once per ``requeue_interval_seconds``: the DAGs it adds (BUG_REPORT, "A stalled producer")."""
         manager = self._dataset_manager()
         interval = manager._dataset_race_fix_setting("requeue_interval_seconds")
         swept_at = self.__dict__.get("_dataset_race_fix_swept_at")
@@ -183,16 +161,9 @@ class SchedulerJobRunner:
         self, dataset_triggered_dag_info: dict[str, tuple[datetime, datetime]], now: datetime, session: Session
     ) -> dict[str, datetime]:
         """
-        ``{dag_id: oldest such stamp}`` of the DAGs not in ``dataset_triggered_dag_info`` that the sweep brings in.
-
-        The net's DAGs (``_dags_with_stranded_dataset_events``), and those with a new event
-        on a reference without a queue row. An event dated after a DAG's latest
-        dataset-triggered run was consumed by none of its runs (a run is dated after every
-        event it consumes), so index probes find them: per (dataset, DAG) reference without
-        a queue row, the dataset's newest event up to the horizon, against the DAG's latest
-        run (or the reference's creation, for a DAG with no run yet) and no older than
-        ``event_lookback_seconds`` (events of a DAG paused long before stay for its next
-        run, as in stock).
+        ``{dag_id: oldest such stamp}`` of the DAGs not in ``dataset_triggered_dag_info`` that the sweep brings in: the
+        net's, and those whose newest event on a reference without a queue row is newer than their latest run (so no
+        run consumed it; no run: than the reference) and than ``event_lookback_seconds`` (a DAG paused long ago waits).
         """
         from sqlalchemy import false, true
 
@@ -200,9 +171,8 @@ class SchedulerJobRunner:
         ahead = manager._dataset_race_fix_setting("max_event_ahead_seconds")
         lookback = manager._dataset_race_fix_setting("event_lookback_seconds")
         reference = DagScheduleDatasetReference
-        # ORDER BY .. LIMIT 1, not max(), here and below: MySQL reads every event of the
-        # dataset (every run of the DAG) for a correlated max() with a filter, and stops at the
-        # first match walking (dataset_id, timestamp) ((dag_id, execution_date)) backwards.
+        # ORDER BY .. LIMIT 1, not max(): for a correlated max() with a filter MySQL reads every event of the
+        # dataset (run of the DAG); this stops at the first match walking the index backwards.
         newest = (
             select(DatasetEvent.timestamp)
             .where(
@@ -228,8 +198,7 @@ class SchedulerJobRunner:
             )
             .exists()
         )
-        # The net under the floor: DAGs with a late commit below their latest run.
-        oldest_new: dict[str, datetime] = {
+        oldest_new: dict[str, datetime] = {  # the net's: DAGs with a late commit below their latest run
             dag_id: stamp
             for dag_id, stamp in self._dags_with_stranded_dataset_events(now, session).items()
             if dag_id not in dataset_triggered_dag_info
@@ -253,11 +222,8 @@ class SchedulerJobRunner:
         self, oldest_new: dict[str, datetime], session: Session, *, lock_rows: bool = True
     ) -> list[DagModel]:
         """
-        Of the DAGs of ``oldest_new``, at most ``max_dagruns_to_create_per_loop``, oldest event first.
-
-        Selected as ``DagModel.dags_needing_dagruns`` selects: active, unpaused, no import
-        errors, below ``max_active_runs``, rows locked ``SKIP LOCKED`` (another scheduler's
-        are its own; ``lock_rows`` False: explain, which takes no lock).
+        Of the DAGs of ``oldest_new``, at most ``max_dagruns_to_create_per_loop``, oldest event first, selected as
+        ``DagModel.dags_needing_dagruns`` does, rows locked ``SKIP LOCKED`` (``lock_rows`` False: explain's, no lock).
         """
         from sqlalchemy import false, true
 
@@ -286,28 +252,10 @@ class SchedulerJobRunner:
 
     def _dags_with_stranded_dataset_events(self, now: datetime, session: Session) -> dict[str, datetime]:
         """
-        The net under the floor: DAGs with an event that no run of theirs consumed, dated below their latest run.
-
-        Such an event committed after a run read past its stamp, more slowly than
-        ``commit_latency_seconds``, and no queue row of its own pulled a floor down to it
-        (BUG_REPORT, "The net"). Nothing else brings its DAG into a loop: its queue row is
-        gone and the sweep looks above the latest run only. So every (DAG, dataset)
-        reference of an active, unpaused DAG that has a dataset-triggered run is read
-        through, from ``min(latest run, database clock) - event_lookback_seconds`` to the
-        latest run, once per ``[dataset_race_fix] full_read_interval_seconds``, whatever
-        else happens to the DAG, by every scheduler process, a restarted one included.
-
-        Cheap per sweep: a reference is read in slices of at most ``slice_size`` events in
-        stamp order (a range of the ``(dataset_id, timestamp)`` index, LIMIT first, then
-        one probe of the consumption record per event), and each sweep reads its share of
-        a round: ``slices a round took * elapsed / interval`` (a reference not read yet
-        counts one slice), at least one slice, and more while the sweep has spent less
-        than ``budget_seconds``. Where a reference's read has got to, and how many slices
-        each took, is this process's memory; losing it (a restart) only starts the reads
-        again.
-
-        Returns ``{dag_id: oldest such stamp}`` for the DAGs found, kept until the DAG is
-        decided: ``_decide_dataset_triggered_runs`` reads their whole window once.
+        The net under the floor (BUG_REPORT, "The net"): ``{dag_id: oldest such stamp}`` of the DAGs with an event
+        below their latest run that no run of theirs consumed, kept until the DAG is decided. Each reference is read
+        through once per ``full_read_interval_seconds`` in slices, each sweep its share of a round; a restart, which
+        loses where the reads have got to, only starts them again.
         """
         from math import ceil
 
@@ -335,8 +283,7 @@ class SchedulerJobRunner:
             (key for key in references if started - read_through_at.get(key, float("-inf")) >= interval),
             key=lambda key: (key not in cursor, read_through_at.get(key, float("-inf")), key),
         )
-        # Slices this sweep reads at least (then more while under budget): its share of a
-        # round, as long as the last round's reads took (a reference not read yet: one slice).
+        # Slices this sweep reads at least: its share of the last round's (a reference not read yet: one slice).
         round_slices = sum(slices_of.get(key, 1) for key in references)
         share = float("inf") if not interval or only is not None else max(1, ceil(round_slices * elapsed / interval))
         slice_of_reference = self._stranded_events_slice(slice_size)
@@ -357,8 +304,7 @@ class SchedulerJobRunner:
                     cursor.pop(key, None)
                     read_through_at[key], slices_of[key] = time.monotonic(), read + 1
                     break
-                # More to read: from the newest stamp of this slice (again, for its ties; a
-                # microsecond on when a whole slice shares one stamp).
+                # More: from this slice's newest stamp again, for its ties (one microsecond on if all share it).
                 cursor[key] = (newest if newest > start else newest + timedelta(microseconds=1), read + 1)
             else:
                 break  # this sweep's share and budget are spent
@@ -405,8 +351,7 @@ class SchedulerJobRunner:
             DatasetEvent.timestamp <= bindparam("end"),
         )
         piece = event.order_by(DatasetEvent.timestamp).limit(slice_size).subquery()
-        # From the event to its links, then each link's run by primary key: a scalar
-        # subquery, so that no plan can start from the DAG's runs (thousands) per event.
+        # Each link's run by primary key, a scalar subquery: no plan can start from the DAG's runs per event.
         run_of_link = select(DagRun.dag_id).where(DagRun.id == association_table.c.dag_run_id).scalar_subquery()
         consumed = (
             select(association_table.c.event_id)
@@ -423,27 +368,17 @@ class SchedulerJobRunner:
         session: Session,
     ) -> tuple[list[dict[str, Any]], list[tuple[int, str, Any]]]:
         """
-        The runs this loop creates for these DAGs, and the queue rows it then deletes (as read); writes nothing.
-
-        One decision per DAG, in dag_id order: ``dag_id``, ``dag``, ``events`` (what its run
-        would consume), ``deferred`` (events dated beyond the horizon), ``late`` (events
-        dated before its latest run), ``queued`` (its queue rows), ``floors`` (per dataset,
-        where the read started; absent: the whole history, for a first run), ``full_read``,
-        and ``run`` (``execution_date``, ``data_interval``, ``run_id``) or None when it
-        waits; ``skipped`` names why a DAG was not decided at all. Split from
-        ``_create_dag_runs_dataset_triggered`` so that ``airflow-dataset-race-fix explain``
-        gives the verdict of this very code, read-only. The steps: read the state, then per
-        DAG its floors, its events, the choice and the run.
+        The runs this loop creates for these DAGs, and the queue rows it then deletes (as read); writes nothing, so
+        that ``explain`` runs this very code. One decision per DAG, in dag_id order: ``dag_id``, ``dag``, ``events``,
+        ``deferred``, ``late``, ``queued``, ``floors``, ``full_read``, ``run`` (None: it waits) and ``skipped`` (why).
         """
         manager = self._dataset_manager()
         state = self._read_dataset_decision_state(sorted(dm.dag_id for dm in dag_models), session)
         lookback = timedelta(seconds=manager._dataset_race_fix_setting("event_lookback_seconds"))
         commit_latency = timedelta(seconds=manager._dataset_race_fix_setting("commit_latency_seconds"))
-        # DAGs the net found a late commit for (``_dags_with_stranded_dataset_events``): their
-        # next decision reads the whole window.
+        # DAGs the net found a late commit for: their next decision reads the whole window.
         net_found: dict[str, datetime] = self.__dict__.get("_dataset_race_fix_net", {}).get("found", {})
-        # Nothing dated further ahead of the database's clock dates a run (a stock producer's
-        # host clock). The clock is the one events and queue rows are dated on.
+        # Nothing dated further ahead of the database's clock (a stock producer's host clock) dates a run.
         horizon = state.database_now + timedelta(seconds=manager._dataset_race_fix_setting("max_event_ahead_seconds"))
         consumed_rows: list[tuple[int, str, Any]] = []  # deleted at the end, as read
         decisions: list[dict[str, Any]] = []
@@ -491,26 +426,14 @@ class SchedulerJobRunner:
         return decisions, consumed_rows
 
     def _dataset_statement(self, key: tuple[Any, ...], build: Callable[[], Any]) -> Any:
-        """
-        The statement kept under ``key`` (its dialect, clock and shape), built by ``build()`` the first time.
-
-        The statements are built once per scheduler process (and shape), their values bound
-        at each execution: SQLAlchemy then neither builds nor keys them again, which was a
-        large share of a loop's cost (BUG_REPORT section 7).
-        """
+        """The statement kept under ``key``, built by ``build()`` once a process (BUG_REPORT section 7: loop cost)."""
         statements: dict[tuple[Any, ...], Any] = self.__dict__.setdefault("_dataset_race_fix_statements", {})
         if key not in statements:
             statements[key] = build()
         return statements[key]
 
     def _read_dataset_decision_state(self, dag_ids: list[str], session: Session) -> _DatasetDecisionState:
-        """
-        The state the decisions of ``dag_ids`` start from, read without locks: their queue rows
-        (each deleted at the end exactly as read: on SQLite, as the stored text, whatever format
-        wrote it), their datasets (those they are scheduled on, and those their queue rows name:
-        an alias that resolved to a dataset before the DAG was parsed again) with URIs, their
-        latest runs and the database's clock. Two statements for all DAGs (per 500).
-        """
+        """The state the decisions of ``dag_ids`` start from, read without locks, two statements per 500 DAGs."""
         from sqlalchemy import Text, bindparam, cast
 
         dialect = session.bind.dialect.name
@@ -550,7 +473,7 @@ class SchedulerJobRunner:
                     dataset_uris[dataset_id] = uri
                 if newest is not None:
                     newest_consumed[dag_id][dataset_id] = newest
-        for dag_id, queued in queued_rows.items():
+        for dag_id, queued in queued_rows.items():  # an alias resolved before its DAG was parsed again
             dataset_ids_of[dag_id].update(queued)
         unknown = sorted(set().union(*queued_rows.values()) - dataset_uris.keys())
         for start in range(0, len(unknown), 500):
@@ -567,10 +490,8 @@ class SchedulerJobRunner:
     @classmethod
     def _runs_and_datasets_statement(cls, dialect: str, clock: str | None) -> Any:
         """
-        Per DAG of ``dag_ids``, one row per dataset it is scheduled on (or one row without):
-        its latest dataset-triggered run's date and interval end, its latest run's date (any
-        type) and the database's clock; with each dataset, its id and URI, and the newest
-        event of it that the latest run consumed (the floor, module docstring).
+        Per DAG of ``dag_ids``, a row per dataset it is scheduled on (or one without): its latest runs, the database's
+        clock, and the dataset's id, URI and newest event the latest run consumed (BUG_REPORT, "The floor").
         """
         from sqlalchemy import bindparam, literal_column, null
 
@@ -619,14 +540,7 @@ class SchedulerJobRunner:
 
     @staticmethod
     def _postgres_runs_and_datasets_statement(reference: Any, latest_of_any_type: Any, clock_column: Any) -> Any:
-        """
-        ``_runs_and_datasets_statement`` on PostgreSQL, in shapes whose plans follow the rows they need
-        whatever the statistics (issue 30): the latest run looked up once per DAG (LATERAL),
-        and the newest event each dataset's latest run consumed read from that run's links to
-        their events by primary key (with none, the planner started from the dataset's whole
-        history and probed the links per event). OFFSET 0 keeps a LATERAL subquery from being
-        pulled up into a plain join.
-        """
+        """``_runs_and_datasets_statement`` on PostgreSQL, planned by the rows it needs whatever the statistics."""
         from sqlalchemy import bindparam, true
 
         from airflow.models.dataset import association_table
@@ -642,15 +556,12 @@ class SchedulerJobRunner:
         event_of_link = (
             select(DatasetEvent.timestamp)
             .where(DatasetEvent.id == association_table.c.event_id, DatasetEvent.dataset_id == reference.dataset_id)
-            .offset(0)
+            .offset(0)  # LATERAL, not pulled up into a plain join
             .correlate(association_table, reference)  # the link beside it, the reference two levels up
             .lateral()
         )
-        # The run's links newest first (its primary key, backwards), to the first whose event
-        # is of this dataset: the dataset's newest by insertion, whose stamp is at most the
-        # newest stamp (a lower floor, never a higher one), found at once whatever the
-        # run's size; a max() over the links read all of a first run's 50 000 (and JIT-
-        # compiled the statement for its estimated cost).
+        # The run's links newest first, to the first of this dataset: stamped at most the newest (a lower floor, never
+        # higher), found at once, where a max() read all of a first run's 50 000 links.
         newest_consumed_by_latest_run = (
             select(event_of_link.c.timestamp)
             .select_from(association_table.join(event_of_link, true()))
@@ -681,9 +592,8 @@ class SchedulerJobRunner:
     @staticmethod
     def _events_not_consumed_statement(dialect: str, groups: int) -> Any:
         """
-        Events of datasets ``ids_<i>`` dated from ``floor_<i>`` on, for ``i < groups``, that no
-        run of ``dag_id`` dated from ``runs_floor`` on consumed. ``groups`` 0: every event of
-        ``ids_0`` (a DAG's first run).
+        Events of datasets ``ids_<i>`` from ``floor_<i>`` on (``i < groups``) that no run of ``dag_id`` from
+        ``runs_floor`` on consumed. ``groups`` 0: every event of ``ids_0`` (a DAG's first run).
         """
         from sqlalchemy import bindparam, true
 
@@ -691,9 +601,8 @@ class SchedulerJobRunner:
 
         if not groups:
             return select(DatasetEvent).where(DatasetEvent.dataset_id.in_(bindparam("ids_0", expanding=True)))
-        # What this DAG already consumed. A run is never dated before the events it
-        # consumed, so only its runs from the lowest floor on matter: a small set, which
-        # the databases hash once instead of probing per event.
+        # What this DAG consumed: a run is never dated before its events, so only its runs from the lowest floor on
+        # matter, a small set the databases hash once instead of probing per event.
         runs_from_floor = (DagRun.dag_id == bindparam("dag_id"), DagRun.execution_date >= bindparam("runs_floor"))
         if dialect != "postgresql":
             consumed = (
@@ -702,10 +611,7 @@ class SchedulerJobRunner:
                 .where(*runs_from_floor)
             )
         else:
-            # From those runs to their events, one index probe per run: a LATERAL
-            # join keeps PostgreSQL from hashing the whole association table, which
-            # it chose when one DAG's consumption filled it (50 000 rows read for
-            # 2 500 wanted: 10 ms of a 50 ms loop).
+            # One index probe per run: LATERAL keeps PostgreSQL from hashing the whole association table.
             runs = select(DagRun.id).where(*runs_from_floor).subquery()
             links = (
                 select(association_table.c.event_id)
@@ -727,8 +633,7 @@ class SchedulerJobRunner:
             DatasetEvent.id.not_in(consumed),
         )
         if dialect == "mysql":
-            # InnoDB's secondary indexes carry the primary key: the consumed-event check
-            # then runs on (dataset_id, timestamp, id) alone, and only kept rows are read.
+            # InnoDB's secondary indexes carry the primary key: the check runs on the index, and reads only kept rows.
             chosen = select(DatasetEvent).where(DatasetEvent.id.in_(chosen.with_only_columns(DatasetEvent.id)))
         return chosen
 
@@ -745,20 +650,11 @@ class SchedulerJobRunner:
         lookback: timedelta,
         commit_latency: timedelta,
     ) -> _DatasetFloors:
-        """
-        Where a DAG reads each dataset's events from (BUG_REPORT, "The floor"); pure.
-
-        The newest event of it that the latest run consumed (``newest_consumed``), or its
-        oldest queue row if older, minus ``commit_latency``; the whole look-back (the old
-        rule) for a dataset the latest run did not consume, and for every dataset of a DAG
-        the net found a late commit for (``found_late``). A database clock behind the latest
-        run (stepped back) stamps new events below every floor: then the window under the
-        clock is read too, in full, until it catches up. No run yet: every event.
-        """
+        """Where a DAG reads each dataset's events from (BUG_REPORT, "The floor"); pure."""
         if latest_run_date is None:  # no run of this DAG has consumed anything yet
             return cls._DatasetFloors({}, None, True)
         full_floor = min([latest_run_date, database_now, *queued.values()]) - lookback
-        full_read = found_late or latest_run_date > horizon
+        full_read = found_late or latest_run_date > horizon  # the net found one; a clock stepped back
         floors: dict[int, datetime] = {}
         for dataset_id in dataset_ids:
             newest = newest_consumed.get(dataset_id)
@@ -808,17 +704,9 @@ class SchedulerJobRunner:
         evaluate: Callable[[dict[str, bool]], bool],
     ) -> _DatasetRunChoice:
         """
-        Whether a DAG's events make a run, and its logical date before the unique-date check; pure.
-
-        Events dated beyond the horizon wait: a run is never dated before its events. A run
-        only when the condition (``evaluate``, of ``{uri: True}`` for the datasets with
-        events) holds. Its date: the newest of the queue dates (``loop_date``, the loop's,
-        and the queue rows'; none dated beyond the horizon, a stock producer's host clock,
-        so no run is dated ahead of the database's clock), the events, and one microsecond
-        after the latest run. No run: the queue rows whose datasets have no event left to
-        consume are stale and deleted (as read), so they do not make the DAG look ready
-        again and take a slot from DAGs that can run (events dated ahead are queued again
-        by the sweep once the clock gets there).
+        Whether a DAG's events make a run, and its logical date before the unique-date check; pure. Events beyond the
+        horizon wait (a run is never dated before its events). No run: the queue rows of datasets with nothing to
+        consume are deleted (as read), so the DAG takes no slot it cannot use (BUG_REPORT, "A stalled producer").
         """
         deferred = [event for event in dataset_events if event.timestamp > horizon]
         events = [event for event in dataset_events if event.timestamp <= horizon]
@@ -932,10 +820,8 @@ class SchedulerJobRunner:
     @staticmethod
     def _delete_dataset_queue_rows_as_read(rows: list[tuple[int, str, Any]], session: Session) -> None:
         """
-        Delete queue rows ``(dataset_id, target_dag_id, created_at as read)`` that still hold that value.
-
-        Never waits for a producer where the database can skip locked rows; touches no row
-        but those given (see the module docstring for the lock-order argument).
+        Delete queue rows ``(dataset_id, target_dag_id, created_at as read)`` that still hold that value, 500 a
+        statement, locking no other row and skipping a producer's where it can (BUG_REPORT, "Lock discipline").
         """
         from sqlalchemy import Text, any_, bindparam, cast, literal_column, text, tuple_
 
@@ -958,11 +844,8 @@ class SchedulerJobRunner:
         for start in range(0, len(rows), 500):
             chunk = rows[start : start + 500]
             if dialect.name == "postgresql":
-                # One statement: take the rows still as read, skipping those a producer holds,
-                # then delete them by their physical address. ARRAY(..) makes the locking
-                # select an InitPlan, run once whatever the statistics say; as an IN
-                # subquery it could be planned as the inner side of a nested loop, rescanned
-                # once per queue row (minutes at 10 000 rows, statistics from a near-empty queue).
+                # Take the rows still as read, skipping those a producer holds, and delete them by address. ARRAY(..)
+                # runs the locking select once (an InitPlan); an IN subquery can be rescanned per queue row.
                 ctid = literal_column("ctid")
                 taken = select(ctid).select_from(DatasetDagRunQueue.__table__).where(as_read.in_(chunk))
                 session.execute(
@@ -971,8 +854,8 @@ class SchedulerJobRunner:
                     .execution_options(synchronize_session=False)
                 )
                 continue
-            # MySQL/MariaDB: lock by primary key (skipping what producers hold where the server
-            # can), then delete exactly those keys by primary key.
+            # MySQL/MariaDB: lock by primary key, skipping what producers hold where the server can (else waiting
+            # in key order, as producers do: no cycle), then delete exactly those keys by primary key.
             version = dialect.server_version_info or ()
             taken = session.execute(
                 select(*key_columns)
