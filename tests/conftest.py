@@ -100,6 +100,16 @@ def variant_fixed():
 
 
 @pytest.fixture
+def world(request, variant_fixed):
+    """A World named after the test (without its "test_"), on the fixed code; closed after."""
+    from reproduce.harness.world import World
+
+    w = World(request.node.name[5:25])
+    yield w
+    w.close()
+
+
+@pytest.fixture
 def variant_stock():
     import airflow_dataset_race_fix
 

@@ -45,13 +45,6 @@ FULL_READ = "AIRFLOW__DATASET_RACE_FIX__FULL_READ_INTERVAL_SECONDS"
 SERVER_CLOCK = {"postgres": "clock_timestamp()", "mysql": "NOW(6)"}
 
 
-@pytest.fixture
-def world(request, variant_fixed):
-    w = World(request.node.name[5:25])
-    yield w
-    w.close()
-
-
 def _manager():
     from airflow.datasets.manager import DatasetManager
 

@@ -32,13 +32,6 @@ LATENCY = "AIRFLOW__DATASET_RACE_FIX__COMMIT_LATENCY_SECONDS"
 FULL_READ = "AIRFLOW__DATASET_RACE_FIX__FULL_READ_INTERVAL_SECONDS"
 
 
-@pytest.fixture
-def world(request, variant_fixed):
-    w = World(request.node.name[5:25])
-    yield w
-    w.close()
-
-
 def _events(w: World) -> list[int]:
     with create_session() as session:
         return list(

@@ -35,13 +35,6 @@ from conftest import BACKEND
 DAY = 86_400
 
 
-@pytest.fixture
-def world(request, variant_fixed):
-    w = World(request.node.name[5:25])
-    yield w
-    w.close()
-
-
 def _runs(dag_id: str) -> list[tuple]:
     """(logical date, data interval, consumed event timestamps) per run, in creation order."""
     with create_session() as session:
