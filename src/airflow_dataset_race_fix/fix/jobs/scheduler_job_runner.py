@@ -513,13 +513,18 @@ class SchedulerJobRunner:
         clock_column = literal_column(clock, UtcDateTime) if clock else null()  # SQLite: this host's clock
         if dialect == "postgresql":
             return cls._postgres_runs_and_datasets_statement(reference, latest_of_any_type.scalar_subquery(), clock_column)
+        # As on PostgreSQL, the run's links first (STRAIGHT_JOIN), newest first: a max() let MariaDB
+        # start from the dataset's history (40 000 rows read for 20 000 events; issue 30).
         newest_consumed_by_latest_run = (
-            select(func.max(DatasetEvent.timestamp))
-            .join(association_table, association_table.c.event_id == DatasetEvent.id)
+            select(DatasetEvent.timestamp)
+            .select_from(association_table.join(DatasetEvent, DatasetEvent.id == association_table.c.event_id))
             .where(
                 association_table.c.dag_run_id == latest_run_of(DagRun.id),
                 DatasetEvent.dataset_id == reference.dataset_id,
             )
+            .order_by(association_table.c.event_id.desc())
+            .limit(1)
+            .prefix_with("STRAIGHT_JOIN", dialect="mysql")
             .scalar_subquery()
         )
         return (
