@@ -25,6 +25,13 @@ class MemberNotFound(LookupError):
 
 def member_spans(lines: list[str], owner: str) -> dict[str, tuple[int, int]]:
     """``name -> (start, end)``, 0-based line slices of the methods (and nested classes) of class ``owner``."""
+    return dict(_member_spans(tuple(lines), owner))
+
+
+# Cached: a file's members are looked up one by one (47 of them in the scheduler's module), each
+# lookup finding every member's end with inspect's tokenizer.
+@functools.lru_cache(maxsize=16)
+def _member_spans(lines: tuple[str, ...], owner: str) -> tuple[tuple[str, tuple[int, int]], ...]:
     tree = ast.parse("".join(lines))
     classes = [node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == owner]
     if len(classes) != 1:
@@ -38,7 +45,7 @@ def member_spans(lines: list[str], owner: str) -> dict[str, tuple[int, int]]:
         start = min([node.lineno, *(d.lineno for d in node.decorator_list)]) - 1
         # inspect's block finder, as inspect.getsource uses it: same end as the fingerprint sees.
         spans[node.name] = (start, start + len(inspect.getblock(lines[start:])))
-    return spans
+    return tuple(spans.items())
 
 
 def member_span(lines: list[str], owner: str, name: str) -> tuple[int, int] | None:
