@@ -387,6 +387,8 @@ def _ratio_row(case: str, stock: float, fixed: float, samples: int, **extra: Any
 
 # -- a busy dataset ---------------------------------------------------------------------
 BUSY_OTHER_DAGS = 10  # ready DAGs beside the busy dataset's consumer, each with a new event every pass
+# the planner's statistics taken before a case's bulk load ("behind") or after it ("fresh")
+STATISTICS_STATES = ("behind", "fresh")
 FULL_READ_MEMORY = "_dataset_race_fix_full_read_at"  # the fixed runner's per-DAG time of its last full read
 
 
@@ -395,17 +397,20 @@ class TooFewSamples(Exception):
 
 
 def bench_busy_dataset(variants: Variants, rates: tuple[int, ...], rounds: int, round_seconds: float,
-                       history: int, notes: list[str], producers: int = 4) -> list[dict[str, Any]]:
+                       history: int, notes: list[str], producers: int = 4,
+                       states: tuple[str, ...] = STATISTICS_STATES) -> list[dict[str, Any]]:
     """
     Producer threads commit continuously to one dataset (``rate`` events/s in all) while a
     scheduler thread runs its real loop for that dataset's consumer DAG and 10 other DAGs.
 
-    Each variant has its own copy of the DAGs and datasets (the other variant's are paused
-    during a round), so that each is drained by its own code and judged by the invariant
-    checker on its own events. Both copies start with ``history`` events of the last ten
-    minutes on the busy dataset, each consumed by a past run (a dense look-back window),
-    and before each round its last commit_latency_seconds are topped up to ``rate`` (see
-    ``top_up_recent_events``).
+    Each (statistics state, rate) has its own DAGs and datasets, one copy per variant (the
+    other copies are paused during a round), so that each is drained by its own code and
+    judged by the invariant checker on its own events. Both copies start with ``history``
+    events of the last ten minutes on the busy dataset, each consumed by a past run (a dense
+    look-back window), and before each round its last commit_latency_seconds are topped up
+    to ``rate`` (see ``top_up_recent_events``). The planner's statistics are taken after that
+    load ("fresh") or before it ("behind": a new DAG's runs and events the statistics have
+    never seen, as after a bulk load or a restore with autovacuum not there yet).
     Rounds alternate stock, fixed, fixed, stock, ...; after each round the producers stop
     and the scheduler drains the queue. The scheduler finishes its runs after each pass,
     as the real one would run them. Loop times leave out each round's first pass (after
@@ -414,9 +419,28 @@ def bench_busy_dataset(variants: Variants, rates: tuple[int, ...], rounds: int, 
     which are counted apart, so that the figures are the steady state. A rate whose rounds
     left no steady pass to compare gets a line in ``notes`` instead of rows.
     """
+    from airflow.models.dag import DagModel
+
+    from airflow_dataset_race_fix.fix.datasets.manager import DatasetManager as FixedManager
+
+    commit_latency = FixedManager._dataset_race_fix_setting("commit_latency_seconds")
+    saved, DagModel.NUM_DAGS_PER_DAGRUN_QUERY = DagModel.NUM_DAGS_PER_DAGRUN_QUERY, BUSY_OTHER_DAGS + 1
+    rows = []
+    try:
+        for state in states:
+            for rate in rates:
+                rows += _busy_dataset_case(variants, state, rate, rounds, round_seconds, history, notes, producers,
+                                           commit_latency)
+    finally:
+        DagModel.NUM_DAGS_PER_DAGRUN_QUERY = saved
+        variants.use("stock")
+    return rows
+
+
+def _busy_dataset_case(variants: Variants, state: str, rate: int, rounds: int, round_seconds: float, history: int,
+                       notes: list[str], producers: int, commit_latency: float) -> list[dict[str, Any]]:
     from airflow import settings
     from airflow.datasets import Dataset
-    from airflow.models.dag import DagModel
     from airflow.models.dataset import DatasetModel
     from sqlalchemy import select
 
@@ -425,57 +449,53 @@ def bench_busy_dataset(variants: Variants, rates: tuple[int, ...], rounds: int, 
     copies: dict[str, tuple[Dataset, Dataset, list[str]]] = {}
     busy_ids: dict[str, int] = {}
     started = time.monotonic()
+    if state == "behind":
+        analyze()  # statistics of the tables before this load: they never see it
     end = datetime.now(timezone.utc) - timedelta(seconds=5)
     instants = [end - timedelta(minutes=10) * (history - i) / history for i in range(history)]
     for variant in VARIANTS:
-        busy, other = Dataset(f"bench://busy-dataset/{variant}"), Dataset(f"bench://busy-dataset/{variant}/other")
-        names = make_consumers(f"bench_busy_dataset_{variant}",
+        uri = f"bench://busy-dataset/{state}/{rate}/{variant}"
+        busy, other = Dataset(uri), Dataset(f"{uri}/other")
+        names = make_consumers(f"bench_busy_{state}_{rate}_{variant}",
                                {"busy": [busy], **{f"other{i:02d}": [other] for i in range(BUSY_OTHER_DAGS)}})
         with settings.Session() as session:
             busy_id = session.scalar(select(DatasetModel.id).where(DatasetModel.uri == busy.uri))
         add_history({"single_a": names[0]}, {"a": busy_id}, instants, 0, watches={"single_a": {"a"}})
         copies[variant], busy_ids[variant] = (busy, other, names), busy_id
-    analyze()
-    _log(f"  history: {history} consumed events per variant ({time.monotonic() - started:.0f} s to load)")
+    if state == "fresh":
+        analyze()
+    _log(f"  statistics {state}, {rate} events/s: {history} consumed events per variant "
+         f"({time.monotonic() - started:.0f} s to load)")
     quiet_other_dags([name for *_, names in copies.values() for name in names])
-    from airflow_dataset_race_fix.fix.datasets.manager import DatasetManager as FixedManager
-
-    commit_latency = FixedManager._dataset_race_fix_setting("commit_latency_seconds")
-    saved, DagModel.NUM_DAGS_PER_DAGRUN_QUERY = DagModel.NUM_DAGS_PER_DAGRUN_QUERY, BUSY_OTHER_DAGS + 1
-    rows = []
+    runner = new_scheduler_runner()  # a new scheduler process: its first pass per DAG reads in full
+    since = datetime.now(timezone.utc) - timedelta(seconds=1)
+    results = {v: _BusyDatasetResult() for v in VARIANTS}
+    for i in range(rounds * 2):
+        variant = VARIANTS[(i + i // 2) % 2]  # stock, fixed, fixed, stock, ...
+        variants.use(variant)
+        busy, other, names = copies[variant]
+        others = [name for v, (*_, dag_ids) in copies.items() if v != variant for name in dag_ids]
+        _unpause_only(names, others)
+        top_up_recent_events(names[0], busy_ids[variant], rate, commit_latency)
+        _busy_dataset_round(runner, busy, other, names, rate, producers, round_seconds, results[variant])
+        results[variant].errors += drain(runner, names)
+    variants.use("stock")
+    analyze()  # the checker's plans need fresh statistics (this case's loops are measured)
+    for variant, (*_, names) in copies.items():
+        with settings.Session() as session:
+            report = invariant.check(session, names, since=since)
+        result = results[variant]
+        result.lost, result.doubled = report.total("lost"), report.total("doubled")
+        result.unconsumed = report.total("produced") - report.total("consumed")
+    for result in results.values():
+        if result.errors:
+            _log(f"  {len(result.errors)} error(s) on the busy dataset, e.g. {result.errors[:3]}")
     try:
-        for rate in rates:
-            runner = new_scheduler_runner()  # a new scheduler process: its first pass per DAG reads in full
-            since = datetime.now(timezone.utc) - timedelta(seconds=1)
-            results = {v: _BusyDatasetResult() for v in VARIANTS}
-            for i in range(rounds * 2):
-                variant = VARIANTS[(i + i // 2) % 2]  # stock, fixed, fixed, stock, ...
-                variants.use(variant)
-                busy, other, names = copies[variant]
-                others = [name for v, (*_, dag_ids) in copies.items() if v != variant for name in dag_ids]
-                _unpause_only(names, others)
-                top_up_recent_events(names[0], busy_ids[variant], rate, commit_latency)
-                _busy_dataset_round(runner, busy, other, names, rate, producers, round_seconds, results[variant])
-                results[variant].errors += drain(runner, names)
-            variants.use("stock")
-            analyze()  # the rounds added thousands of rows: the checker's plans need fresh statistics
-            for variant, (*_, names) in copies.items():
-                with settings.Session() as session:
-                    report = invariant.check(session, names, since=since)
-                result = results[variant]
-                result.lost, result.doubled = report.total("lost"), report.total("doubled")
-                result.unconsumed = report.total("produced") - report.total("consumed")
-            try:
-                rows += _busy_dataset_rows(rate, rounds * round_seconds, results, FULL_READ_MEMORY in runner.__dict__)
-            except TooFewSamples as err:
-                notes.append(str(err))
-            for result in results.values():
-                if result.errors:
-                    _log(f"  {len(result.errors)} error(s) on the busy dataset, e.g. {result.errors[:3]}")
-    finally:
-        DagModel.NUM_DAGS_PER_DAGRUN_QUERY = saved
-        variants.use("stock")
-    return rows
+        return _busy_dataset_rows(f"busy dataset, {rate} events/s, statistics {state}", rate,
+                                  rounds * round_seconds, results, FULL_READ_MEMORY in runner.__dict__)
+    except TooFewSamples as err:
+        notes.append(str(err))
+        return []
 
 
 def top_up_recent_events(dag_id: str, dataset_id: int, rate: int, seconds: int) -> None:
@@ -576,10 +596,9 @@ def _busy_dataset_round(runner, busy, other, dag_ids: list[str], rate: int, prod
     result.round_medians.append(statistics.median(steady) if steady else None)
 
 
-def _busy_dataset_rows(rate: int, seconds: float, results: dict[str, _BusyDatasetResult],
+def _busy_dataset_rows(label: str, rate: int, seconds: float, results: dict[str, _BusyDatasetResult],
                        full_reads_known: bool) -> list[dict[str, Any]]:
     stock, fixed = results["stock"], results["fixed"]
-    label = f"busy dataset, {rate} events/s"
     if not stock.loops or not fixed.loops or not stock.latencies or not fixed.latencies:
         raise TooFewSamples(f"{label}: too few samples (steady passes stock {len(stock.loops)}, fixed "
                             f"{len(fixed.loops)}): make the rounds longer (--busy-dataset-seconds)")
@@ -1476,6 +1495,14 @@ def _positive(kind: type) -> Callable[[str], Any]:
     return parse
 
 
+def _statistics_states(text: str) -> tuple[str, ...]:
+    states = tuple(part.strip() for part in text.split(",") if part.strip())
+    unknown = sorted(set(states) - set(STATISTICS_STATES))
+    if unknown or not states:
+        raise argparse.ArgumentTypeError(f"expected behind, fresh or both, comma-separated; got {text!r}")
+    return states
+
+
 def _positive_ints(text: str) -> tuple[int, ...]:
     return tuple(_positive(int)(part) for part in text.split(","))
 
@@ -1510,6 +1537,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--busy-dataset-history", type=_positive(int), default=50_000, metavar="EVENTS",
                         help="busy dataset: consumed events of the last ten minutes at its start "
                              "(default %(default)s)")
+    parser.add_argument("--busy-dataset-statistics", type=_statistics_states, default=STATISTICS_STATES,
+                        metavar="STATES", help="busy dataset: the planner's statistics taken before the history's "
+                        "load, after it, or each in turn: behind, fresh or behind,fresh (default behind,fresh)")
     parser.add_argument("--stall-seconds", type=_positive(float), default=5.0, metavar="S",
                         help="stalled producer: how long producer A holds its transaction open (default %(default)s)")
     parser.add_argument("--stall-rounds", type=_positive(int), default=2, metavar="N",
@@ -1567,7 +1597,8 @@ def main(argv: list[str] | None = None) -> int:
                                             args.case_samples * 2)
             elif case == "busy-dataset":
                 rows += bench_busy_dataset(variants, args.busy_dataset_rates, args.busy_dataset_rounds,
-                                           args.busy_dataset_seconds, args.busy_dataset_history, notes)
+                                           args.busy_dataset_seconds, args.busy_dataset_history, notes,
+                                           states=args.busy_dataset_statistics)
                 if args.backend == "sqlite":
                     notes.append(BUSY_DATASET_ON_SQLITE)
             elif case == "mixed-upgrade":
