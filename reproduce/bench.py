@@ -28,8 +28,9 @@ What the fix costs, stock and fixed side by side on one database:
   commit_latency_seconds topped up to the rate before each round. Loop time (median, p90),
   producer transaction latency (p50, p99), failed producer transactions, and the events
   lost or doubled, counted by the invariant checker after the scheduler drained the queue.
-  The loop figures are the steady state: each round's first pass and the fixed
-  scheduler's full reads of the look-back window (its safety net) are counted apart;
+  The loop figures leave out each round's first pass only: the safety net's slices and a
+  DAG's full reads are in them, as a user's loop has them; statistics taken behind the
+  history's load and fresh, a case each;
 - a producer beside a stalled producer (issue 21): producer A stalls right before its
   COMMIT (after the fix's queue upsert and stamp) while producer B commits on the same
   dataset and DAG every 0.5 s and producer C on another; B's and C's p50, p99 and slowest
@@ -389,7 +390,6 @@ def _ratio_row(case: str, stock: float, fixed: float, samples: int, **extra: Any
 BUSY_OTHER_DAGS = 10  # ready DAGs beside the busy dataset's consumer, each with a new event every pass
 # the planner's statistics taken before a case's bulk load ("behind") or after it ("fresh")
 STATISTICS_STATES = ("behind", "fresh")
-FULL_READ_MEMORY = "_dataset_race_fix_full_read_at"  # the fixed runner's per-DAG time of its last full read
 
 
 class TooFewSamples(Exception):
@@ -414,10 +414,9 @@ def bench_busy_dataset(variants: Variants, rates: tuple[int, ...], rounds: int, 
     Rounds alternate stock, fixed, fixed, stock, ...; after each round the producers stop
     and the scheduler drains the queue. The scheduler finishes its runs after each pass,
     as the real one would run them. Loop times leave out each round's first pass (after
-    the switch) and the fixed scheduler's full reads of the look-back window (its safety
-    net: the first pass per DAG in a process, then once per full_read_interval_seconds),
-    which are counted apart, so that the figures are the steady state. A rate whose rounds
-    left no steady pass to compare gets a line in ``notes`` instead of rows.
+    the switch of variant) and nothing else: the net's slices and the full reads it asks
+    for are part of a loop. A rate whose rounds left no steady pass to compare gets a line
+    in ``notes`` instead of rows.
     """
     from airflow.models.dag import DagModel
 
@@ -492,7 +491,7 @@ def _busy_dataset_case(variants: Variants, state: str, rate: int, rounds: int, r
             _log(f"  {len(result.errors)} error(s) on the busy dataset, e.g. {result.errors[:3]}")
     try:
         return _busy_dataset_rows(f"busy dataset, {rate} events/s, statistics {state}", rate,
-                                  rounds * round_seconds, results, FULL_READ_MEMORY in runner.__dict__)
+                                  rounds * round_seconds, results)
     except TooFewSamples as err:
         notes.append(str(err))
         return []
@@ -532,7 +531,6 @@ class _BusyDatasetResult:
     def __init__(self) -> None:
         self.loops: list[float] = []  # steady-state passes
         self.round_medians: list[float | None] = []  # per round, for the paired ratio
-        self.full_reads: list[float] = []  # passes in which the fixed scheduler read a DAG's full window
         self.latencies: list[float] = []  # committed producer transactions
         self.visible_after: list[float] = []  # their events: seconds from timestamp to visible
         self.errors: list[str] = []  # appended to by several threads (a list append is atomic)
@@ -551,21 +549,20 @@ def _busy_dataset_round(runner, busy, other, dag_ids: list[str], rate: int, prod
     from airflow import settings
 
     stop = threading.Event()
-    passes: list[tuple[float, bool]] = []  # (seconds, was a full read)
+    passes: list[float] = []  # seconds
 
     def scheduler() -> None:
         session = settings.Session.session_factory()
         while not stop.is_set():
             if error := producer_transaction(other)[1]:  # the 10 other DAGs get a new event every pass
                 result.errors.append(f"other producer: {error}")
-            read_before = dict(runner.__dict__.get(FULL_READ_MEMORY, {}))
             started = time.perf_counter()
             error = scheduler_pass(runner, session)
             elapsed = time.perf_counter() - started
             if error:
                 result.errors.append(f"scheduler: {error}")
             else:
-                passes.append((elapsed, runner.__dict__.get(FULL_READ_MEMORY, {}) != read_before))
+                passes.append(elapsed)
             finish_runs(dag_ids)
         session.close()
 
@@ -590,14 +587,13 @@ def _busy_dataset_round(runner, busy, other, dag_ids: list[str], rate: int, prod
     stop.set()
     for thread in threads:
         thread.join()
-    steady = [elapsed for k, (elapsed, full) in enumerate(passes) if k > 0 and not full]
+    steady = passes[1:]  # the first pass after the switch of variant apart
     result.loops += steady
-    result.full_reads += [elapsed for elapsed, full in passes if full]
     result.round_medians.append(statistics.median(steady) if steady else None)
 
 
-def _busy_dataset_rows(label: str, rate: int, seconds: float, results: dict[str, _BusyDatasetResult],
-                       full_reads_known: bool) -> list[dict[str, Any]]:
+def _busy_dataset_rows(label: str, rate: int, seconds: float,
+                       results: dict[str, _BusyDatasetResult]) -> list[dict[str, Any]]:
     stock, fixed = results["stock"], results["fixed"]
     if not stock.loops or not fixed.loops or not stock.latencies or not fixed.latencies:
         raise TooFewSamples(f"{label}: too few samples (steady passes stock {len(stock.loops)}, fixed "
@@ -612,8 +608,6 @@ def _busy_dataset_rows(label: str, rate: int, seconds: float, results: dict[str,
         "unconsumed": {v: r.unconsumed for v, r in results.items()},
         "doubled": {v: r.doubled for v, r in results.items()},
         "steady_passes": {v: len(r.loops) for v, r in results.items()},
-        "full_reads": len(fixed.full_reads) if full_reads_known else None,
-        "full_read_ms": statistics.median(fixed.full_reads) * 1000 if fixed.full_reads else None,
         "visible_after_ms": {v: {"p50": statistics.median(r.visible_after) * 1000, "p99": _p99(r.visible_after) * 1000,
                                  "max": max(r.visible_after) * 1000} for v, r in results.items() if r.visible_after},
     }
@@ -1416,12 +1410,6 @@ def _busy_dataset_targets(row: dict[str, Any], by_case: dict[str, dict[str, Any]
     p99 = by_case[f"{label}: producer transaction, p99"]["ratio"]
     rates = {v: f"{summary['events_per_second'][v]:.0f}/s" for v in VARIANTS}
     clean = not any(summary[name]["fixed"] for name in ("unconsumed", "doubled", "failed"))
-    if summary["full_reads"] is None:
-        full = "fixed full reads of the look-back window: not told (the fix keeps no such memory on the runner)"
-    else:
-        full = f"fixed full reads of the look-back window: {summary['full_reads']} pass(es)"
-        if summary["full_read_ms"] is not None:
-            full += f", median {summary['full_read_ms']:.0f} ms"
     lines = [
         f"{label}: scheduler loop ratio {row['ratio']:.2f}, target <= 1.2: {_met(row['ratio'] <= 1.2)}; "
         f"producer p99 ratio {p99:.2f}, target <= 1.2: {_met(p99 <= 1.2)}",
@@ -1429,7 +1417,7 @@ def _busy_dataset_targets(row: dict[str, Any], by_case: dict[str, dict[str, Any]
         f"{_per_variant(summary['unconsumed'])}), doubled {_per_variant(summary['doubled'])}, failed producer "
         f"transactions {_per_variant(summary['failed'])}; target (fixed) 0, 0 and 0: {_met(clean)}",
         f"{label}: events committed {_per_variant(summary['committed'])} ({_per_variant(rates)}); steady "
-        f"passes {_per_variant(summary['steady_passes'])}; {full}, left out with each round's first pass",
+        f"passes {_per_variant(summary['steady_passes'])} (each round's first pass left out)",
     ]
     if visible := summary.get("visible_after_ms"):
         lines.append(
