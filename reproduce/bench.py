@@ -550,6 +550,22 @@ class _BusyDatasetResult:
 
 def _busy_dataset_round(runner, busy, other, dag_ids: list[str], rate: int, producers: int, seconds: float,
                         result: _BusyDatasetResult) -> None:
+    def before_pass() -> None:
+        if error := producer_transaction(other)[1]:  # the 10 other DAGs get a new event every pass
+            result.errors.append(f"other producer: {error}")
+
+    _round_beside_a_scheduler(runner, dag_ids, rate, producers, seconds, result,
+                              commit=lambda n: lambda: producer_transaction(busy, visible_after=result.visible_after),
+                              before_pass=before_pass)
+
+
+def _round_beside_a_scheduler(runner, dag_ids: list[str], rate: int, producers: int, seconds: float,
+                              result: _BusyDatasetResult, commit: Callable[[int], Callable[[], tuple[float, str | None]]],
+                              before_pass: Callable[[], None] = lambda: None) -> None:
+    """
+    ``seconds`` of a scheduler thread running passes (``before_pass()`` before each, runs finished after)
+    while ``producers`` threads run ``commit(n)()`` at ``rate`` transactions a second in all; into ``result``.
+    """
     import threading
 
     from airflow import settings
@@ -560,8 +576,7 @@ def _busy_dataset_round(runner, busy, other, dag_ids: list[str], rate: int, prod
     def scheduler() -> None:
         session = settings.Session.session_factory()
         while not stop.is_set():
-            if error := producer_transaction(other)[1]:  # the 10 other DAGs get a new event every pass
-                result.errors.append(f"other producer: {error}")
+            before_pass()
             started = time.perf_counter()
             error = scheduler_pass(runner, session)
             elapsed = time.perf_counter() - started
@@ -573,13 +588,14 @@ def _busy_dataset_round(runner, busy, other, dag_ids: list[str], rate: int, prod
         session.close()
 
     def producer(n: int) -> None:
+        transaction = commit(n)
         interval = producers / rate  # each thread's share of the rate
         next_at = time.monotonic() + interval * n / producers  # staggered
         while not stop.is_set():
             if stop.wait(max(0.0, next_at - time.monotonic())):
                 break
             next_at = max(next_at + interval, time.monotonic())  # behind schedule: no catch-up burst
-            elapsed, error = producer_transaction(busy, visible_after=result.visible_after)
+            elapsed, error = transaction()
             if error:
                 result.errors.append(f"producer: {error}")
             else:
@@ -754,54 +770,14 @@ def bench_fleet(variants: Variants, dags: int, rate: int, rounds: int, round_sec
 
 def _fleet_round(runner, datasets: list[Any], dag_ids: list[str], rate: int, producers: int,
                  seconds: float, result: _BusyDatasetResult, seed: str) -> None:
-    """One round of ``bench_fleet``: the scheduler thread's passes and the producers' transactions."""
+    """One round of ``bench_fleet``: each producer thread draws its outlets from a generator of its own."""
     import random
-    import threading
 
-    from airflow import settings
-
-    stop = threading.Event()
-    passes: list[float] = []
-
-    def scheduler() -> None:
-        session = settings.Session.session_factory()
-        while not stop.is_set():
-            started = time.perf_counter()
-            error = scheduler_pass(runner, session)
-            elapsed = time.perf_counter() - started
-            if error:
-                result.errors.append(f"scheduler: {error}")
-            else:
-                passes.append(elapsed)
-            finish_runs(dag_ids)
-        session.close()
-
-    def producer(n: int) -> None:
+    def commit(n: int) -> Callable[[], tuple[float, str | None]]:
         rng = random.Random(f"{seed}/{n}")
-        interval = producers / rate
-        next_at = time.monotonic() + interval * n / producers
-        while not stop.is_set():
-            if stop.wait(max(0.0, next_at - time.monotonic())):
-                break
-            next_at = max(next_at + interval, time.monotonic())
-            outlets = rng.sample(datasets, rng.randint(1, 3))  # one to three, in random order
-            elapsed, error = producer_transaction(outlets)
-            if error:
-                result.errors.append(f"producer: {error}")
-            else:
-                result.latencies.append(elapsed)
+        return lambda: producer_transaction(rng.sample(datasets, rng.randint(1, 3)))  # 1-3, in random order
 
-    threads = [threading.Thread(target=scheduler)]
-    threads += [threading.Thread(target=producer, args=(n,)) for n in range(producers)]
-    for thread in threads:
-        thread.start()
-    time.sleep(seconds)
-    stop.set()
-    for thread in threads:
-        thread.join()
-    steady = passes[1:]
-    result.loops += steady
-    result.round_medians.append(statistics.median(steady) if steady else None)
+    _round_beside_a_scheduler(runner, dag_ids, rate, producers, seconds, result, commit=commit)
 
 
 BUSY_DATASET_ON_SQLITE = ("busy dataset on sqlite: one writer, so the producers and the scheduler take turns "
