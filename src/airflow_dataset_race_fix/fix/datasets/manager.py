@@ -288,7 +288,7 @@ class DatasetManager:
         from collections import defaultdict
         from datetime import timedelta
 
-        from sqlalchemy import inspect, literal_column, update
+        from sqlalchemy import bindparam, inspect, text
         from sqlalchemy.orm.attributes import set_committed_value
 
         from airflow.utils import timezone
@@ -303,35 +303,37 @@ class DatasetManager:
                 by_dataset[dataset_event.dataset_id].append(dataset_event)
         ahead = timedelta(seconds=cls._dataset_race_fix_setting("max_event_ahead_seconds"))
         clock = cls._database_clock(session.bind.dialect.name)
+        # Text, not ORM constructs: at a task's COMMIT, building them cost more than running them (issue 30).
+        stamp_events = text("UPDATE dataset_event SET timestamp = :stamp WHERE id IN :event_ids").bindparams(
+            bindparam("stamp", type_=UtcDateTime), bindparam("event_ids", expanding=True)
+        )
         dataset_ids = sorted(by_dataset)
         for start in range(0, len(dataset_ids), 100):
             chunk = dataset_ids[start : start + 100]
-            newest_other = [
-                select(DatasetEvent.timestamp)
-                .where(
-                    DatasetEvent.dataset_id == dataset_id,
-                    DatasetEvent.id.not_in([e.id for e in by_dataset[dataset_id]]),
+            newest_other = text(
+                f"SELECT {clock or 'NULL'} AS now"
+                + "".join(
+                    f", (SELECT timestamp FROM dataset_event WHERE dataset_id = :dataset_id_{i} "
+                    f"AND id NOT IN :event_ids_{i} ORDER BY timestamp DESC LIMIT 1) AS newest_{i}"
+                    for i in range(len(chunk))
                 )
-                .order_by(DatasetEvent.timestamp.desc())
-                .limit(1)
-                .scalar_subquery()
-                for dataset_id in chunk
-            ]
+            ).bindparams(*(bindparam(f"event_ids_{i}", expanding=True) for i in range(len(chunk))))
+            params: dict[str, object] = {}
+            for i, dataset_id in enumerate(chunk):
+                params[f"dataset_id_{i}"] = dataset_id
+                params[f"event_ids_{i}"] = [e.id for e in by_dataset[dataset_id]]
+            now, *newest = session.execute(
+                newest_other.columns(now=UtcDateTime, **{f"newest_{i}": UtcDateTime for i in range(len(chunk))}),
+                params,
+            ).one()
             if clock is None:
-                now, *newest = [timezone.utcnow(), *session.execute(select(*newest_other)).one()]
-            else:
-                now, *newest = session.execute(select(literal_column(clock, UtcDateTime), *newest_other)).one()
+                now = timezone.utcnow()
             for dataset_id, newest_timestamp in zip(chunk, newest):
                 stamp = now
                 # Forward-only, but never following an event dated far ahead of the clock.
                 if newest_timestamp is not None and now < newest_timestamp + timedelta(microseconds=1) <= now + ahead:
                     stamp = newest_timestamp + timedelta(microseconds=1)
-                session.execute(
-                    update(DatasetEvent)
-                    .where(DatasetEvent.id.in_([e.id for e in by_dataset[dataset_id]]))
-                    .values(timestamp=stamp)
-                    .execution_options(synchronize_session=False)
-                )
+                session.execute(stamp_events, {"stamp": stamp, "event_ids": [e.id for e in by_dataset[dataset_id]]})
                 for dataset_event in by_dataset[dataset_id]:
                     set_committed_value(dataset_event, "timestamp", stamp)
 
@@ -585,9 +587,7 @@ class DatasetManager:
     @classmethod
     def _mysql_upsert_queue_rows(cls, rows: list[tuple[int, str]], session: Session) -> set[tuple[int, str]]:
         """MySQL/MariaDB: upsert the queue rows among ``rows`` that are not busy and whose DAG exists; return the busy keys."""
-        from sqlalchemy import text
-
-        from airflow.models.dag import DagModel
+        from sqlalchemy import bindparam, text
 
         dialect = session.bind.dialect
         clock = cls._database_clock(dialect.name)
@@ -597,8 +597,11 @@ class DatasetManager:
         busy = cls._busy_queue_rows(rows, session)
         dag_ids = sorted({dag_id for _, dag_id in rows})
         live: set[str] = set()
+        dags_that_exist = text("SELECT dag_id FROM dag WHERE dag_id IN :dag_ids").bindparams(
+            bindparam("dag_ids", expanding=True)
+        )
         for start in range(0, len(dag_ids), 500):
-            live.update(session.scalars(select(DagModel.dag_id).where(DagModel.dag_id.in_(dag_ids[start : start + 500]))))
+            live.update(session.scalars(dags_that_exist, {"dag_ids": dag_ids[start : start + 500]}))
         rows = [row for row in rows if row[1] in live and row not in busy]
         for start in range(0, len(rows), 500):  # 500 rows a statement: far below max_allowed_packet
             chunk = rows[start : start + 500]
@@ -620,10 +623,10 @@ class DatasetManager:
     @classmethod
     def _sqlite_upsert_queue_rows(cls, rows: list[tuple[int, str]], session: Session) -> None:
         """SQLite: upsert the queue rows ``rows`` (a writer excludes the others: none is held)."""
-        from sqlalchemy import func, literal_column
-        from sqlalchemy.dialects.sqlite import insert
+        from sqlalchemy import bindparam, text
 
         from airflow.utils import timezone
+        from airflow.utils.sqlalchemy import UtcDateTime
 
         now = timezone.utcnow()  # SQLite: this host's clock is the database's
         # Stored as 'YYYY-MM-DD HH:MM:SS.ffffff' text: one microsecond on in integer arithmetic (julianday() is too
@@ -633,21 +636,14 @@ class DatasetManager:
             " + CASE WHEN substr(dataset_dag_run_queue.created_at, 20, 1) = '.'"
             " THEN CAST(substr(dataset_dag_run_queue.created_at, 21, 6) AS INTEGER) ELSE 0 END + 1)"
         )
-        successor = literal_column(
-            f"strftime('%Y-%m-%d %H:%M:%S', {micros} / 1000000, 'unixepoch')"
-            f" || printf('.%06d', {micros} % 1000000)"
+        successor = (
+            f"strftime('%Y-%m-%d %H:%M:%S', {micros} / 1000000, 'unixepoch') || printf('.%06d', {micros} % 1000000)"
         )
-        # By its SQL name: ``stmt.excluded`` builds an alias of the table per statement (a sixth of the hook's calls).
-        forward = func.max(literal_column("excluded.created_at"), successor)
-        for start in range(0, len(rows), 300):  # 3 variables a row: below the 999 of SQLite builds before 3.32
-            stmt = insert(DatasetDagRunQueue).values(
-                [
-                    {"dataset_id": dataset_id, "target_dag_id": dag_id, "created_at": now}
-                    for dataset_id, dag_id in rows[start : start + 300]
-                ]
-            )
-            stmt = stmt.on_conflict_do_update(
-                index_elements=[DatasetDagRunQueue.dataset_id, DatasetDagRunQueue.target_dag_id],
-                set_={"created_at": forward},
-            )
-            session.execute(stmt)
+        # Text, executed once per row (executemany): an ORM insert built per COMMIT cost more than running it.
+        upsert = text(
+            "INSERT INTO dataset_dag_run_queue (dataset_id, target_dag_id, created_at) "
+            "VALUES (:dataset_id, :dag_id, :now) ON CONFLICT (dataset_id, target_dag_id) "
+            f"DO UPDATE SET created_at = max(excluded.created_at, {successor})"
+        ).bindparams(bindparam("now", type_=UtcDateTime))
+        if rows:
+            session.execute(upsert, [{"dataset_id": row[0], "dag_id": row[1], "now": now} for row in rows])
