@@ -73,7 +73,7 @@ class DatasetManager:
     def _dataset_race_fix_settings() -> dict[str, tuple[int | float, str]]:
         """``[dataset_race_fix]`` settings, ``key -> (default, meaning)``, read by ``_dataset_race_fix_setting``."""
         return {
-            "commit_latency_seconds": (10, "scheduler: a producer's stamp-to-COMMIT time that the floor allows for"),
+            "commit_latency_seconds": (3, "scheduler: a producer's stamp-to-COMMIT time that the floor allows for"),
             "event_lookback_seconds": (900, "scheduler: how far below the latest run a full read, the net and the sweep look"),
             "full_read_interval_seconds": (300, "scheduler: how often the net reads every reference through"),
             "max_event_ahead_seconds": (60, "events dated further ahead of the database's clock wait for it"),
