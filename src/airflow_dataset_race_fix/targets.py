@@ -89,7 +89,7 @@ MEMBERS = tuple(
         (_MANAGER, "_postgres_write", None),
         (_MANAGER, "_postgres_upsert_ctes", None),
         (_MANAGER, "_postgres_stamp_ctes", None),
-        (_MANAGER, "_busy_queue_rows", None),
+        (_MANAGER, "_take_queue_rows", None),
         (_MANAGER, "_queue_keys_joined_first", None),
         (_MANAGER, "_upsert_queue_dagruns", None),
         (_MANAGER, "_date_queue_rows_after_their_events", None),

@@ -446,13 +446,15 @@ class DatasetManager:
         return parts, result, params
 
     @classmethod
-    def _busy_queue_rows(cls, rows: list[tuple[int, str]], session: Session) -> set[tuple[int, str]]:
-        """MySQL/MariaDB: lock the existing queue rows among ``rows`` without waiting; return those others hold."""
+    def _take_queue_rows(
+        cls, rows: list[tuple[int, str]], session: Session
+    ) -> tuple[set[tuple[int, str]], set[tuple[int, str]]]:
+        """MySQL/MariaDB: lock the existing queue rows among ``rows`` without waiting; return (taken, held by others)."""
         from sqlalchemy import text
 
         dialect = session.bind.dialect
         if (dialect.server_version_info or ()) < ((10, 6) if dialect.is_mariadb else (8, 0, 1)):  # no SKIP LOCKED
-            return set()
+            return set(), set()
 
         def existing(keys: list[tuple[int, str]], lock: bool) -> set[tuple[int, str]]:
             """The keys among ``keys`` that have a committed row (``lock``: that this one could lock)."""
@@ -462,13 +464,15 @@ class DatasetManager:
             ).bindparams(**params)
             return set(map(tuple, session.execute(statement)))
 
+        taken: set[tuple[int, str]] = set()
         busy: set[tuple[int, str]] = set()
         for start in range(0, len(rows), 500):
             chunk = rows[start : start + 500]
-            taken = existing(chunk, lock=True)
-            if len(taken) < len(chunk):  # new keys, or busy rows: tell them apart
-                busy.update(existing([k for k in chunk if k not in taken], lock=False))
-        return busy
+            taken_here = existing(chunk, lock=True)
+            taken.update(taken_here)
+            if len(taken_here) < len(chunk):  # new keys, or busy rows: tell them apart
+                busy.update(existing([k for k in chunk if k not in taken_here], lock=False))
+        return taken, busy
 
     @staticmethod
     def _queue_keys_joined_first(keys: list[tuple[int, str]]) -> tuple[str, dict[str, object]]:
@@ -496,7 +500,7 @@ class DatasetManager:
         import time
 
         busy = cls._upsert_queue_rows_not_held(rows, events, session)
-        deadline = time.monotonic() + cls._dataset_race_fix_setting("queue_row_wait_seconds")
+        deadline = time.monotonic() + (cls._dataset_race_fix_setting("queue_row_wait_seconds") if busy else 0)
         pause = 0.001  # a producer's COMMIT holds a row for milliseconds: look again soon, then less often
         while busy and time.monotonic() + pause < deadline:
             time.sleep(pause)
@@ -594,14 +598,14 @@ class DatasetManager:
         # MySQL 8.0.19+ names the new row with an alias (VALUES() is deprecated: 1287); MariaDB has only VALUES().
         alias = not dialect.is_mariadb and dialect.server_version_info >= (8, 0, 19)
         new_created_at = "new.created_at" if alias else "VALUES(created_at)"
-        busy = cls._busy_queue_rows(rows, session)
-        dag_ids = sorted({dag_id for _, dag_id in rows})
-        live: set[str] = set()
-        dags_that_exist = text("SELECT dag_id FROM dag WHERE dag_id IN :dag_ids").bindparams(
-            bindparam("dag_ids", expanding=True)
-        )
+        taken, busy = cls._take_queue_rows(rows, session)
+        # A taken row's DAG exists to this COMMIT (deleting the DAG deletes the row, which this transaction holds):
+        # only the other DAGs of new keys are looked up.
+        live: set[str] = {dag_id for _, dag_id in taken}
+        dag_ids = sorted({row[1] for row in rows if row not in taken and row not in busy} - live)
+        dags_that_exist = text("SELECT dag_id FROM dag WHERE dag_id IN :ids").bindparams(bindparam("ids", expanding=True))
         for start in range(0, len(dag_ids), 500):
-            live.update(session.scalars(dags_that_exist, {"dag_ids": dag_ids[start : start + 500]}))
+            live.update(session.scalars(dags_that_exist, {"ids": dag_ids[start : start + 500]}))
         rows = [row for row in rows if row[1] in live and row not in busy]
         for start in range(0, len(rows), 500):  # 500 rows a statement: far below max_allowed_packet
             chunk = rows[start : start + 500]
