@@ -214,6 +214,9 @@ def site():
         "AIRFLOW__WEBSERVER__WORKERS": "1",
         "AIRFLOW__WEBSERVER__WORKER_CLASS": "gthread",  # Chromium's idle pre-connections would hold a sync worker
         "AIRFLOW__WEBSERVER__WEB_SERVER_HOST": "127.0.0.1",
+        # FAB allows 5 logins per 40 s by default, and this module logs in more often than that: the next
+        # login got the sign-in page back (a JSON error on a fast machine)
+        "AIRFLOW__FAB__AUTH_RATE_LIMITED": "False",
     }
     env.pop("PYTHONPATH", None)  # no shim in the webserver: the page says the fix is off there
     _airflow("users", "create", "--role", "Admin", "--username", "admin", "--password", PASSWORD,
@@ -413,5 +416,6 @@ def _login_cookies(base: str, user: str) -> dict[str, str]:
     session = requests.Session()
     form = session.get(f"{base}/login/", timeout=30).text
     token = re.search(r'name="csrf_token" type="hidden" value="([^"]+)"', form).group(1)
-    session.post(f"{base}/login/", data={"username": user, "password": PASSWORD, "csrf_token": token}, timeout=30)
+    answer = session.post(f"{base}/login/", data={"username": user, "password": PASSWORD, "csrf_token": token}, timeout=30)
+    assert answer.ok and "/login" not in answer.url, (answer.status_code, answer.url)  # not logged in: say so here
     return session.cookies.get_dict()

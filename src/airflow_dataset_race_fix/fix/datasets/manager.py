@@ -502,8 +502,8 @@ class DatasetManager:
         busy = cls._upsert_queue_rows_not_held(rows, events, session)
         deadline = time.monotonic() + (cls._dataset_race_fix_setting("queue_row_wait_seconds") if busy else 0)
         pause = 0.001  # a producer's COMMIT holds a row for milliseconds: look again soon, then less often
-        while busy and time.monotonic() + pause < deadline:
-            time.sleep(pause)
+        while busy and time.monotonic() < deadline:  # the last look at the deadline: the whole wait is polled
+            time.sleep(max(0.0, min(pause, deadline - time.monotonic())))
             pause = min(2 * pause, 0.008)
             busy = cls._upsert_queue_rows_not_held(sorted(busy), events, session)
         cls._date_queue_rows_after_their_events([row for row in rows if row not in busy], events, session)
