@@ -307,33 +307,33 @@ class DatasetManager:
         stamp_events = text("UPDATE dataset_event SET timestamp = :stamp WHERE id IN :event_ids").bindparams(
             bindparam("stamp", type_=UtcDateTime), bindparam("event_ids", expanding=True)
         )
+        event_ids = {dataset_id: [e.id for e in of_dataset] for dataset_id, of_dataset in by_dataset.items()}
         dataset_ids = sorted(by_dataset)
         for start in range(0, len(dataset_ids), 100):
             chunk = dataset_ids[start : start + 100]
+            newest = [f"newest_{i}" for i in range(len(chunk))]
             newest_other = text(
-                f"SELECT {clock or 'NULL'} AS now"
+                f"SELECT {clock or 'NULL'} AS now"  # SQLite: this host's clock, read below
                 + "".join(
                     f", (SELECT timestamp FROM dataset_event WHERE dataset_id = :dataset_id_{i} "
-                    f"AND id NOT IN :event_ids_{i} ORDER BY timestamp DESC LIMIT 1) AS newest_{i}"
-                    for i in range(len(chunk))
+                    f"AND id NOT IN :event_ids_{i} ORDER BY timestamp DESC LIMIT 1) AS {name}"
+                    for i, name in enumerate(newest)
                 )
             ).bindparams(*(bindparam(f"event_ids_{i}", expanding=True) for i in range(len(chunk))))
             params: dict[str, object] = {}
             for i, dataset_id in enumerate(chunk):
-                params[f"dataset_id_{i}"] = dataset_id
-                params[f"event_ids_{i}"] = [e.id for e in by_dataset[dataset_id]]
-            now, *newest = session.execute(
-                newest_other.columns(now=UtcDateTime, **{f"newest_{i}": UtcDateTime for i in range(len(chunk))}),
-                params,
+                params[f"dataset_id_{i}"], params[f"event_ids_{i}"] = dataset_id, event_ids[dataset_id]
+            now, *newest_timestamps = session.execute(
+                newest_other.columns(now=UtcDateTime, **dict.fromkeys(newest, UtcDateTime)), params
             ).one()
             if clock is None:
                 now = timezone.utcnow()
-            for dataset_id, newest_timestamp in zip(chunk, newest):
+            for dataset_id, newest_timestamp in zip(chunk, newest_timestamps):
                 stamp = now
                 # Forward-only, but never following an event dated far ahead of the clock.
                 if newest_timestamp is not None and now < newest_timestamp + timedelta(microseconds=1) <= now + ahead:
                     stamp = newest_timestamp + timedelta(microseconds=1)
-                session.execute(stamp_events, {"stamp": stamp, "event_ids": [e.id for e in by_dataset[dataset_id]]})
+                session.execute(stamp_events, {"stamp": stamp, "event_ids": event_ids[dataset_id]})
                 for dataset_event in by_dataset[dataset_id]:
                     set_committed_value(dataset_event, "timestamp", stamp)
 
