@@ -110,7 +110,7 @@ def test_a_row_a_producer_holds_is_skipped_never_waited_for(world):
     p0, p, s = w.producer("P0"), w.producer("P"), w.scheduler()
     w.clock.at(1), w.emit(p0, a), p0.finish(), w.emit(p0, b), p0.finish()
     w.clock.at(2)
-    p.pause_after("insert into dataset_dag_run_queue")  # upserted b's row, COMMIT not yet sent
+    p.pause_after("update dataset_dag_run_queue")  # b's row written (dated after its event), COMMIT not yet sent
     assert w.emit(p, b) == PAUSED
     assert w.loop(s) == DONE  # a run with E_a and E_b; b's row is held by P: skipped
     s.finish()
@@ -142,15 +142,16 @@ def test_a_producer_does_not_wait_for_the_schedulers_run_creation(world):
 
 
 @pytest.mark.skipif(BACKEND != "postgres", reason="PostgreSQL's producer statements")
-def test_a_postgres_producer_commit_sends_two_statements_whatever_its_outlets(world):
+def test_a_postgres_producer_commit_sends_short_statements_in_lock_order(world):
     """
     Stock PostgreSQL sends one queue statement per event (``INSERT .. ON CONFLICT DO
-    NOTHING``). The fix sends two at COMMIT for the whole transaction, whatever the number
-    of outlets and DAGs, and whether a row is new, existing or held by another transaction:
-    the SKIP LOCKED take, the check for held rows, the insert, then the stamps of all its
-    events; and the queue rows dated one microsecond after their events (Airflow's order),
-    which writes the rows it only took first (a second write of a row would check its
-    foreign key again, and wait for a scheduler holding the DAG's row).
+    NOTHING``). The fix sends at COMMIT, for the whole transaction: the SKIP LOCKED take of
+    the existing rows, the look for held rows, the insert of the new keys, then the stamps
+    of its events, then the queue rows dated one microsecond after their events (Airflow's
+    order). Short statements: a task's connection is new and a new server backend plans a
+    statement of CTEs and joins for milliseconds (issue 30). A row only taken is written
+    once, by the dating (a second write would check its foreign key again and wait for a
+    scheduler holding the DAG's row); a held row is not written.
     """
     w = world
     a, b = w.dataset("a"), w.dataset("b")
@@ -158,15 +159,14 @@ def test_a_postgres_producer_commit_sends_two_statements_whatever_its_outlets(wo
     held = w.producer("held")
     assert w.emit(held, a) == DONE
     held.finish()  # (a, x) and (a, y) exist now
-    sent: list[str] = []
+    sent: list[tuple[str, object]] = []
 
     def record(conn, cursor, statement, parameters, context, executemany):
-        sent.append(" ".join(statement.split()).lower())
+        sent.append((" ".join(statement.split()).lower(), parameters))
 
-    with create_session() as other:  # holds (a, y) as a committing producer does
-        other.execute(
-            text("SELECT 1 FROM dataset_dag_run_queue WHERE target_dag_id = :d FOR UPDATE"), {"d": y}
-        )
+    with settings.engine.connect() as other:  # holds (a, y) as a committing producer does (its own connection)
+        transaction = other.begin()
+        other.execute(text("SELECT 1 FROM dataset_dag_run_queue WHERE target_dag_id = :d FOR UPDATE"), {"d": y})
         event.listen(settings.engine, "before_cursor_execute", record)
         try:
             with create_session() as session:
@@ -178,13 +178,25 @@ def test_a_postgres_producer_commit_sends_two_statements_whatever_its_outlets(wo
                 sent.clear()  # what stock sends too is behind us: the lookups and the event rows
         finally:
             event.remove(settings.engine, "before_cursor_execute", record)
-        other.rollback()
-    writes = [s for s in sent if not s.startswith(("commit", "release", "savepoint"))]
-    assert len(writes) == 2, writes
-    assert "for update of q skip locked" in writes[0] and "insert into dataset_dag_run_queue" in writes[0]
-    assert "(select count(*) from written)" in writes[0] and "update dataset_event" in writes[0]
-    assert writes[1].startswith("update dataset_dag_run_queue as q set created_at = greatest("), writes[1]
-    assert _queued(x) == sorted((_dataset_id(a.uri), _dataset_id(b.uri))) and _queued(y) == [_dataset_id(a.uri)]
+        transaction.rollback()
+    a_id, b_id = _dataset_id(a.uri), _dataset_id(b.uri)
+    writes = [(s, p) for s, p in sent if not s.startswith(("commit", "release", "savepoint"))]
+    kinds = [
+        "take" if "for update skip locked" in s
+        else "look" if s.startswith("select q.dataset_id")
+        else "insert" if s.startswith("insert into dataset_dag_run_queue")
+        else "clock" if s.startswith("select clock_timestamp()")
+        else "stamp" if s.startswith("update dataset_event")
+        else "date" if s.startswith("update dataset_dag_run_queue")
+        else s
+        for s, _ in writes
+    ]
+    assert kinds == ["take", "look", "insert", "clock", "stamp", "stamp", "date"], kinds
+    assert "from dataset_dag_run_queue" in writes[0][0] and "join" not in writes[0][0] and " with " not in writes[0][0]
+    assert writes[2][1] == {"dataset_id_0": b_id, "dag_id_0": x}  # the new key only: (a, x) is taken, (a, y) held
+    dated = writes[-1][1]
+    assert list(zip(dated["dataset_ids"], dated["dag_ids"])) == sorted([(a_id, x), (b_id, x)])
+    assert _queued(x) == sorted((a_id, b_id)) and _queued(y) == [a_id]
 
 
 def test_rows_are_written_at_commit_in_key_order_in_one_statement(world):
@@ -195,7 +207,7 @@ def test_rows_are_written_at_commit_in_key_order_in_one_statement(world):
     statements: list[tuple[str, object]] = []
 
     def record(conn, cursor, statement, parameters, context, executemany):
-        if "insert into dataset_dag_run_queue" in statement.lower():  # PostgreSQL's starts with its WITH
+        if "insert into dataset_dag_run_queue" in statement.lower():
             statements.append((statement, parameters))
 
     event.listen(settings.engine, "before_cursor_execute", record)
@@ -213,7 +225,7 @@ def test_rows_are_written_at_commit_in_key_order_in_one_statement(world):
     expected = sorted((ds, dag) for ds in (a_id, b_id) for dag in dags)
     statement, parameters = statements[0]
     if BACKEND == "postgres":
-        assert list(zip(parameters["dataset_ids"], parameters["dag_ids"])) == expected
+        assert [(parameters[f"dataset_id_{i}"], parameters[f"dag_id_{i}"]) for i in range(4)] == expected
     elif BACKEND == "mysql":  # (dataset_id, target_dag_id) per row, positional; created_at is NOW(6)
         assert [(parameters[i], parameters[i + 1]) for i in range(0, 8, 2)] == expected
     else:  # one executemany: (dataset_id, target_dag_id, created_at) per row, positional

@@ -240,7 +240,7 @@ class DatasetManager:
         if not deferred and not events:
             return
         session.flush()  # the transaction's other writes first: these are its last
-        if deferred:  # the stamps go with the rows' last write (one statement on PostgreSQL)
+        if deferred:  # the rows, then the stamps, then the rows dated after their events
             cls._upsert_queue_dagruns(sorted(deferred), events or [], session)
         elif events:
             cls._stamp_events(events, session)
@@ -294,9 +294,6 @@ class DatasetManager:
         from airflow.utils import timezone
         from airflow.utils.sqlalchemy import UtcDateTime
 
-        if session.bind.dialect.name == "postgresql":
-            cls._postgres_write([], events, session)
-            return
         by_dataset: dict[int, list[DatasetEvent]] = defaultdict(list)
         for dataset_event in events:
             if inspect(dataset_event).persistent:
@@ -338,127 +335,26 @@ class DatasetManager:
                     set_committed_value(dataset_event, "timestamp", stamp)
 
     @classmethod
-    def _postgres_write(
-        cls, rows: list[tuple[int, str]], events: list[DatasetEvent], session: Session
-    ) -> set[tuple[int, str]]:
-        """PostgreSQL: upsert the queue rows not held and stamp ``events``, in one statement; return the held keys."""
-        from sqlalchemy import Integer, String, inspect, text
-        from sqlalchemy.orm.attributes import set_committed_value
-
-        from airflow.utils.sqlalchemy import UtcDateTime
-
-        clock = cls._database_clock("postgresql")
-        events = [dataset_event for dataset_event in events if inspect(dataset_event).persistent]
-        pieces = [cls._postgres_upsert_ctes(rows, events, clock)] if rows else []
-        if events:
-            pieces.append(cls._postgres_stamp_ctes(events, clock, after_written=bool(rows)))
-        if not pieces:
-            return set()
-        parts, results, params = [], [], {}
-        for ctes, result, bound in pieces:
-            parts += ctes
-            results.append(result)
-            params.update(bound)
-        held: set[tuple[int, str]] = set()  # one snapshot: a row deleted just before counts as held
-        stamp_of = {}
-        for dataset_id, dag_id, event_id, stamp in session.execute(
-            text("WITH " + ", ".join(parts) + " " + " UNION ALL ".join(results)).columns(
-                dataset_id=Integer, target_dag_id=String, event_id=Integer, stamp=UtcDateTime
-            ),
-            params,
-        ):
-            if event_id is None:
-                held.add((dataset_id, dag_id))
-            else:
-                stamp_of[event_id] = stamp
-        for dataset_event in events:
-            set_committed_value(dataset_event, "timestamp", stamp_of[dataset_event.id])
-        return held
-
-    @staticmethod
-    def _postgres_upsert_ctes(
-        rows: list[tuple[int, str]], events: list[DatasetEvent], clock: str
-    ) -> tuple[list[str], str, dict[str, object]]:
-        """
-        PostgreSQL: ``_postgres_write``'s parts that upsert the queue rows (``taken`` never waits, new keys go in key
-        order); their result selects the held keys. A taken row of a dataset stamped here is only locked: a second
-        write would check its foreign key again, waiting for a scheduler loop holding its DAG row (BUG_REPORT,
-        "Producer: events dated at their COMMIT").
-        """
-        key = "k.dataset_id = {0}.dataset_id AND k.target_dag_id = {0}.target_dag_id"
-        parts = [
-            "k AS MATERIALIZED (SELECT * FROM unnest(CAST(:dataset_ids AS INTEGER[]), "
-            "CAST(:dag_ids AS VARCHAR[])) AS k(dataset_id, target_dag_id))",
-            "taken AS MATERIALIZED (SELECT q.dataset_id, q.target_dag_id "
-            f"FROM dataset_dag_run_queue AS q JOIN k ON {key.format('q')} "
-            "ORDER BY q.dataset_id, q.target_dag_id FOR UPDATE OF q SKIP LOCKED)",
-            "held AS MATERIALIZED (SELECT q.dataset_id, q.target_dag_id "
-            f"FROM dataset_dag_run_queue AS q JOIN k ON {key.format('q')} "
-            "EXCEPT SELECT dataset_id, target_dag_id FROM taken)",
-            "written AS (INSERT INTO dataset_dag_run_queue (dataset_id, target_dag_id, created_at) "
-            f"SELECT k.dataset_id, k.target_dag_id, {clock} FROM k JOIN dag ON dag.dag_id = k.target_dag_id "
-            f"WHERE NOT EXISTS (SELECT FROM held WHERE {key.format('held')}) "
-            # a row of a dataset stamped here is only locked: written after the stamps
-            f"AND NOT (k.dataset_id = ANY(CAST(:stamped_dataset_ids AS INTEGER[])) "
-            f"AND EXISTS (SELECT FROM taken WHERE {key.format('taken')})) "
-            "ORDER BY k.dataset_id, k.target_dag_id "
-            "ON CONFLICT (dataset_id, target_dag_id) DO UPDATE SET created_at = GREATEST("
-            "excluded.created_at, dataset_dag_run_queue.created_at + interval '1 microsecond') RETURNING 1)",
-        ]
-        result = "SELECT dataset_id, target_dag_id, NULL::INTEGER AS event_id, NULL::TIMESTAMPTZ AS stamp FROM held"
-        params = dict(
-            dataset_ids=[r[0] for r in rows],
-            dag_ids=[r[1] for r in rows],
-            stamped_dataset_ids=sorted({e.dataset_id for e in events}),
-        )
-        return parts, result, params
-
-    @classmethod
-    def _postgres_stamp_ctes(
-        cls, events: list[DatasetEvent], clock: str, after_written: bool
-    ) -> tuple[list[str], str, dict[str, object]]:
-        """PostgreSQL: ``_postgres_write``'s parts that stamp ``events``; their result selects each event's stamp."""
-        from datetime import timedelta
-
-        after = " FROM (SELECT count(*) FROM written) AS w" if after_written else ""
-        parts = [
-            f"clock AS MATERIALIZED (SELECT {clock} AS now{after})",  # every queue row locked first: the floor
-            "stamps AS MATERIALIZED (SELECT d.dataset_id, CASE WHEN newest.timestamp + interval "
-            "'1 microsecond' BETWEEN clock.now AND clock.now + :ahead THEN newest.timestamp + interval "
-            "'1 microsecond' ELSE clock.now END AS stamp "
-            "FROM unnest(CAST(:event_dataset_ids AS INTEGER[])) AS d(dataset_id) CROSS JOIN clock "
-            "LEFT JOIN LATERAL (SELECT timestamp FROM dataset_event WHERE dataset_id = d.dataset_id "
-            "AND id <> ALL(CAST(:event_ids AS INTEGER[])) ORDER BY timestamp DESC LIMIT 1) AS newest ON true)",
-            "stamped AS (UPDATE dataset_event SET timestamp = stamps.stamp FROM stamps "
-            "WHERE dataset_event.dataset_id = stamps.dataset_id "
-            "AND dataset_event.id = ANY(CAST(:event_ids AS INTEGER[])) "
-            "RETURNING dataset_event.id, dataset_event.timestamp)",
-        ]
-        result = (
-            "SELECT NULL::INTEGER AS dataset_id, NULL::VARCHAR AS target_dag_id, id AS event_id, timestamp AS stamp "
-            "FROM stamped"
-        )
-        params = dict(
-            ahead=timedelta(seconds=cls._dataset_race_fix_setting("max_event_ahead_seconds")),
-            event_dataset_ids=sorted({e.dataset_id for e in events}),
-            event_ids=[e.id for e in events],
-        )
-        return parts, result, params
-
-    @classmethod
     def _take_queue_rows(
         cls, rows: list[tuple[int, str]], session: Session
     ) -> tuple[set[tuple[int, str]], set[tuple[int, str]]]:
-        """MySQL/MariaDB: lock the existing queue rows among ``rows`` without waiting; return (taken, held by others)."""
+        """
+        PostgreSQL, MySQL/MariaDB: lock the existing queue rows among ``rows`` without waiting; return (taken, held by
+        others). A row committed or deleted between the lock and the look counts as held (looked at again) or as new
+        (upserted in key order): both safe.
+        """
         from sqlalchemy import text
 
         dialect = session.bind.dialect
-        if (dialect.server_version_info or ()) < ((10, 6) if dialect.is_mariadb else (8, 0, 1)):  # no SKIP LOCKED
-            return set(), set()
+        if dialect.name == "mysql" and (dialect.server_version_info or ()) < ((10, 6) if dialect.is_mariadb else (8, 0, 1)):
+            return set(), set()  # no SKIP LOCKED
 
         def existing(keys: list[tuple[int, str]], lock: bool) -> set[tuple[int, str]]:
             """The keys among ``keys`` that have a committed row (``lock``: that this one could lock)."""
             keys_first, params = cls._queue_keys_joined_first(keys)  # one primary-key lookup per key
+            if dialect.name == "postgresql":  # a row IN list: one probe per key, planned fast on a new connection
+                pairs = ", ".join(f"(:dataset_id_{i}, :dag_id_{i})" for i in range(len(keys)))
+                keys_first = f"dataset_dag_run_queue AS q WHERE (q.dataset_id, q.target_dag_id) IN ({pairs})"
             statement = text(
                 f"SELECT q.dataset_id, q.target_dag_id FROM {keys_first}" + (" FOR UPDATE SKIP LOCKED" if lock else "")
             ).bindparams(**params)
@@ -506,6 +402,7 @@ class DatasetManager:
             time.sleep(max(0.0, min(pause, deadline - time.monotonic())))
             pause = min(2 * pause, 0.008)
             busy = cls._upsert_queue_rows_not_held(sorted(busy), events, session)
+        cls._stamp_events(events, session)  # every row locked first: the floor
         cls._date_queue_rows_after_their_events([row for row in rows if row not in busy], events, session)
         if busy:
             Stats.incr("dataset_race_fix.busy_queue_rows_left_out", len(busy))
@@ -534,7 +431,7 @@ class DatasetManager:
         if not rows:
             return
         dialect = session.bind.dialect.name
-        if dialect == "postgresql":
+        if dialect == "postgresql" and len(rows) > 1:  # one statement at any number of rows
             session.execute(
                 text(
                     "UPDATE dataset_dag_run_queue AS q SET created_at = "
@@ -550,8 +447,12 @@ class DatasetManager:
                 },
             )
             return
-        # By primary key, executemany; MySQL's DATETIME(6) in UTC, SQLite's text, which compares chronologically.
-        greatest = "GREATEST(created_at, CAST(:after AS DATETIME(6)))" if dialect == "mysql" else "max(created_at, :after)"
+        # By primary key, executemany; MySQL's DATETIME(6) in UTC, SQLite's text, which compares chronologically;
+        # PostgreSQL's one row (planned faster than the unnest on a task's new connection), its own type.
+        greatest = {
+            "postgresql": "GREATEST(created_at + interval '1 microsecond', CAST(:after AS TIMESTAMPTZ))",
+            "mysql": "GREATEST(created_at, CAST(:after AS DATETIME(6)))",
+        }.get(dialect, "max(created_at, :after)")
         session.execute(
             text(
                 f"UPDATE dataset_dag_run_queue SET created_at = {greatest} "
@@ -559,7 +460,9 @@ class DatasetManager:
             ),
             [
                 {
-                    "after": after[dataset_id].astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f"),
+                    "after": after[dataset_id]
+                    if dialect == "postgresql"
+                    else after[dataset_id].astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f"),
                     "dataset_id": dataset_id,
                     "dag_id": dag_id,
                 }
@@ -572,35 +475,52 @@ class DatasetManager:
         cls, rows: list[tuple[int, str]], events: list[DatasetEvent], session: Session
     ) -> set[tuple[int, str]]:
         """
-        Upsert the queue rows among ``rows`` that no other transaction holds, in that order, then stamp ``events``;
-        return the held keys. A row gets ``max(now, stored + 1 microsecond)``: always changed, so a scheduler that read
+        Upsert the queue rows among ``rows`` that no other transaction holds, in that order; return the held keys. A row gets ``max(now, stored + 1 microsecond)``: always changed, so a scheduler that read
         it before leaves it. Only rows of DAGs that still exist, read without a lock (``FOR KEY SHARE`` would wait for
         a scheduler loop): ``delete_dag`` no longer waits for the producer.
         """
         dialect_name = session.bind.dialect.name
-        if dialect_name == "postgresql":
-            return cls._postgres_write(rows, events, session)
-        if dialect_name == "mysql":
-            busy = cls._mysql_upsert_queue_rows(rows, session)
+        if dialect_name in ("postgresql", "mysql"):
+            busy = cls._upsert_queue_rows_taken_first(rows, events, session)
         else:
             busy = set()
             cls._sqlite_upsert_queue_rows(rows, session)
-        cls._stamp_events(events, session)
         return busy
 
     @classmethod
-    def _mysql_upsert_queue_rows(cls, rows: list[tuple[int, str]], session: Session) -> set[tuple[int, str]]:
-        """MySQL/MariaDB: upsert the queue rows among ``rows`` that are not busy and whose DAG exists; return the busy keys."""
-        from sqlalchemy import bindparam, text
+    def _upsert_queue_rows_taken_first(
+        cls, rows: list[tuple[int, str]], events: list[DatasetEvent], session: Session
+    ) -> set[tuple[int, str]]:
+        """
+        PostgreSQL, MySQL/MariaDB: take the existing rows among ``rows``, then upsert those not busy whose DAG exists, in
+        key order; return the busy keys. Short statements, not one: a task's connection is new (Airflow disposes the
+        pool before the task runs) and the server plans each statement with cold caches, a statement of CTEs and joins
+        for milliseconds (issue 30).
+        """
+        from sqlalchemy import bindparam, inspect, text
 
         dialect = session.bind.dialect
         clock = cls._database_clock(dialect.name)
-        # MySQL 8.0.19+ names the new row with an alias (VALUES() is deprecated: 1287); MariaDB has only VALUES().
-        alias = not dialect.is_mariadb and dialect.server_version_info >= (8, 0, 19)
-        new_created_at = "new.created_at" if alias else "VALUES(created_at)"
+        if dialect.name == "postgresql":
+            upsert = (
+                " ON CONFLICT (dataset_id, target_dag_id) DO UPDATE SET created_at = "
+                "GREATEST(excluded.created_at, dataset_dag_run_queue.created_at + interval '1 microsecond')"
+            )
+        else:  # MySQL 8.0.19+ names the new row with an alias (VALUES() is deprecated: 1287); MariaDB has only VALUES()
+            alias = not dialect.is_mariadb and dialect.server_version_info >= (8, 0, 19)
+            upsert = (
+                (" AS new" if alias else "")
+                + f" ON DUPLICATE KEY UPDATE created_at = GREATEST({'new.created_at' if alias else 'VALUES(created_at)'}, "
+                "TIMESTAMPADD(MICROSECOND, 1, dataset_dag_run_queue.created_at))"
+            )
         taken, busy = cls._take_queue_rows(rows, session)
+        if dialect.name == "postgresql":
+            # A taken row of a dataset stamped here is only locked: a second write would check its foreign key again,
+            # waiting for a scheduler loop holding its DAG row; _date_queue_rows_after_their_events writes it, once.
+            stamped = {e.dataset_id for e in events if inspect(e).persistent}
+            rows = [row for row in rows if not (row in taken and row[0] in stamped)]
         # A taken row's DAG exists to this COMMIT (deleting the DAG deletes the row, which this transaction holds):
-        # only the other DAGs of new keys are looked up.
+        # only the other DAGs of new keys are looked up, without a lock (delete_dag does not wait for the producer).
         live: set[str] = {dag_id for _, dag_id in taken}
         dag_ids = sorted({row[1] for row in rows if row not in taken and row not in busy} - live)
         dags_that_exist = text("SELECT dag_id FROM dag WHERE dag_id IN :ids").bindparams(bindparam("ids", expanding=True))
@@ -613,9 +533,7 @@ class DatasetManager:
                 text(
                     "INSERT INTO dataset_dag_run_queue (dataset_id, target_dag_id, created_at) VALUES "
                     + ", ".join(f"(:dataset_id_{i}, :dag_id_{i}, {clock})" for i in range(len(chunk)))
-                    + (" AS new" if alias else "")
-                    + f" ON DUPLICATE KEY UPDATE created_at = GREATEST({new_created_at}, "
-                    "TIMESTAMPADD(MICROSECOND, 1, dataset_dag_run_queue.created_at))"
+                    + upsert
                 ),
                 {
                     **{f"dataset_id_{i}": row[0] for i, row in enumerate(chunk)},
