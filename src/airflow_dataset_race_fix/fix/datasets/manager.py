@@ -346,17 +346,20 @@ class DatasetManager:
         from sqlalchemy import text
 
         dialect = session.bind.dialect
-        if dialect.name == "mysql" and (dialect.server_version_info or ()) < ((10, 6) if dialect.is_mariadb else (8, 0, 1)):
-            return set(), set()  # no SKIP LOCKED
+        if dialect.name == "mysql":
+            skip_locked = (10, 6) if dialect.is_mariadb else (8, 0, 1)
+            if (dialect.server_version_info or ()) < skip_locked:
+                return set(), set()
 
         def existing(keys: list[tuple[int, str]], lock: bool) -> set[tuple[int, str]]:
             """The keys among ``keys`` that have a committed row (``lock``: that this one could lock)."""
-            keys_first, params = cls._queue_keys_joined_first(keys)  # one primary-key lookup per key
-            if dialect.name == "postgresql":  # a row IN list: one probe per key, planned fast on a new connection
+            # One probe per key: MySQL's keys joined first; PostgreSQL's a row IN list, planned fast on a new connection
+            source, params = cls._queue_keys_joined_first(keys)
+            if dialect.name == "postgresql":  # the same parameters
                 pairs = ", ".join(f"(:dataset_id_{i}, :dag_id_{i})" for i in range(len(keys)))
-                keys_first = f"dataset_dag_run_queue AS q WHERE (q.dataset_id, q.target_dag_id) IN ({pairs})"
+                source = f"dataset_dag_run_queue AS q WHERE (q.dataset_id, q.target_dag_id) IN ({pairs})"
             statement = text(
-                f"SELECT q.dataset_id, q.target_dag_id FROM {keys_first}" + (" FOR UPDATE SKIP LOCKED" if lock else "")
+                f"SELECT q.dataset_id, q.target_dag_id FROM {source}" + (" FOR UPDATE SKIP LOCKED" if lock else "")
             ).bindparams(**params)
             return set(map(tuple, session.execute(statement)))
 
@@ -475,9 +478,10 @@ class DatasetManager:
         cls, rows: list[tuple[int, str]], events: list[DatasetEvent], session: Session
     ) -> set[tuple[int, str]]:
         """
-        Upsert the queue rows among ``rows`` that no other transaction holds, in that order; return the held keys. A row gets ``max(now, stored + 1 microsecond)``: always changed, so a scheduler that read
-        it before leaves it. Only rows of DAGs that still exist, read without a lock (``FOR KEY SHARE`` would wait for
-        a scheduler loop): ``delete_dag`` no longer waits for the producer.
+        Upsert the queue rows among ``rows`` that no other transaction holds, in that order; return the held keys. A
+        row gets ``max(now, stored + 1 microsecond)``: always changed, so a scheduler that read it before leaves it.
+        Only rows of DAGs that still exist, read without a lock (``FOR KEY SHARE`` would wait for a scheduler loop):
+        ``delete_dag`` no longer waits for the producer.
         """
         dialect_name = session.bind.dialect.name
         if dialect_name in ("postgresql", "mysql"):
@@ -492,8 +496,8 @@ class DatasetManager:
         cls, rows: list[tuple[int, str]], events: list[DatasetEvent], session: Session
     ) -> set[tuple[int, str]]:
         """
-        PostgreSQL, MySQL/MariaDB: take the existing rows among ``rows``, then upsert those not busy whose DAG exists, in
-        key order; return the busy keys. Short statements, not one: a task's connection is new (Airflow disposes the
+        PostgreSQL, MySQL/MariaDB: take the existing rows among ``rows``, then upsert those not busy whose DAG exists,
+        in key order; return the busy keys. Short statements, not one: a task's connection is new (Airflow disposes the
         pool before the task runs) and the server plans each statement with cold caches, a statement of CTEs and joins
         for milliseconds (issue 30).
         """
@@ -508,9 +512,10 @@ class DatasetManager:
             )
         else:  # MySQL 8.0.19+ names the new row with an alias (VALUES() is deprecated: 1287); MariaDB has only VALUES()
             alias = not dialect.is_mariadb and dialect.server_version_info >= (8, 0, 19)
+            new_created_at = "new.created_at" if alias else "VALUES(created_at)"
             upsert = (
                 (" AS new" if alias else "")
-                + f" ON DUPLICATE KEY UPDATE created_at = GREATEST({'new.created_at' if alias else 'VALUES(created_at)'}, "
+                + f" ON DUPLICATE KEY UPDATE created_at = GREATEST({new_created_at}, "
                 "TIMESTAMPADD(MICROSECOND, 1, dataset_dag_run_queue.created_at))"
             )
         taken, busy = cls._take_queue_rows(rows, session)
