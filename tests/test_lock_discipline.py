@@ -146,12 +146,13 @@ def test_a_postgres_producer_commit_sends_short_statements_in_lock_order(world):
     """
     Stock PostgreSQL sends one queue statement per event (``INSERT .. ON CONFLICT DO
     NOTHING``). The fix sends at COMMIT, for the whole transaction: the SKIP LOCKED take of
-    the existing rows, the look for held rows, the insert of the new keys, then the stamps
-    of its events, then the queue rows dated one microsecond after their events (Airflow's
-    order). Short statements: a task's connection is new and a new server backend plans a
-    statement of CTEs and joins for milliseconds (issue 30). A row only taken is written
-    once, by the dating (a second write would check its foreign key again and wait for a
-    scheduler holding the DAG's row); a held row is not written.
+    the existing rows, the look for held rows, the insert of the new keys, then in one round
+    trip the stamps of its events, the queue rows dated one microsecond after their events
+    (Airflow's order) and the read-back of the stamps. Short statements: a task's connection
+    is new and a new server backend plans a statement of CTEs and joins for milliseconds
+    (issue 30). A row only taken is written once, by the dating (a second write would check
+    its foreign key again and wait for a scheduler holding the DAG's row); a held row is not
+    written.
     """
     w = world
     a, b = w.dataset("a"), w.dataset("b")
@@ -185,17 +186,17 @@ def test_a_postgres_producer_commit_sends_short_statements_in_lock_order(world):
         "take" if "for update skip locked" in s
         else "look" if s.startswith("select q.dataset_id")
         else "insert" if s.startswith("insert into dataset_dag_run_queue")
-        else "clock" if s.startswith("select clock_timestamp()")
-        else "stamp" if s.startswith("update dataset_event")
-        else "date" if s.startswith("update dataset_dag_run_queue")
+        else "stamp, date, read" if s.startswith("with c as (select clock_timestamp() as now) update dataset_event")
+        and "; update dataset_dag_run_queue as q" in s and "; select id, timestamp from dataset_event" in s
         else s
         for s, _ in writes
     ]
-    assert kinds == ["take", "look", "insert", "clock", "stamp", "stamp", "date"], kinds
+    assert kinds == ["take", "look", "insert", "stamp, date, read"], kinds  # the last three: one round trip
     assert "from dataset_dag_run_queue" in writes[0][0] and "join" not in writes[0][0] and " with " not in writes[0][0]
     assert writes[2][1] == {"dataset_id_0": b_id, "dag_id_0": x}  # the new key only: (a, x) is taken, (a, y) held
-    dated = writes[-1][1]
-    assert list(zip(dated["dataset_ids"], dated["dag_ids"])) == sorted([(a_id, x), (b_id, x)])
+    dated = writes[-1][1]  # (a, y) is held: not dated
+    assert [(dated[f"dataset_id_{i}"], dated[f"dag_id_{i}"]) for i in range(2)] == sorted([(a_id, x), (b_id, x)])
+    assert "dataset_id_2" not in dated
     assert _queued(x) == sorted((a_id, b_id)) and _queued(y) == [a_id]
 
 

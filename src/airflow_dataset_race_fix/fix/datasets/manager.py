@@ -243,7 +243,7 @@ class DatasetManager:
         if deferred:  # the rows, then the stamps, then the rows dated after their events
             cls._upsert_queue_dagruns(sorted(deferred), events or [], session)
         elif events:
-            cls._stamp_events(events, session)
+            cls._stamp_events_and_date_queue_rows(events, [], session)
         session.info.pop("airflow_dataset_race_fix.deferred_queue_rows", None)  # only once written: a failure retries
         session.info.pop("airflow_dataset_race_fix.events_to_stamp", None)
 
@@ -283,8 +283,78 @@ class DatasetManager:
         return session.scalar(select(literal_column(clock, UtcDateTime)))
 
     @classmethod
+    def _stamp_events_and_date_queue_rows(
+        cls, events: list[DatasetEvent], rows: list[tuple[int, str]], session: Session
+    ) -> None:
+        """Stamp ``events``, then date the queue rows ``rows`` (taken or written here) after them: the COMMIT's last."""
+        if session.bind.dialect.name == "postgresql":
+            return cls._postgres_stamp_events_and_date_queue_rows(events, rows, session)
+        cls._stamp_events(events, session)
+        cls._date_queue_rows_after_their_events(rows, events, session)
+
+    @classmethod
+    def _postgres_stamp_events_and_date_queue_rows(
+        cls, events: list[DatasetEvent], rows: list[tuple[int, str]], session: Session
+    ) -> None:
+        """
+        PostgreSQL: ``_stamp_events`` and ``_date_queue_rows_after_their_events`` computed by the server, sent in one
+        round trip with the read-back of the stamps (psycopg2 sends a string of statements as one simple query; a
+        round trip costs a task's COMMIT about 0.3 ms, issue 30). Each statement writes rows this transaction holds
+        already (its events, its taken or inserted queue rows) and changes no key: no lock wait, no foreign-key check.
+        """
+        from datetime import timedelta
+
+        from sqlalchemy import Integer, inspect, text
+        from sqlalchemy.orm.attributes import set_committed_value
+
+        from airflow.utils.sqlalchemy import UtcDateTime
+
+        by_id = {e.id: e for e in events if inspect(e).persistent}
+        if not by_id:
+            return
+        stamped = {e.dataset_id for e in by_id.values()}
+        rows = [row for row in rows if row[0] in stamped]
+        ids = "CAST(:event_ids AS INTEGER[])"
+        params: dict[str, object] = {
+            "event_ids": sorted(by_id),
+            "ahead": timedelta(seconds=cls._dataset_race_fix_setting("max_event_ahead_seconds")),
+        }
+        # One clock: a WITH query holding a volatile function is evaluated once. Forward-only per dataset, but never
+        # following an event dated far ahead of the clock (as _stamp_events).
+        statements = [
+            f"WITH c AS (SELECT {cls._database_clock('postgresql')} AS now) "
+            "UPDATE dataset_event AS e SET timestamp = ("
+            "SELECT CASE WHEN n.next > c.now AND n.next <= c.now + CAST(:ahead AS INTERVAL) THEN n.next ELSE c.now END "
+            "FROM (SELECT (SELECT o.timestamp FROM dataset_event AS o WHERE o.dataset_id = e.dataset_id "
+            f"AND o.id <> ALL({ids}) ORDER BY o.timestamp DESC LIMIT 1) + interval '1 microsecond' AS next) AS n"
+            f") FROM c WHERE e.id = ANY({ids})"
+        ]
+        for start in range(0, len(rows), 500):  # a row IN list: one primary-key probe per row
+            chunk = rows[start : start + 500]
+            pairs = ", ".join(f"(:dataset_id_{start + i}, :dag_id_{start + i})" for i in range(len(chunk)))
+            statements.append(
+                "UPDATE dataset_dag_run_queue AS q SET created_at = GREATEST(q.created_at + interval '1 microsecond', "
+                f"(SELECT max(e.timestamp) FROM dataset_event AS e WHERE e.id = ANY({ids}) "
+                "AND e.dataset_id = q.dataset_id) + interval '1 microsecond') "
+                f"WHERE (q.dataset_id, q.target_dag_id) IN ({pairs})"
+            )
+            for i, (dataset_id, dag_id) in enumerate(chunk, start):
+                params[f"dataset_id_{i}"], params[f"dag_id_{i}"] = dataset_id, dag_id
+        statements.append(f"SELECT id, timestamp FROM dataset_event WHERE id = ANY({ids})")
+        if session.bind.dialect.driver == "psycopg2":  # it binds on the client: one string, one round trip
+            statements = ["; ".join(statements)]
+        for statement in statements[:-1]:
+            session.execute(text(statement), params)
+        read_back = text(statements[-1]).columns(id=Integer, timestamp=UtcDateTime)
+        for event_id, stamp in session.execute(read_back, params):
+            set_committed_value(by_id[event_id], "timestamp", stamp)
+
+    @classmethod
     def _stamp_events(cls, events: list[DatasetEvent], session: Session) -> None:
-        """Date this transaction's events on the database's clock, forward-only per dataset (BUG_REPORT section 4)."""
+        """
+        MySQL/MariaDB, SQLite: date this transaction's events on the database's clock, forward-only per dataset
+        (BUG_REPORT section 4).
+        """
         from collections import defaultdict
         from datetime import timedelta
 
@@ -405,8 +475,8 @@ class DatasetManager:
             time.sleep(max(0.0, min(pause, deadline - time.monotonic())))
             pause = min(2 * pause, 0.008)
             busy = cls._upsert_queue_rows_not_held(sorted(busy), events, session)
-        cls._stamp_events(events, session)  # every row locked first: the floor
-        cls._date_queue_rows_after_their_events([row for row in rows if row not in busy], events, session)
+        # Every row locked first: the floor.
+        cls._stamp_events_and_date_queue_rows(events, [row for row in rows if row not in busy], session)
         if busy:
             Stats.incr("dataset_race_fix.busy_queue_rows_left_out", len(busy))
             cls.logger().info(
@@ -420,7 +490,7 @@ class DatasetManager:
     def _date_queue_rows_after_their_events(
         cls, rows: list[tuple[int, str]], events: list[DatasetEvent], session: Session
     ) -> None:
-        """Date the queue rows this transaction wrote one microsecond after its events' stamps (Airflow's order)."""
+        """MySQL/MariaDB, SQLite: date the queue rows this transaction wrote one microsecond after its events' stamps."""
         from datetime import timedelta, timezone
 
         from sqlalchemy import inspect, text
@@ -433,29 +503,12 @@ class DatasetManager:
         rows = [row for row in rows if row[0] in after]  # this transaction's, locked already: no wait
         if not rows:
             return
-        dialect = session.bind.dialect.name
-        if dialect == "postgresql" and len(rows) > 1:  # one statement at any number of rows
-            session.execute(
-                text(
-                    "UPDATE dataset_dag_run_queue AS q SET created_at = "
-                    "GREATEST(q.created_at + interval '1 microsecond', k.after) "
-                    "FROM unnest(CAST(:dataset_ids AS INTEGER[]), CAST(:dag_ids AS VARCHAR[]), "
-                    "CAST(:afters AS TIMESTAMPTZ[])) AS k(dataset_id, target_dag_id, after) "
-                    "WHERE q.dataset_id = k.dataset_id AND q.target_dag_id = k.target_dag_id"
-                ),
-                {
-                    "dataset_ids": [dataset_id for dataset_id, _ in rows],
-                    "dag_ids": [dag_id for _, dag_id in rows],
-                    "afters": [after[dataset_id] for dataset_id, _ in rows],
-                },
-            )
-            return
-        # By primary key, executemany; MySQL's DATETIME(6) in UTC, SQLite's text, which compares chronologically;
-        # PostgreSQL's one row (planned faster than the unnest on a task's new connection), its own type.
-        greatest = {
-            "postgresql": "GREATEST(created_at + interval '1 microsecond', CAST(:after AS TIMESTAMPTZ))",
-            "mysql": "GREATEST(created_at, CAST(:after AS DATETIME(6)))",
-        }.get(dialect, "max(created_at, :after)")
+        # By primary key, executemany; MySQL's DATETIME(6) in UTC, SQLite's text, which compares chronologically.
+        greatest = (
+            "GREATEST(created_at, CAST(:after AS DATETIME(6)))"
+            if session.bind.dialect.name == "mysql"
+            else "max(created_at, :after)"
+        )
         session.execute(
             text(
                 f"UPDATE dataset_dag_run_queue SET created_at = {greatest} "
@@ -463,9 +516,7 @@ class DatasetManager:
             ),
             [
                 {
-                    "after": after[dataset_id]
-                    if dialect == "postgresql"
-                    else after[dataset_id].astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f"),
+                    "after": after[dataset_id].astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f"),
                     "dataset_id": dataset_id,
                     "dag_id": dag_id,
                 }
@@ -521,7 +572,7 @@ class DatasetManager:
         taken, busy = cls._take_queue_rows(rows, session)
         if dialect.name == "postgresql":
             # A taken row of a dataset stamped here is only locked: a second write would check its foreign key again,
-            # waiting for a scheduler loop holding its DAG row; _date_queue_rows_after_their_events writes it, once.
+            # waiting for a scheduler loop holding its DAG row; the dating after the stamp writes it, once.
             stamped = {e.dataset_id for e in events if inspect(e).persistent}
             rows = [row for row in rows if not (row in taken and row[0] in stamped)]
         # A taken row's DAG exists to this COMMIT (deleting the DAG deletes the row, which this transaction holds):
