@@ -200,6 +200,56 @@ def test_a_postgres_producer_commit_sends_short_statements_in_lock_order(world):
     assert _queued(x) == sorted((a_id, b_id)) and _queued(y) == [a_id]
 
 
+@pytest.mark.skipif(BACKEND != "postgres", reason="PostgreSQL's stamp and dating")
+@pytest.mark.parametrize("driver", ["psycopg2", "a driver that binds on the server"])
+def test_postgres_stamps_dates_and_reads_back_in_one_round_trip_or_one_by_one(world, monkeypatch, driver):
+    """
+    psycopg2 binds parameters on the client, so the stamp, the dating and the read-back go as
+    one string; a driver that binds on the server (psycopg 3) cannot take several statements
+    with parameters: they go one by one, with the same effect.
+    """
+    w = world
+    a, b = w.dataset("a"), w.dataset("b")
+    x, y = w.consumer("x", [a, b]), w.consumer("y", [a])
+    if driver != "psycopg2":
+        monkeypatch.setattr(settings.engine.dialect, "driver", "psycopg")
+    sent: list[str] = []
+
+    def record(conn, cursor, statement, parameters, context, executemany):
+        lowered = statement.lower()
+        if any(s in lowered for s in ("update dataset_event", "update dataset_dag_run_queue", "select id, timestamp")):
+            sent.append(lowered)
+
+    from airflow.datasets.manager import dataset_manager
+
+    for _ in range(2):  # new queue rows, then taken ones
+        sent.clear()
+        event.listen(settings.engine, "before_cursor_execute", record)
+        try:
+            with create_session() as session:
+                events = [
+                    dataset_manager.register_dataset_change(dataset=dataset, session=session) for dataset in (b, a, a)
+                ]
+        finally:
+            event.remove(settings.engine, "before_cursor_execute", record)
+        assert len(sent) == (1 if driver == "psycopg2" else 3), sent  # stamp, date, read back
+        with create_session() as session:
+            stamps = dict(
+                session.execute(
+                    select(DatasetEvent.id, DatasetEvent.timestamp).where(DatasetEvent.id.in_([e.id for e in events]))
+                ).all()
+            )
+            rows = session.execute(
+                select(DatasetDagRunQueue.dataset_id, DatasetDagRunQueue.created_at).where(
+                    DatasetDagRunQueue.target_dag_id.in_([x, y])
+                )
+            ).all()
+        assert {e.id: e.timestamp for e in events} == stamps  # read back: the objects hold the committed stamps
+        assert events[1].timestamp == events[2].timestamp  # one clock for one dataset's events
+        newest = {e.dataset_id: e.timestamp for e in events}
+        assert len(rows) == 3 and all(newest[dataset_id] < created_at for dataset_id, created_at in rows)
+
+
 def test_rows_are_written_at_commit_in_key_order_in_one_statement(world):
     """Both outlets of one transaction go out as one upsert (SQLite: one executemany), in (dataset_id, target_dag_id) order."""
     w = world
