@@ -574,14 +574,39 @@ def _round_beside_a_scheduler(runner, dag_ids: list[str], rate: int, producers: 
                               before_pass: Callable[[], None] = lambda: None) -> None:
     """
     ``seconds`` of a scheduler thread running passes (``before_pass()`` before each, runs finished after)
-    while ``producers`` threads run ``commit(n)()`` at ``rate`` transactions a second in all; into ``result``.
+    while ``producers`` processes run ``commit(n)()`` at ``rate`` transactions a second in all; into ``result``.
+
+    Producers are processes, as tasks are: threads beside the scheduler's would wait for its
+    thread's GIL after every round trip (up to ``sys.getswitchinterval()``, 5 ms), which no
+    task feels and which charged each extra statement 5 ms (docs/measurements.md).
     """
+    import multiprocessing
     import threading
 
     from airflow import settings
 
-    stop = threading.Event()
+    context = multiprocessing.get_context("fork")  # the variant in place and the world's settings go with it
+    stop = context.Event()
+    reports = context.Queue()
     passes: list[float] = []  # seconds
+
+    def producer(n: int) -> None:
+        settings.engine.dispose(close=False)  # the parent's pooled connections stay the parent's
+        transaction = commit(n)
+        latencies: list[float] = []
+        errors: list[str] = []
+        interval = producers / rate  # each process's share of the rate
+        next_at = time.monotonic() + interval * n / producers  # staggered
+        while not stop.is_set():
+            if stop.wait(max(0.0, next_at - time.monotonic())):
+                break
+            next_at = max(next_at + interval, time.monotonic())  # behind schedule: no catch-up burst
+            elapsed, error = transaction()
+            if error:
+                errors.append(f"producer: {error}")
+            else:
+                latencies.append(elapsed)
+        reports.put((latencies, errors, result.visible_after))  # this process's copy of result
 
     def scheduler() -> None:
         session = settings.Session.session_factory()
@@ -597,28 +622,24 @@ def _round_beside_a_scheduler(runner, dag_ids: list[str], rate: int, producers: 
             finish_runs(dag_ids)
         session.close()
 
-    def producer(n: int) -> None:
-        transaction = commit(n)
-        interval = producers / rate  # each thread's share of the rate
-        next_at = time.monotonic() + interval * n / producers  # staggered
-        while not stop.is_set():
-            if stop.wait(max(0.0, next_at - time.monotonic())):
-                break
-            next_at = max(next_at + interval, time.monotonic())  # behind schedule: no catch-up burst
-            elapsed, error = transaction()
-            if error:
-                result.errors.append(f"producer: {error}")
-            else:
-                result.latencies.append(elapsed)
-
-    threads = [threading.Thread(target=scheduler)]
-    threads += [threading.Thread(target=producer, args=(n,)) for n in range(producers)]
-    for thread in threads:
-        thread.start()
+    processes = [context.Process(target=producer, args=(n,)) for n in range(producers)]
+    for process in processes:  # forked before the scheduler thread starts: one thread to copy
+        process.start()
+    thread = threading.Thread(target=scheduler)
+    thread.start()
     time.sleep(seconds)
     stop.set()
-    for thread in threads:
-        thread.join()
+    thread.join()
+    visible_before = len(result.visible_after)
+    for _ in processes:
+        latencies, errors, visible_after = reports.get(timeout=120)
+        result.latencies += latencies
+        result.errors += errors
+        result.visible_after += visible_after[visible_before:]
+    for process in processes:
+        process.join()
+        if process.exitcode:
+            result.errors.append(f"producer: process exited with {process.exitcode}")
     steady = passes[1:]  # the first pass after the switch of variant apart
     result.loops += steady
     result.round_medians.append(statistics.median(steady) if steady else None)
