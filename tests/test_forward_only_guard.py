@@ -1,5 +1,6 @@
 """
-The producer's queue upsert on this backend: created_at only ever moves forward, in one statement.
+The producer's queue upsert on this backend: created_at only ever moves forward, in one statement
+(PostgreSQL: rows it took apart from new keys).
 
 ``created_at`` is the database's clock: moved with ``time-machine`` on SQLite (the host's
 clock), and through the fix's clock expression on the servers.
@@ -142,7 +143,9 @@ def test_one_microsecond_carries_over(queue, stored_at, expected):
 def test_new_and_existing_rows_in_one_statement(queue):
     _, dag_ids, upsert, stored = queue
     upsert(T0, dags=dag_ids[:1])
-    assert upsert(T0 - timedelta(seconds=1)) == 1
+    # PostgreSQL writes a row it took apart from the insert of new keys (with an event: by the
+    # dating after the stamp, so that no row is written twice; BUG_REPORT section 4)
+    assert upsert(T0 - timedelta(seconds=1)) == (2 if BACKEND == "postgres" else 1)
     assert stored() == {
         dag_ids[0]: T0 + timedelta(microseconds=1),
         dag_ids[1]: T0 - timedelta(seconds=1),

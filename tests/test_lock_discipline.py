@@ -146,9 +146,10 @@ def test_a_postgres_producer_commit_sends_short_statements_in_lock_order(world):
     """
     Stock PostgreSQL sends one queue statement per event (``INSERT .. ON CONFLICT DO
     NOTHING``). The fix sends at COMMIT, for the whole transaction: the SKIP LOCKED take of
-    the existing rows, the look for held rows, the insert of the new keys, then in one round
-    trip the stamps of its events, the queue rows dated one microsecond after their events
-    (Airflow's order) and the read-back of the stamps. Short statements: a task's connection
+    the existing rows, the insert of the keys with no row, the look for held rows (only when
+    a key was neither taken nor inserted), then in one round trip the stamps of its events,
+    the queue rows dated one microsecond after their events (Airflow's order) and the
+    read-back of the stamps. Short statements: a task's connection
     is new and a new server backend plans a statement of CTEs and joins for milliseconds
     (issue 30). A row only taken is written once, by the dating (a second write would check
     its foreign key again and wait for a scheduler holding the DAG's row); a held row is not
@@ -191,9 +192,11 @@ def test_a_postgres_producer_commit_sends_short_statements_in_lock_order(world):
         else s
         for s, _ in writes
     ]
-    assert kinds == ["take", "look", "insert", "stamp, date, read"], kinds  # the last three: one round trip
+    assert kinds == ["take", "insert", "look", "stamp, date, read"], kinds  # the last three: one round trip
     assert "from dataset_dag_run_queue" in writes[0][0] and "join" not in writes[0][0] and " with " not in writes[0][0]
-    assert writes[2][1] == {"dataset_id_0": b_id, "dag_id_0": x}  # the new key only: (a, x) is taken, (a, y) held
+    # the keys not taken: (a, y) is held, so only (b, x) is inserted (not waited for: it has a committed row)
+    assert writes[1][1] == {"dataset_id_0": a_id, "dag_id_0": y, "dataset_id_1": b_id, "dag_id_1": x}
+    assert writes[2][1] == {"dataset_id_0": a_id, "dag_id_0": y}  # the one neither taken nor inserted: held?
     dated = writes[-1][1]  # (a, y) is held: not dated
     assert [(dated[f"dataset_id_{i}"], dated[f"dag_id_{i}"]) for i in range(2)] == sorted([(a_id, x), (b_id, x)])
     assert "dataset_id_2" not in dated

@@ -262,3 +262,67 @@ def test_the_net_reads_a_slice_of_the_index_and_probes_each_event_once(world, st
             # (with fresh statistics of this small test table PostgreSQL may read it once in
             # full instead, rightly by its estimate; on a large table the index range wins)
             assert "idx_dataset_id_timestamp" in plan, plan
+
+
+PRODUCER_QUEUE = (200, 100)  # queue rows of other DAGs and datasets beside a producer's: 200 DAGs x 100 datasets
+
+
+@pytest.mark.parametrize("statistics", ["none", "near-empty", "fresh"])
+def test_a_producers_commit_probes_the_queue_by_primary_key_whatever_the_statistics(world, statistics):
+    """
+    A producer's COMMIT on PostgreSQL (BUG_REPORT section 4): the SKIP LOCKED take of its
+    existing rows, the insert of its keys with no row (its probe of the queue per key) and the
+    look for held rows each cost the keys they name, never a read of the queue, however many
+    rows other DAGs keep queued and whatever the statistics say. (A queue of a few pages may be
+    read once instead: the planner counts its pages as they are, not from statistics, so it
+    scans only where a scan costs less than the probes; the probes inside the insert are
+    SubPlans, one index probe per key, never a scan repeated per key.)
+    """
+    from airflow.datasets.manager import DatasetManager
+
+    w = world
+    dag_ids = [w.consumer(f"d{i}", [w.dataset("a")]) for i in range(3)]
+    others = w.consumers("other", [w.dataset("a")], PRODUCER_QUEUE[0])
+    with create_session() as session:
+        session.add_all(DatasetModel(uri=f"race://{w.prefix}/q{i}") for i in range(PRODUCER_QUEUE[1]))
+        session.flush()
+        ids = sorted(session.scalars(select(DatasetModel.id).where(DatasetModel.uri.like(f"race://{w.prefix}/q%"))))
+
+    def queue(dags):
+        with create_session() as session:
+            session.execute(
+                DatasetDagRunQueue.__table__.insert(),
+                [{"dataset_id": i, "target_dag_id": d, "created_at": w.clock.base} for d in dags for i in ids],
+            )
+
+    tables = ("dataset_dag_run_queue", "dag")
+    queue(dag_ids[:1])
+    if statistics == "near-empty":
+        analyze(tables)
+    queue(others)
+    if statistics == "none":
+        forget_statistics(tables)
+    elif statistics == "fresh":
+        analyze(tables)
+    # ids[0]: taken; ids[1]: held by another transaction; ids[-1] + its new DAGs: inserted
+    keys = sorted([(ids[0], dag_ids[0]), (ids[1], dag_ids[0]), (ids[-1], dag_ids[1]), (ids[-1], dag_ids[2])])
+    try:
+        with settings.engine.connect() as other:
+            holding = other.begin()
+            other.execute(
+                text("SELECT 1 FROM dataset_dag_run_queue WHERE dataset_id = :d AND target_dag_id = :t FOR UPDATE"),
+                {"d": ids[1], "t": dag_ids[0]},
+            )
+            with explained(lambda s: "dataset_dag_run_queue" in s and not s.lstrip().upper().startswith(("UPDATE", "WITH"))) as plans:
+                with create_session() as session:
+                    nested_loops_only(session)
+                    busy = DatasetManager._postgres_upsert_queue_rows(keys, [], session)
+                    session.rollback()
+            holding.rollback()
+    finally:
+        analyze(tables)
+    assert busy == {(ids[1], dag_ids[0])}
+    assert len(plans) == 3, plans  # take, insert, look
+    for plan in plans:  # by index: the primary key (or, for a DAG with no row, its index)
+        assert "Seq Scan on dataset_dag_run_queue" not in plan, plan
+        assert "Index" in plan, plan

@@ -300,7 +300,8 @@ class DatasetManager:
         PostgreSQL: ``_stamp_events`` and ``_date_queue_rows_after_their_events`` computed by the server, sent in one
         round trip with the read-back of the stamps (psycopg2 sends a string of statements as one simple query; a
         round trip costs a task's COMMIT about 0.3 ms, issue 30). Each statement writes rows this transaction holds
-        already (its events, its taken or inserted queue rows) and changes no key: no lock wait, no foreign-key check.
+        already (its events, its taken or inserted queue rows) and changes no key: no lock wait. A taken row of a
+        dataset with an event is written here only, once (``_postgres_upsert_queue_rows``).
         """
         from datetime import timedelta
 
@@ -314,6 +315,7 @@ class DatasetManager:
             return
         stamped = {e.dataset_id for e in by_id.values()}
         rows = [row for row in rows if row[0] in stamped]
+        clock = cls._database_clock("postgresql")
         ids = "CAST(:event_ids AS INTEGER[])"
         params: dict[str, object] = {
             "event_ids": sorted(by_id),
@@ -322,12 +324,11 @@ class DatasetManager:
         # One clock: a WITH query holding a volatile function is evaluated once. Forward-only per dataset, but never
         # following an event dated far ahead of the clock (as _stamp_events).
         statements = [
-            f"WITH c AS (SELECT {cls._database_clock('postgresql')} AS now) "
-            "UPDATE dataset_event AS e SET timestamp = ("
-            "SELECT CASE WHEN n.next > c.now AND n.next <= c.now + CAST(:ahead AS INTERVAL) THEN n.next ELSE c.now END "
-            "FROM (SELECT (SELECT o.timestamp FROM dataset_event AS o WHERE o.dataset_id = e.dataset_id "
-            f"AND o.id <> ALL({ids}) ORDER BY o.timestamp DESC LIMIT 1) + interval '1 microsecond' AS next) AS n"
-            f") FROM c WHERE e.id = ANY({ids})"
+            f"WITH c AS (SELECT {clock} AS now) UPDATE dataset_event AS e SET timestamp = ("
+            "SELECT CASE WHEN n.next > c.now AND n.next <= c.now + CAST(:ahead AS INTERVAL) THEN n.next "
+            "ELSE c.now END FROM (SELECT (SELECT o.timestamp FROM dataset_event AS o WHERE o.dataset_id = "
+            f"e.dataset_id AND o.id <> ALL({ids}) ORDER BY o.timestamp DESC LIMIT 1) + interval '1 microsecond' "
+            f"AS next) AS n) FROM c WHERE e.id = ANY({ids})"
         ]
         for start in range(0, len(rows), 500):  # a row IN list: one primary-key probe per row
             chunk = rows[start : start + 500]
@@ -409,25 +410,20 @@ class DatasetManager:
         cls, rows: list[tuple[int, str]], session: Session
     ) -> tuple[set[tuple[int, str]], set[tuple[int, str]]]:
         """
-        PostgreSQL, MySQL/MariaDB: lock the existing queue rows among ``rows`` without waiting; return (taken, held by
-        others). A row committed or deleted between the lock and the look counts as held (looked at again) or as new
-        (upserted in key order): both safe.
+        MySQL/MariaDB: lock the existing queue rows among ``rows`` without waiting; return (taken, held by others). A
+        row committed or deleted between the lock and the look counts as held (looked at again) or as new (upserted in
+        key order): both safe.
         """
         from sqlalchemy import text
 
         dialect = session.bind.dialect
-        if dialect.name == "mysql":
-            skip_locked = (10, 6) if dialect.is_mariadb else (8, 0, 1)
-            if (dialect.server_version_info or ()) < skip_locked:
-                return set(), set()
+        skip_locked = (10, 6) if dialect.is_mariadb else (8, 0, 1)
+        if (dialect.server_version_info or ()) < skip_locked:
+            return set(), set()
 
         def existing(keys: list[tuple[int, str]], lock: bool) -> set[tuple[int, str]]:
             """The keys among ``keys`` that have a committed row (``lock``: that this one could lock)."""
-            # One probe per key: MySQL's keys joined first; PostgreSQL's a row IN list, planned fast on a new connection
-            source, params = cls._queue_keys_joined_first(keys)
-            if dialect.name == "postgresql":  # the same parameters
-                pairs = ", ".join(f"(:dataset_id_{i}, :dag_id_{i})" for i in range(len(keys)))
-                source = f"dataset_dag_run_queue AS q WHERE (q.dataset_id, q.target_dag_id) IN ({pairs})"
+            source, params = cls._queue_keys_joined_first(keys)  # one primary-key probe per key
             statement = text(
                 f"SELECT q.dataset_id, q.target_dag_id FROM {source}" + (" FOR UPDATE SKIP LOCKED" if lock else "")
             ).bindparams(**params)
@@ -535,46 +531,104 @@ class DatasetManager:
         ``delete_dag`` no longer waits for the producer.
         """
         dialect_name = session.bind.dialect.name
-        if dialect_name in ("postgresql", "mysql"):
-            busy = cls._upsert_queue_rows_taken_first(rows, events, session)
+        if dialect_name == "postgresql":
+            busy = cls._postgres_upsert_queue_rows(rows, events, session)
+        elif dialect_name == "mysql":
+            busy = cls._upsert_queue_rows_taken_first(rows, session)
         else:
             busy = set()
             cls._sqlite_upsert_queue_rows(rows, session)
         return busy
 
     @classmethod
-    def _upsert_queue_rows_taken_first(
+    def _postgres_upsert_queue_rows(
         cls, rows: list[tuple[int, str]], events: list[DatasetEvent], session: Session
     ) -> set[tuple[int, str]]:
         """
-        PostgreSQL, MySQL/MariaDB: take the existing rows among ``rows``, then upsert those not busy whose DAG exists,
-        in key order; return the busy keys. Short statements, not one: a task's connection is new (Airflow disposes the
-        pool before the task runs) and the server plans each statement with cold caches, a statement of CTEs and joins
-        for milliseconds (issue 30).
+        PostgreSQL: take the existing rows among ``rows`` without waiting, insert the keys with no row whose DAG
+        exists, in key order; return the keys held by another transaction. Two short statements a chunk (a task's
+        connection is new, and a new server backend plans a statement of CTEs and joins for milliseconds; issue 30),
+        a third, the look for held rows, only when a key was neither taken nor inserted. A taken row of a dataset
+        with an event here is only locked: a second write of a row would check its foreign key again, waiting for a
+        scheduler loop holding its DAG's row; ``_postgres_stamp_events_and_date_queue_rows`` writes it, once.
         """
-        from sqlalchemy import bindparam, inspect, text
+        from sqlalchemy import inspect, text
+
+        clock = cls._database_clock("postgresql")
+        stamped = {e.dataset_id for e in events if inspect(e).persistent}
+
+        def params_of(keys: list[tuple[int, str]]) -> dict[str, object]:
+            return {f"{name}_{i}": value for i, key in enumerate(keys) for name, value in zip(("dataset_id", "dag_id"), key)}
+
+        def queue_rows_named(keys: list[tuple[int, str]], lock: bool) -> set[tuple[int, str]]:
+            """The keys among ``keys`` that have a committed row (``lock``: that this transaction could lock)."""
+            pairs = ", ".join(f"(:dataset_id_{i}, :dag_id_{i})" for i in range(len(keys)))
+            statement = (
+                "SELECT q.dataset_id, q.target_dag_id FROM dataset_dag_run_queue AS q "
+                f"WHERE (q.dataset_id, q.target_dag_id) IN ({pairs})" + (" FOR UPDATE SKIP LOCKED" if lock else "")
+            )
+            return set(map(tuple, session.execute(text(statement), params_of(keys))))
+
+        def insert_new_keys(keys: list[tuple[int, str]]) -> set[tuple[int, str]]:
+            """Insert the keys among ``keys`` with no committed row and a DAG; return those written."""
+            # Both read without a lock (delete_dag does not wait for the producer), as scalar subqueries: one
+            # primary-key probe per key whatever the statistics (NOT EXISTS may be planned as a scan of the queue). A
+            # key another producer inserts at once is waited for, in key order (ORDER BY).
+            values = ", ".join(
+                f"(CAST(:dataset_id_{i} AS INTEGER), CAST(:dag_id_{i} AS VARCHAR))" for i in range(len(keys))
+            )
+            statement = (
+                "INSERT INTO dataset_dag_run_queue (dataset_id, target_dag_id, created_at) SELECT k.dataset_id, "
+                f"k.target_dag_id, {clock} FROM (VALUES {values}) AS k(dataset_id, "
+                "target_dag_id) WHERE (SELECT 1 FROM dataset_dag_run_queue AS q WHERE q.dataset_id = k.dataset_id "
+                "AND q.target_dag_id = k.target_dag_id) IS NULL AND (SELECT 1 FROM dag WHERE dag.dag_id = "
+                "k.target_dag_id) IS NOT NULL ORDER BY k.dataset_id, k.target_dag_id ON CONFLICT (dataset_id, "
+                "target_dag_id) DO UPDATE SET created_at = GREATEST(excluded.created_at, "
+                "dataset_dag_run_queue.created_at + interval '1 microsecond') RETURNING dataset_id, target_dag_id"
+            )
+            return set(map(tuple, session.execute(text(statement), params_of(keys))))
+
+        busy: set[tuple[int, str]] = set()
+        for start in range(0, len(rows), 500):
+            chunk = rows[start : start + 500]
+            taken = queue_rows_named(chunk, lock=True)
+            if unstamped := sorted(key for key in taken if key[0] not in stamped):  # no event to date it after
+                pairs = ", ".join(f"(:dataset_id_{i}, :dag_id_{i})" for i in range(len(unstamped)))
+                session.execute(
+                    text(
+                        "UPDATE dataset_dag_run_queue SET created_at = GREATEST(created_at + interval '1 microsecond', "
+                        f"{clock}) WHERE (dataset_id, target_dag_id) IN ({pairs})"
+                    ),
+                    params_of(unstamped),
+                )
+            new = [key for key in chunk if key not in taken]
+            if not new:
+                continue
+            inserted = insert_new_keys(new)
+            if len(inserted) < len(new):  # held by another transaction, or its DAG deleted: tell them apart
+                busy.update(queue_rows_named([key for key in new if key not in inserted], lock=False))
+        return busy
+
+    @classmethod
+    def _upsert_queue_rows_taken_first(cls, rows: list[tuple[int, str]], session: Session) -> set[tuple[int, str]]:
+        """
+        MySQL/MariaDB: take the existing rows among ``rows``, then upsert those not busy whose DAG exists, in key
+        order; return the busy keys. Short statements, not one: a task's connection is new (Airflow disposes the pool
+        before the task runs) and the server plans each statement with cold caches (issue 30).
+        """
+        from sqlalchemy import bindparam, text
 
         dialect = session.bind.dialect
         clock = cls._database_clock(dialect.name)
-        if dialect.name == "postgresql":
-            upsert = (
-                " ON CONFLICT (dataset_id, target_dag_id) DO UPDATE SET created_at = "
-                "GREATEST(excluded.created_at, dataset_dag_run_queue.created_at + interval '1 microsecond')"
-            )
-        else:  # MySQL 8.0.19+ names the new row with an alias (VALUES() is deprecated: 1287); MariaDB has only VALUES()
-            alias = not dialect.is_mariadb and dialect.server_version_info >= (8, 0, 19)
-            new_created_at = "new.created_at" if alias else "VALUES(created_at)"
-            upsert = (
-                (" AS new" if alias else "")
-                + f" ON DUPLICATE KEY UPDATE created_at = GREATEST({new_created_at}, "
-                "TIMESTAMPADD(MICROSECOND, 1, dataset_dag_run_queue.created_at))"
-            )
+        # MySQL 8.0.19+ names the new row with an alias (VALUES() is deprecated: 1287); MariaDB has only VALUES()
+        alias = not dialect.is_mariadb and dialect.server_version_info >= (8, 0, 19)
+        new_created_at = "new.created_at" if alias else "VALUES(created_at)"
+        upsert = (
+            (" AS new" if alias else "")
+            + f" ON DUPLICATE KEY UPDATE created_at = GREATEST({new_created_at}, "
+            "TIMESTAMPADD(MICROSECOND, 1, dataset_dag_run_queue.created_at))"
+        )
         taken, busy = cls._take_queue_rows(rows, session)
-        if dialect.name == "postgresql":
-            # A taken row of a dataset stamped here is only locked: a second write would check its foreign key again,
-            # waiting for a scheduler loop holding its DAG row; the dating after the stamp writes it, once.
-            stamped = {e.dataset_id for e in events if inspect(e).persistent}
-            rows = [row for row in rows if not (row in taken and row[0] in stamped)]
         # A taken row's DAG exists to this COMMIT (deleting the DAG deletes the row, which this transaction holds):
         # only the other DAGs of new keys are looked up, without a lock (delete_dag does not wait for the producer).
         live: set[str] = {dag_id for _, dag_id in taken}
