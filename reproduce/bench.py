@@ -21,7 +21,7 @@ What the fix costs, stock and fixed side by side on one database:
   what the consumed-event check costs when the window is full;
 - scheduler loop with 200 ready DAGs (one new event on their dataset), cost per DAG;
 - the first run of a DAG over 100 000 events of history (no run yet: it takes them all);
-- the busy dataset (issue 17): 4 rate-limited producer threads commit continuously to one
+- the busy dataset (issue 17): 4 rate-limited producer processes commit continuously to one
   dataset (50 and 200 events/s in all) while a scheduler thread runs its real loop for
   that dataset's consumer DAG and 10 other DAGs, each with a new event every pass, over a
   look-back window already dense with 50 000 consumed events, its last
@@ -420,7 +420,7 @@ def bench_busy_dataset(variants: Variants, rates: tuple[int, ...], rounds: int, 
                        history: int, notes: list[str], producers: int = 4,
                        states: tuple[str, ...] = STATISTICS_STATES) -> list[dict[str, Any]]:
     """
-    Producer threads commit continuously to one dataset (``rate`` events/s in all) while a
+    Producer processes commit continuously to one dataset (``rate`` events/s in all) while a
     scheduler thread runs its real loop for that dataset's consumer DAG and 10 other DAGs.
 
     Each (statistics state, rate) has its own DAGs and datasets, one copy per variant (the
@@ -753,7 +753,7 @@ def bench_fleet(variants: Variants, dags: int, rate: int, rounds: int, round_sec
     """
     A fleet (issue 30: "nothing gets worse"): ``dags`` dataset-triggered DAGs on a tenth as many datasets,
     a third on one dataset, a third on two (``a & b``), a third on either of two (``a | b``),
-    while producer threads commit ``rate`` transactions a second in all, each with one to three
+    while producer processes commit ``rate`` transactions a second in all, each with one to three
     outlets in random order (``seed``), and a scheduler thread runs its real loop with
     Airflow's default ``max_dagruns_to_create_per_loop`` (10): more DAGs wait than a loop
     takes, as in a fleet. One copy of the fleet per variant (the other paused), one scheduler
@@ -804,7 +804,7 @@ def bench_fleet(variants: Variants, dags: int, rate: int, rounds: int, round_sec
 
 def _fleet_round(runner, datasets: list[Any], dag_ids: list[str], rate: int, producers: int,
                  seconds: float, result: _BusyDatasetResult, seed: str) -> None:
-    """One round of ``bench_fleet``: each producer thread draws its outlets from a generator of its own."""
+    """One round of ``bench_fleet``: each producer process draws its outlets from a generator of its own."""
     import random
 
     def commit(n: int) -> Callable[[], tuple[float, str | None]]:

@@ -101,17 +101,10 @@ def test_the_queue_delete_locks_once_and_deletes_by_address_whatever_the_statist
 
     w = world
     dag_id = w.consumer("d", [w.dataset("a")])
-    with create_session() as session:
-        session.add_all(DatasetModel(uri=f"race://{w.prefix}/q{i}") for i in range(QUEUED))
-        session.flush()
-        ids = sorted(session.scalars(select(DatasetModel.id).where(DatasetModel.uri.like(f"race://{w.prefix}/q%"))))
+    ids = datasets(w, QUEUED)
 
     def queue(dataset_ids):
-        with create_session() as session:
-            session.execute(
-                DatasetDagRunQueue.__table__.insert(),
-                [{"dataset_id": i, "target_dag_id": dag_id, "created_at": w.clock.base} for i in dataset_ids],
-            )
+        queue_rows(w, dataset_ids, [dag_id])
 
     # Statistics from a near-empty queue (autovacuum may take them so), then the queue fills.
     delete_all = text("DELETE FROM dataset_dag_run_queue")
@@ -184,6 +177,23 @@ def busy_dag(w: World):
     instants = [end - timedelta(minutes=10) * (CONSUMED - i) / CONSUMED for i in range(CONSUMED)]
     add_history({"single_a": dag_id}, {"a": dataset_id}, instants, 0, watches={"single_a": {"a"}})
     return a, dag_id
+
+
+def datasets(w: World, count: int) -> list[int]:
+    """The ids of ``count`` new datasets (queue rows need them: foreign key)."""
+    with create_session() as session:
+        session.add_all(DatasetModel(uri=f"race://{w.prefix}/q{i}") for i in range(count))
+        session.flush()
+        return sorted(session.scalars(select(DatasetModel.id).where(DatasetModel.uri.like(f"race://{w.prefix}/q%"))))
+
+
+def queue_rows(w: World, dataset_ids: list[int], dag_ids: list[str]) -> None:
+    """A queue row for each of ``dataset_ids`` and ``dag_ids``, written as is."""
+    with create_session() as session:
+        session.execute(
+            DatasetDagRunQueue.__table__.insert(),
+            [{"dataset_id": i, "target_dag_id": d, "created_at": w.clock.base} for d in dag_ids for i in dataset_ids],
+        )
 
 
 def analyze(tables: tuple[str, ...] = PLANNED_TABLES) -> None:
@@ -283,23 +293,12 @@ def test_a_producers_commit_probes_the_queue_by_primary_key_whatever_the_statist
     w = world
     dag_ids = [w.consumer(f"d{i}", [w.dataset("a")]) for i in range(3)]
     others = w.consumers("other", [w.dataset("a")], PRODUCER_QUEUE[0])
-    with create_session() as session:
-        session.add_all(DatasetModel(uri=f"race://{w.prefix}/q{i}") for i in range(PRODUCER_QUEUE[1]))
-        session.flush()
-        ids = sorted(session.scalars(select(DatasetModel.id).where(DatasetModel.uri.like(f"race://{w.prefix}/q%"))))
-
-    def queue(dags):
-        with create_session() as session:
-            session.execute(
-                DatasetDagRunQueue.__table__.insert(),
-                [{"dataset_id": i, "target_dag_id": d, "created_at": w.clock.base} for d in dags for i in ids],
-            )
-
+    ids = datasets(w, PRODUCER_QUEUE[1])
     tables = ("dataset_dag_run_queue", "dag")
-    queue(dag_ids[:1])
+    queue_rows(w, ids, dag_ids[:1])
     if statistics == "near-empty":
         analyze(tables)
-    queue(others)
+    queue_rows(w, ids, others)
     if statistics == "none":
         forget_statistics(tables)
     elif statistics == "fresh":
