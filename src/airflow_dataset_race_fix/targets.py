@@ -94,6 +94,7 @@ MEMBERS = tuple(
         (_MANAGER, "_date_queue_rows_after_their_events", None),
         (_MANAGER, "_upsert_queue_rows_not_held", None),
         (_MANAGER, "_postgres_upsert_queue_rows", None),
+        (_MANAGER, "_postgres_row_in_list", None),
         (_MANAGER, "_upsert_queue_rows_taken_first", None),
         (_MANAGER, "_sqlite_upsert_queue_rows", None),
         (_MANAGER, "_dataset_race_fix_settings", None),

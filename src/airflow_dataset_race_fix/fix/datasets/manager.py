@@ -331,16 +331,14 @@ class DatasetManager:
             f"AS next) AS n) FROM c WHERE e.id = ANY({ids})"
         ]
         for start in range(0, len(rows), 500):  # a row IN list: one primary-key probe per row
-            chunk = rows[start : start + 500]
-            pairs = ", ".join(f"(:dataset_id_{start + i}, :dag_id_{start + i})" for i in range(len(chunk)))
+            pairs, keys = cls._postgres_row_in_list(rows[start : start + 500], start)
+            params.update(keys)
             statements.append(
                 "UPDATE dataset_dag_run_queue AS q SET created_at = GREATEST(q.created_at + interval '1 microsecond', "
                 f"(SELECT max(e.timestamp) FROM dataset_event AS e WHERE e.id = ANY({ids}) "
                 "AND e.dataset_id = q.dataset_id) + interval '1 microsecond') "
                 f"WHERE (q.dataset_id, q.target_dag_id) IN ({pairs})"
             )
-            for i, (dataset_id, dag_id) in enumerate(chunk, start):
-                params[f"dataset_id_{i}"], params[f"dag_id_{i}"] = dataset_id, dag_id
         statements.append(f"SELECT id, timestamp FROM dataset_event WHERE id = ANY({ids})")
         if session.bind.dialect.driver == "psycopg2":  # it binds on the client: one string, one round trip
             statements = ["; ".join(statements)]
@@ -557,17 +555,14 @@ class DatasetManager:
         clock = cls._database_clock("postgresql")
         stamped = {e.dataset_id for e in events if inspect(e).persistent}
 
-        def params_of(keys: list[tuple[int, str]]) -> dict[str, object]:
-            return {f"{name}_{i}": value for i, key in enumerate(keys) for name, value in zip(("dataset_id", "dag_id"), key)}
-
         def queue_rows_named(keys: list[tuple[int, str]], lock: bool) -> set[tuple[int, str]]:
             """The keys among ``keys`` that have a committed row (``lock``: that this transaction could lock)."""
-            pairs = ", ".join(f"(:dataset_id_{i}, :dag_id_{i})" for i in range(len(keys)))
+            pairs, params = cls._postgres_row_in_list(keys)
             statement = (
                 "SELECT q.dataset_id, q.target_dag_id FROM dataset_dag_run_queue AS q "
                 f"WHERE (q.dataset_id, q.target_dag_id) IN ({pairs})" + (" FOR UPDATE SKIP LOCKED" if lock else "")
             )
-            return set(map(tuple, session.execute(text(statement), params_of(keys))))
+            return set(map(tuple, session.execute(text(statement), params)))
 
         def insert_new_keys(keys: list[tuple[int, str]]) -> set[tuple[int, str]]:
             """Insert the keys among ``keys`` with no committed row and a DAG; return those written."""
@@ -586,20 +581,20 @@ class DatasetManager:
                 "target_dag_id) DO UPDATE SET created_at = GREATEST(excluded.created_at, "
                 "dataset_dag_run_queue.created_at + interval '1 microsecond') RETURNING dataset_id, target_dag_id"
             )
-            return set(map(tuple, session.execute(text(statement), params_of(keys))))
+            return set(map(tuple, session.execute(text(statement), cls._postgres_row_in_list(keys)[1])))
 
         busy: set[tuple[int, str]] = set()
         for start in range(0, len(rows), 500):
             chunk = rows[start : start + 500]
             taken = queue_rows_named(chunk, lock=True)
             if unstamped := sorted(key for key in taken if key[0] not in stamped):  # no event to date it after
-                pairs = ", ".join(f"(:dataset_id_{i}, :dag_id_{i})" for i in range(len(unstamped)))
+                pairs, params = cls._postgres_row_in_list(unstamped)
                 session.execute(
                     text(
                         "UPDATE dataset_dag_run_queue SET created_at = GREATEST(created_at + interval '1 microsecond', "
                         f"{clock}) WHERE (dataset_id, target_dag_id) IN ({pairs})"
                     ),
-                    params_of(unstamped),
+                    params,
                 )
             new = [key for key in chunk if key not in taken]
             if not new:
@@ -608,6 +603,14 @@ class DatasetManager:
             if len(inserted) < len(new):  # held by another transaction, or its DAG deleted: tell them apart
                 busy.update(queue_rows_named([key for key in new if key not in inserted], lock=False))
         return busy
+
+    @staticmethod
+    def _postgres_row_in_list(keys: list[tuple[int, str]], start: int = 0) -> tuple[str, dict[str, object]]:
+        """PostgreSQL: the terms ``(:dataset_id_i, :dag_id_i), ..`` of a row IN list of ``keys`` from ``start``, and parameters."""
+        params: dict[str, object] = {}
+        for i, (dataset_id, dag_id) in enumerate(keys, start):
+            params[f"dataset_id_{i}"], params[f"dag_id_{i}"] = dataset_id, dag_id
+        return ", ".join(f"(:dataset_id_{i}, :dag_id_{i})" for i in range(start, start + len(keys))), params
 
     @classmethod
     def _upsert_queue_rows_taken_first(cls, rows: list[tuple[int, str]], session: Session) -> set[tuple[int, str]]:
