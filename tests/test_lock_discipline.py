@@ -110,8 +110,7 @@ def test_a_row_a_producer_holds_is_skipped_never_waited_for(world):
     p0, p, s = w.producer("P0"), w.producer("P"), w.scheduler()
     w.clock.at(1), w.emit(p0, a), p0.finish(), w.emit(p0, b), p0.finish()
     w.clock.at(2)
-    # b's row written (dated after its event; MySQL/MariaDB: by the stamps' statement), COMMIT not yet sent
-    p.pause_after("update dataset_dag_run_queue", "update dataset_event as e ")
+    p.pause_after("update dataset_dag_run_queue")  # b's row written (dated after its event), COMMIT not yet sent
     assert w.emit(p, b) == PAUSED
     assert w.loop(s) == DONE  # a run with E_a and E_b; b's row is held by P: skipped
     s.finish()
@@ -513,61 +512,9 @@ def test_the_producers_busy_row_check_reads_only_the_keys_it_names(world, queued
             session.rollback()
     finally:
         event.remove(settings.engine, "before_cursor_execute", explain)
-    assert len(plans) == 2, plans  # the SKIP LOCKED take, then the existence check
+    assert len(plans) == 2, plans  # the SKIP LOCKED take, then the look at held rows and DAGs
     accesses = {(row[3], row[5]) for plan in plans for row in plan}  # const: one key, a constant lookup
     assert accesses and accesses <= {("eq_ref", "PRIMARY"), ("const", "PRIMARY")}, plans
-
-
-@pytest.mark.skipif(BACKEND != "mysql", reason="the MySQL/MariaDB stamp and dating statement")
-@pytest.mark.parametrize("queued, named", [(10, 10), (1000, 1), (1000, 300)])
-def test_the_mysql_stamp_statement_dates_only_the_queue_rows_it_names(world, queued, named):
-    """
-    The stamps and the dating of the taken rows are one multi-table UPDATE: it reaches the
-    events and each queue row it names by primary key (an UPDATE of a join locks what it
-    scans), with another DAG's rows on the same datasets, and it dates exactly those rows.
-    """
-    from airflow.datasets.manager import DatasetManager
-
-    w = world
-    dag_id, ids = _queue_of_size(w, queued)
-    other = w.consumer("other", [w.dataset("b")])
-    named_ids = ids[:: max(1, queued // named)][:named]
-    with create_session() as session:  # the other DAG queued on the same datasets: rows a prefix scan would read
-        session.execute(
-            DatasetDagRunQueue.__table__.insert(),
-            [{"dataset_id": i, "target_dag_id": other, "created_at": w.clock.base} for i in ids],
-        )
-        events = [DatasetEvent(dataset_id=i, timestamp=w.clock.base) for i in named_ids]
-        session.add_all(events)
-    plans: list[list[tuple]] = []
-
-    def explain(conn, cursor, statement, parameters, context, executemany):
-        if statement.lstrip().upper().startswith("UPDATE DATASET_EVENT AS E"):
-            cursor.execute("EXPLAIN " + statement, parameters)
-            plans.append(cursor.fetchall())
-
-    stamp = w.clock.base + timedelta(seconds=5)
-    event.listen(settings.engine, "before_cursor_execute", explain)
-    try:
-        with create_session() as session:
-            DatasetManager._mysql_stamp_and_date(
-                dict.fromkeys(named_ids, stamp), {i: [e.id for e in events if e.dataset_id == i] for i in named_ids},
-                [(i, dag_id) for i in named_ids], session,
-            )
-    finally:
-        event.remove(settings.engine, "before_cursor_execute", explain)
-    assert len(plans) == 1, plans
-    accesses = {row[2]: (row[3], row[5]) for row in plans[0] if row[2] in ("e", "q")}
-    assert accesses["q"] in {("eq_ref", "PRIMARY"), ("const", "PRIMARY")}, plans
-    assert accesses["e"][1] == "PRIMARY", plans
-    with create_session() as session:
-        dated = dict(session.execute(
-            select(DatasetDagRunQueue.target_dag_id, func.count()).where(
-                DatasetDagRunQueue.created_at > w.clock.base).group_by(DatasetDagRunQueue.target_dag_id)
-        ).all())
-        stamps = set(session.scalars(select(DatasetEvent.timestamp).where(DatasetEvent.id.in_([e.id for e in events]))))
-    assert dated == {dag_id: len(named_ids)}
-    assert stamps == {stamp}
 
 
 @servers_only

@@ -88,7 +88,6 @@ MEMBERS = tuple(
         (_MANAGER, "_stamp_events_and_date_queue_rows", None),
         (_MANAGER, "_postgres_stamp_events_and_date_queue_rows", None),
         (_MANAGER, "_stamp_events", None),
-        (_MANAGER, "_mysql_stamp_and_date", None),
         (_MANAGER, "_take_queue_rows", None),
         (_MANAGER, "_queue_keys_joined_first", None),
         (_MANAGER, "_upsert_queue_dagruns", None),

@@ -287,11 +287,8 @@ class DatasetManager:
         cls, events: list[DatasetEvent], rows: list[tuple[int, str]], session: Session
     ) -> None:
         """Stamp ``events``, then date the queue rows ``rows`` (taken or written here) after them: the COMMIT's last."""
-        dialect_name = session.bind.dialect.name
-        if dialect_name == "postgresql":
+        if session.bind.dialect.name == "postgresql":
             return cls._postgres_stamp_events_and_date_queue_rows(events, rows, session)
-        if dialect_name == "mysql":  # the rows dated by the stamps' own statement
-            return cls._stamp_events(events, session, rows)
         cls._stamp_events(events, session)
         cls._date_queue_rows_after_their_events(rows, events, session)
 
@@ -352,13 +349,10 @@ class DatasetManager:
             set_committed_value(by_id[event_id], "timestamp", stamp)
 
     @classmethod
-    def _stamp_events(
-        cls, events: list[DatasetEvent], session: Session, rows: list[tuple[int, str]] | None = None
-    ) -> None:
+    def _stamp_events(cls, events: list[DatasetEvent], session: Session) -> None:
         """
         MySQL/MariaDB, SQLite: date this transaction's events on the database's clock, forward-only per dataset
-        (BUG_REPORT section 4). ``rows`` (MySQL/MariaDB): the queue rows this transaction took or wrote, dated one
-        microsecond after their events' stamps by the same statement (``_date_queue_rows_after_their_events``).
+        (BUG_REPORT section 4).
         """
         from collections import defaultdict
         from datetime import timedelta
@@ -375,12 +369,15 @@ class DatasetManager:
                 by_dataset[dataset_event.dataset_id].append(dataset_event)
         ahead = timedelta(seconds=cls._dataset_race_fix_setting("max_event_ahead_seconds"))
         clock = cls._database_clock(session.bind.dialect.name)
+        # Text, not ORM constructs: at a task's COMMIT, building them cost more than running them (issue 30).
+        stamp_events = text("UPDATE dataset_event SET timestamp = :stamp WHERE id IN :event_ids").bindparams(
+            bindparam("stamp", type_=UtcDateTime), bindparam("event_ids", expanding=True)
+        )
         event_ids = {dataset_id: [e.id for e in of_dataset] for dataset_id, of_dataset in by_dataset.items()}
         dataset_ids = sorted(by_dataset)
         for start in range(0, len(dataset_ids), 100):
             chunk = dataset_ids[start : start + 100]
             newest = [f"newest_{i}" for i in range(len(chunk))]
-            # Text, not ORM constructs: at a task's COMMIT, building them cost more than running them (issue 30).
             newest_other = text(
                 f"SELECT {clock or 'NULL'} AS now"  # SQLite: this host's clock, read below
                 + "".join(
@@ -397,72 +394,14 @@ class DatasetManager:
             ).one()
             if clock is None:
                 now = timezone.utcnow()
-            stamps: dict[int, datetime] = {}
             for dataset_id, newest_timestamp in zip(chunk, newest_timestamps):
-                stamps[dataset_id] = now
+                stamp = now
                 # Forward-only, but never following an event dated far ahead of the clock.
                 if newest_timestamp is not None and now < newest_timestamp + timedelta(microseconds=1) <= now + ahead:
-                    stamps[dataset_id] = newest_timestamp + timedelta(microseconds=1)
-            if rows is None:  # SQLite: one UPDATE per dataset
-                stamp_events = text("UPDATE dataset_event SET timestamp = :stamp WHERE id IN :event_ids").bindparams(
-                    bindparam("stamp", type_=UtcDateTime), bindparam("event_ids", expanding=True)
-                )
-                for dataset_id in chunk:
-                    session.execute(stamp_events, {"stamp": stamps[dataset_id], "event_ids": event_ids[dataset_id]})
-            else:
-                cls._mysql_stamp_and_date(stamps, event_ids, [row for row in rows if row[0] in stamps], session)
-            for dataset_id in chunk:
+                    stamp = newest_timestamp + timedelta(microseconds=1)
+                session.execute(stamp_events, {"stamp": stamp, "event_ids": event_ids[dataset_id]})
                 for dataset_event in by_dataset[dataset_id]:
-                    set_committed_value(dataset_event, "timestamp", stamps[dataset_id])
-
-    @classmethod
-    def _mysql_stamp_and_date(
-        cls,
-        stamps: dict[int, datetime],
-        event_ids: dict[int, list[int]],
-        rows: list[tuple[int, str]],
-        session: Session,
-    ) -> None:
-        """
-        MySQL/MariaDB: set the events of each dataset of ``stamps`` to its stamp and date its queue rows ``rows`` one
-        microsecond after it, ``GREATEST(created_at + 1 microsecond, ..)``, in one multi-table UPDATE per 500 rows
-        (a round trip less at a task's COMMIT, issue 30). Every row it writes this transaction holds already: its
-        events, and queue rows it took or inserted, reached one primary-key lookup per key (a scan would lock rows it
-        does not name: READ COMMITTED's UPDATE of a join); no lock wait. An event set twice gets the same stamp.
-        """
-        from datetime import timedelta
-
-        from sqlalchemy import bindparam, text
-
-        from airflow.utils.sqlalchemy import UtcDateTime
-
-        params: dict[str, object] = {"event_ids": [i for dataset_id in stamps for i in event_ids[dataset_id]]}
-        whens = []
-        for i, (dataset_id, stamp) in enumerate(stamps.items()):
-            params.update({f"stamp_dataset_{i}": dataset_id, f"stamp_{i}": stamp})
-            params[f"after_{i}"] = stamp + timedelta(microseconds=1)
-            whens.append(i)
-        stamp_types = [bindparam(f"stamp_{i}", type_=UtcDateTime) for i in whens]
-        stamp_of = " ".join(f"WHEN :stamp_dataset_{i} THEN :stamp_{i}" for i in whens)
-        for start in range(0, max(len(rows), 1), 500):
-            piece = rows[start : start + 500]
-            if not piece:
-                statement = f"UPDATE dataset_event SET timestamp = CASE dataset_id {stamp_of} END WHERE id IN :event_ids"
-                keys: dict[str, object] = {}
-                types = stamp_types
-            else:
-                source, keys = cls._queue_keys_joined_first(piece)
-                types = stamp_types + [bindparam(f"after_{i}", type_=UtcDateTime) for i in whens]
-                after_of = " ".join(f"WHEN :stamp_dataset_{i} THEN :after_{i}" for i in whens)
-                statement = (
-                    f"UPDATE dataset_event AS e FORCE INDEX (PRIMARY) LEFT JOIN ({source}) ON k.dataset_id = e.dataset_id "
-                    f"SET e.timestamp = CASE e.dataset_id {stamp_of} END, "
-                    "q.created_at = GREATEST(TIMESTAMPADD(MICROSECOND, 1, q.created_at), "
-                    f"CAST(CASE q.dataset_id {after_of} END AS DATETIME(6))) WHERE e.id IN :event_ids"
-                )
-            session.execute(
-                text(statement).bindparams(bindparam("event_ids", expanding=True), *types), {**params, **keys}
-            )
+                    set_committed_value(dataset_event, "timestamp", stamp)
 
     @classmethod
     def _take_queue_rows(
@@ -495,8 +434,8 @@ class DatasetManager:
         for start in range(0, len(rows), 500):
             chunk = rows[start : start + 500]
             source, params = cls._queue_keys_joined_first(chunk)  # one primary-key probe per key
-            take = text(f"SELECT q.dataset_id, q.target_dag_id FROM {source} FOR UPDATE SKIP LOCKED").bindparams(**params)
-            taken_here = set(map(tuple, session.execute(take)))
+            take = text(f"SELECT q.dataset_id, q.target_dag_id FROM {source} FOR UPDATE SKIP LOCKED")
+            taken_here = set(map(tuple, session.execute(take.bindparams(**params))))
             taken.update(taken_here)
             # A taken row's DAG exists to this COMMIT (deleting the DAG deletes the row, which this transaction holds).
             live.update(dag_id for _, dag_id in taken_here)
@@ -515,8 +454,10 @@ class DatasetManager:
         return taken, busy, live
 
     @staticmethod
-    def _queue_keys_joined_first(keys: list[tuple[int, str]], join: str = "STRAIGHT_JOIN") -> tuple[str, dict[str, object]]:
-        """MySQL/MariaDB: a FROM clause of keys ``k`` joined (``join``) to queue rows ``q`` by primary key, one lookup each, and its parameters."""
+    def _queue_keys_joined_first(
+        keys: list[tuple[int, str]], join: str = "STRAIGHT_JOIN"
+    ) -> tuple[str, dict[str, object]]:
+        """MySQL/MariaDB: a FROM clause of keys ``k`` (``join``) queue rows ``q`` by primary key, and its parameters."""
         derived = " UNION ALL ".join(
             f"SELECT :dataset_id_{i} AS dataset_id, :dag_id_{i} AS target_dag_id" for i in range(len(keys))
         )
@@ -561,7 +502,10 @@ class DatasetManager:
     def _date_queue_rows_after_their_events(
         cls, rows: list[tuple[int, str]], events: list[DatasetEvent], session: Session
     ) -> None:
-        """SQLite: date the queue rows this transaction wrote one microsecond after its events' stamps (MySQL/MariaDB: ``_mysql_stamp_and_date``)."""
+        """
+        MySQL/MariaDB, SQLite: date the queue rows this transaction took or wrote one microsecond after its events'
+        stamps, ``max(created_at + 1 microsecond, ..)`` on MySQL/MariaDB, where a taken row is written here only.
+        """
         from datetime import timedelta, timezone
 
         from sqlalchemy import inspect, text
@@ -574,10 +518,15 @@ class DatasetManager:
         rows = [row for row in rows if row[0] in after]  # this transaction's, locked already: no wait
         if not rows:
             return
-        # By primary key, executemany; SQLite's text compares chronologically.
+        # By primary key, executemany; MySQL's DATETIME(6) in UTC, SQLite's text, which compares chronologically.
+        greatest = (
+            "GREATEST(TIMESTAMPADD(MICROSECOND, 1, created_at), CAST(:after AS DATETIME(6)))"
+            if session.bind.dialect.name == "mysql"
+            else "max(created_at, :after)"
+        )
         session.execute(
             text(
-                "UPDATE dataset_dag_run_queue SET created_at = max(created_at, :after) "
+                f"UPDATE dataset_dag_run_queue SET created_at = {greatest} "
                 "WHERE dataset_id = :dataset_id AND target_dag_id = :dag_id"
             ),
             [
@@ -690,7 +639,7 @@ class DatasetManager:
     ) -> set[tuple[int, str]]:
         """
         MySQL/MariaDB: take the existing rows among ``rows``, then upsert in key order those not busy whose DAG exists,
-        but for a taken row of a dataset with an event: ``_stamp_events`` dates it, its one write. Return the busy
+        but a taken row of a dataset with an event, which ``_date_queue_rows_after_their_events`` writes once. Return the busy
         keys. Short statements, not one: a task's connection is new (Airflow disposes the pool before the task runs)
         and the server plans each statement with cold caches (issue 30).
         """
