@@ -65,6 +65,42 @@ def test_a_manual_run_at_the_same_date_is_stepped_over(variant_fixed):
         w.close()
 
 
+def test_a_manual_run_after_the_latest_dataset_run_leaves_its_floor_as_it_was(variant_fixed):
+    """
+    The latest dataset-triggered run is the DAG's newest run, or, when a manual run is newer, searched for
+    (PostgreSQL reads the newest run by index order and searches only then): either way the next run consumes the
+    new event only, never the one the dataset-triggered run consumed.
+    """
+    w = World("manual_after")
+    try:
+        a = w.dataset("a")
+        dag_id = w.consumer("d", [a])
+        p, s = w.producer("P"), w.scheduler()
+        w.clock.at(1), w.emit(p, a), p.finish()
+        w.clock.at(2), w.loop(s), s.finish()  # run 1 consumes the first event
+        with create_session() as session:
+            from airflow.models.serialized_dag import SerializedDagModel
+
+            newest = session.scalar(select(DagRun.execution_date).where(DagRun.dag_id == dag_id))
+            SerializedDagModel.get_dag(dag_id, session=session).create_dagrun(
+                run_id="manual__after",
+                run_type=DagRunType.MANUAL,
+                execution_date=newest + timedelta(seconds=1),
+                state=DagRunState.SUCCESS,
+                external_trigger=True,
+                session=session,
+            )
+        w.clock.at(3), w.emit(p, a), p.finish()
+        w.clock.at(4), w.loop(s), s.finish()
+        runs = _runs(dag_id)
+        assert [(run_type, consumed) for run_type, _, consumed in runs] == [
+            (DagRunType.DATASET_TRIGGERED, 1), (DagRunType.MANUAL, 0), (DagRunType.DATASET_TRIGGERED, 1),
+        ], runs
+        assert w.report().violations() == {}
+    finally:
+        w.close()
+
+
 def test_and_condition_is_judged_on_events_not_on_stale_queue_rows(variant_fixed):
     w = World("and_stale_row")
     try:

@@ -109,6 +109,7 @@ MEMBERS = tuple(
         (_SCHEDULER, "_runnable_dataset_dags", None),
         (_SCHEDULER, "_dags_with_stranded_dataset_events", None),
         (_SCHEDULER, "_net_references", None),
+        (_SCHEDULER, "_latest_dataset_run_date", None),
         (_SCHEDULER, "_stranded_events_slice", None),
         (_SCHEDULER, "_decide_dataset_triggered_runs", None),
         (_SCHEDULER, "_dataset_statement", None),
