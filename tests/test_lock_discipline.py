@@ -147,9 +147,9 @@ def test_a_postgres_producer_commit_sends_short_statements_in_lock_order(world):
     Stock PostgreSQL sends one queue statement per event (``INSERT .. ON CONFLICT DO
     NOTHING``). The fix sends at COMMIT, for the whole transaction: the SKIP LOCKED take of
     the existing rows, the insert of the keys with no row, the look for held rows (only when
-    a key was neither taken nor inserted), then in one round trip the stamps of its events,
-    the queue rows dated one microsecond after their events (Airflow's order) and the
-    read-back of the stamps. Short statements: a task's connection
+    a key was neither taken nor inserted), then one statement that stamps its events, dates
+    the queue rows one microsecond after them (Airflow's order) and returns the stamps (the
+    events' UPDATE hands them to the rows' UPDATE in one WITH). Short statements: a task's connection
     is new and a new server backend plans a statement of CTEs and joins for milliseconds
     (issue 30). A row only taken is written once, by the dating (a second write would check
     its foreign key again and wait for a scheduler holding the DAG's row); a held row is not
@@ -187,12 +187,12 @@ def test_a_postgres_producer_commit_sends_short_statements_in_lock_order(world):
         "take" if "for update skip locked" in s
         else "look" if s.startswith("select q.dataset_id")
         else "insert" if s.startswith("insert into dataset_dag_run_queue")
-        else "stamp, date, read" if s.startswith("with c as (select clock_timestamp() as now) update dataset_event")
-        and "; update dataset_dag_run_queue as q" in s and "; select id, timestamp from dataset_event" in s
+        else "stamp, date, read" if s.startswith("with c as (select clock_timestamp() as now), stamped as (update dataset_event")
+        and "update dataset_dag_run_queue as q" in s and s.endswith("select id, timestamp from stamped") and ";" not in s
         else s
         for s, _ in writes
     ]
-    assert kinds == ["take", "insert", "look", "stamp, date, read"], kinds  # the last three: one round trip
+    assert kinds == ["take", "insert", "look", "stamp, date, read"], kinds
     assert "from dataset_dag_run_queue" in writes[0][0] and "join" not in writes[0][0] and " with " not in writes[0][0]
     # the keys not taken: (a, y) is held, so only (b, x) is inserted (not waited for: it has a committed row)
     assert writes[1][1] == {"dataset_id_0": a_id, "dag_id_0": y, "dataset_id_1": b_id, "dag_id_1": x}
@@ -204,18 +204,15 @@ def test_a_postgres_producer_commit_sends_short_statements_in_lock_order(world):
 
 
 @pytest.mark.skipif(BACKEND != "postgres", reason="PostgreSQL's stamp and dating")
-@pytest.mark.parametrize("driver", ["psycopg2", "a driver that binds on the server"])
-def test_postgres_stamps_dates_and_reads_back_in_one_round_trip_or_one_by_one(world, monkeypatch, driver):
+def test_postgres_stamps_dates_and_reads_back_in_one_statement(world):
     """
-    psycopg2 binds parameters on the client, so the stamp, the dating and the read-back go as
-    one string; a driver that binds on the server (psycopg 3) cannot take several statements
-    with parameters: they go one by one, with the same effect.
+    The stamp, the dating and the read-back are one statement (a WITH whose events' UPDATE
+    hands its stamps to the queue rows' UPDATE): one parse and plan, one round trip, for any
+    driver. The rows end dated after their events and the objects hold the committed stamps.
     """
     w = world
     a, b = w.dataset("a"), w.dataset("b")
     x, y = w.consumer("x", [a, b]), w.consumer("y", [a])
-    if driver != "psycopg2":
-        monkeypatch.setattr(settings.engine.dialect, "driver", "psycopg")
     sent: list[str] = []
 
     def record(conn, cursor, statement, parameters, context, executemany):
@@ -235,7 +232,7 @@ def test_postgres_stamps_dates_and_reads_back_in_one_round_trip_or_one_by_one(wo
                 ]
         finally:
             event.remove(settings.engine, "before_cursor_execute", record)
-        assert len(sent) == (1 if driver == "psycopg2" else 3), sent  # stamp, date, read back
+        assert len(sent) == 1 and ";" not in sent[0], sent  # stamp, date, read back
         with create_session() as session:
             stamps = dict(
                 session.execute(

@@ -522,10 +522,10 @@ class SchedulerJobRunner:
             )
 
         reference = DagScheduleDatasetReference
-        latest_of_any_type = select(func.max(DagRun.execution_date)).where(DagRun.dag_id == DagModel.dag_id)
         clock_column = literal_column(clock, UtcDateTime) if clock else null()  # SQLite: this host's clock
         if dialect == "postgresql":
             return cls._postgres_runs_and_datasets_statement(reference, clock_column)
+        latest_of_any_type = select(func.max(DagRun.execution_date)).where(DagRun.dag_id == DagModel.dag_id)
         # As on PostgreSQL, the run's links first (STRAIGHT_JOIN), newest first: a max() let MariaDB
         # start from the dataset's history (40 000 rows read for 20 000 events; issue 30).
         newest_consumed_by_latest_run = (
