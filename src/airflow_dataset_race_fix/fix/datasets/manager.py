@@ -600,7 +600,8 @@ class DatasetManager:
             values = ", ".join(
                 f"(CAST(:dataset_id_{i} AS INTEGER), CAST(:dag_id_{i} AS VARCHAR))" for i in range(len(keys))
             )
-            order = " ORDER BY k.dataset_id, k.target_dag_id" if len(keys) > 1 else ""  # one key: 0.09 ms less to plan
+            # The ORDER BY orders the waits of two keys or more; one key has none to order (and plans 0.09 ms faster).
+            order = " ORDER BY k.dataset_id, k.target_dag_id" if len(keys) > 1 else ""
             statement = (
                 "INSERT INTO dataset_dag_run_queue (dataset_id, target_dag_id, created_at) SELECT k.dataset_id, "
                 f"k.target_dag_id, {clock} FROM (VALUES {values}) AS k(dataset_id, "
