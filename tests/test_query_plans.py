@@ -326,8 +326,8 @@ PRODUCER_QUEUE = (200, 100)  # queue rows of other DAGs and datasets beside a pr
 def test_a_producers_commit_probes_the_queue_by_primary_key_whatever_the_statistics(world, statistics):
     """
     A producer's COMMIT on PostgreSQL (BUG_REPORT section 4): the SKIP LOCKED take of its
-    existing rows, the insert of its keys with no row (its probe of the queue per key) and the
-    look for held rows each cost the keys they name, never a read of the queue, however many
+    existing rows, the insert of its keys with no row (its probe of the queue per key), the
+    second take and the look for held rows each cost the keys they name, never a read of the queue, however many
     rows other DAGs keep queued and whatever the statistics say. (A queue of a few pages may be
     read once instead: the planner counts its pages as they are, not from statistics, so it
     scans only where a scan costs less than the probes; the probes inside the insert are
@@ -366,7 +366,7 @@ def test_a_producers_commit_probes_the_queue_by_primary_key_whatever_the_statist
     finally:
         analyze(tables)
     assert busy == {(ids[1], dag_ids[0])}
-    assert len(plans) == 3, plans  # take, insert, look
+    assert len(plans) == 4, plans  # take, insert, take of the keys left, look
     for plan in plans:  # by index: the primary key (or, for a DAG with no row, its index)
         assert "Seq Scan on dataset_dag_run_queue" not in plan, plan
         assert "Index" in plan, plan

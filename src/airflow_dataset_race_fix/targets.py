@@ -85,6 +85,7 @@ MEMBERS = tuple(
         (_MANAGER, "_forget_ended_queue_rows", None),
         (_MANAGER, "_database_clock", None),
         (_MANAGER, "_database_now", None),
+        (_MANAGER, "_send", None),
         (_MANAGER, "_stamp_events_and_date_queue_rows", None),
         (_MANAGER, "_postgres_stamp_events_and_date_queue_rows", None),
         (_MANAGER, "_stamp_events", None),

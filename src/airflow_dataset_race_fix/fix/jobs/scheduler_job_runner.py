@@ -866,7 +866,7 @@ class SchedulerJobRunner:
         Delete queue rows ``(dataset_id, target_dag_id, created_at as read)`` that still hold that value, 500 a
         statement, locking no other row and skipping a producer's where it can (BUG_REPORT, "Lock discipline").
         """
-        from sqlalchemy import Text, any_, bindparam, cast, literal_column, text, tuple_
+        from sqlalchemy import Text, any_, bindparam, cast, literal_column, tuple_
 
         rows = sorted(rows)
         dialect = session.bind.dialect
@@ -911,4 +911,4 @@ class SchedulerJobRunner:
                 from airflow.datasets.manager import DatasetManager
 
                 keys_first, params = DatasetManager._queue_keys_joined_first([tuple(row) for row in taken])
-                session.execute(text(f"DELETE q FROM {keys_first}"), params)
+                DatasetManager._send(session, f"DELETE q FROM {keys_first}", params)
