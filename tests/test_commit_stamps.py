@@ -267,7 +267,8 @@ def test_a_producer_that_waits_for_a_new_queue_row_stamps_after_the_wait(world):
     assert b_stamp - a_stamp >= timedelta(seconds=0.5), (a_stamp, b_stamp)
     # B took the row A inserted once A committed, and dated it after its own event.
     with create_session() as session:
-        (row_date,) = session.scalars(select(DatasetDagRunQueue.created_at).where(DatasetDagRunQueue.target_dag_id == x))
+        row_dates = select(DatasetDagRunQueue.created_at).where(DatasetDagRunQueue.target_dag_id == x)
+        (row_date,) = session.scalars(row_dates)
     assert row_date > b_stamp, (row_date, b_stamp)
     w.drain(s, start=None)
     assert [consumed for _, consumed in _runs(x)] and w.report().violations() == {}

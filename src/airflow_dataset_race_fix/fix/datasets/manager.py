@@ -343,7 +343,8 @@ class DatasetManager:
             stamp_of_row = "(SELECT s.timestamp FROM stamped AS s)"
         else:
             params["event_ids"] = sorted(by_id)
-            this, other = "e.id = ANY(CAST(%(event_ids)s AS INTEGER[]))", "o.id <> ALL(CAST(%(event_ids)s AS INTEGER[]))"
+            ids = "CAST(%(event_ids)s AS INTEGER[])"
+            this, other = f"e.id = ANY({ids})", f"o.id <> ALL({ids})"
             # One clock for all the events: a WITH query holding a volatile function is evaluated once.
             now, clock_once = "c.now", [f"c AS (SELECT {clock} AS now)"]
             newest = ["newest AS (SELECT dataset_id, max(timestamp) AS stamp FROM stamped GROUP BY dataset_id)"]
@@ -356,7 +357,8 @@ class DatasetManager:
             f"stamped AS (UPDATE dataset_event AS e SET timestamp = COALESCE((SELECT GREATEST({now}, CASE WHEN "
             f"o.timestamp < {now} + CAST(%(ahead)s AS INTERVAL) THEN o.timestamp + interval '1 microsecond' END) "
             f"FROM dataset_event AS o WHERE o.dataset_id = e.dataset_id AND {other} ORDER BY o.timestamp DESC "
-            f"LIMIT 1), {now}){' FROM c' if clock_once else ''} WHERE {this} RETURNING e.id, e.dataset_id, e.timestamp)",
+            f"LIMIT 1), {now}){' FROM c' if clock_once else ''} WHERE {this} "
+            "RETURNING e.id, e.dataset_id, e.timestamp)",
             *newest,
         ]
         for start in range(0, len(rows), 500):  # a row IN list: one primary-key probe per row
@@ -489,7 +491,10 @@ class DatasetManager:
     def _queue_keys_joined_first(
         keys: list[tuple[int, str]], join: str = "STRAIGHT_JOIN"
     ) -> tuple[str, dict[str, object]]:
-        """MySQL/MariaDB: a FROM clause of keys ``k`` (``join``) queue rows ``q`` by primary key, and its parameters (``_send``)."""
+        """
+        MySQL/MariaDB: a FROM clause of keys ``k`` (``join``) queue rows ``q`` by primary key, and its parameters
+        (``_send``'s placeholders).
+        """
         derived = " UNION ALL ".join(
             f"SELECT %(dataset_id_{i})s AS dataset_id, %(dag_id_{i})s AS target_dag_id" for i in range(len(keys))
         )
@@ -643,8 +648,9 @@ class DatasetManager:
             taken = queue_rows_named(chunk, lock=True)
             if new := [key for key in chunk if key not in taken]:
                 inserted = insert_new_keys(new)
-                # Inserted by another producer meanwhile (committed since the take, or waited for above): taken now.
-                # The rest are held by another transaction, or their DAG is deleted: tell them apart.
+                # Inserted by another producer since the take (committed before the insert, or waited for by it):
+                # taken now. The rest are held by another transaction, or gone (their DAG deleted, or the row deleted
+                # by a scheduler just now: its event waits for the sweep, as when the look found a row gone).
                 if left := [key for key in new if key not in inserted]:
                     taken |= queue_rows_named(left, lock=True)
                     if left := [key for key in left if key not in taken]:
@@ -661,7 +667,10 @@ class DatasetManager:
 
     @staticmethod
     def _postgres_row_in_list(keys: list[tuple[int, str]], start: int = 0) -> tuple[str, dict[str, object]]:
-        """PostgreSQL: the terms ``(%(dataset_id_i)s, %(dag_id_i)s), ..`` of a row IN list of ``keys`` from ``start``, and parameters."""
+        """
+        PostgreSQL: the terms ``(%(dataset_id_i)s, %(dag_id_i)s), ..`` of a row IN list of ``keys`` from ``start``,
+        and their parameters (``_send``'s placeholders).
+        """
         params: dict[str, object] = {}
         for i, (dataset_id, dag_id) in enumerate(keys, start):
             params[f"dataset_id_{i}"], params[f"dag_id_{i}"] = dataset_id, dag_id
