@@ -35,7 +35,7 @@ from airflow.models.dataset import DatasetDagRunQueue, DatasetEvent, DatasetMode
 from airflow.utils.session import create_session
 
 from reproduce.harness.faults import run_producer
-from reproduce.harness.world import BLOCKED, DONE, PAUSED, World
+from reproduce.harness.world import BLOCKED, DONE, PAUSED, Aborted, World
 
 from conftest import BACKEND
 
@@ -195,6 +195,38 @@ def test_a_commit_paused_after_its_stamp_is_consumed_by_the_next_run(world, monk
     w.loop(scheduler), scheduler.finish()
     first, second, late, third = [event_id for event_id, _ in _events(w)]
     assert [consumed for _, consumed in _runs(d)] == [[first], [second, third], [late]]
+    assert w.report().violations() == {}
+
+
+def test_the_same_scheduler_reads_again_what_its_last_read_left(world, monkeypatch):
+    """
+    A scheduler remembers where its last read of a DAG's dataset left nothing to find, and its
+    next read starts there rather than at the newest consumed event: the lower of the latency
+    before its clock and the oldest event it left. Here the loop that read a2 and a3 rolls back
+    (a scheduler killed before its COMMIT), and a3 dated the queue row 1.5 s after a2: neither
+    the row nor the clock brings a2 back, only the memory of what the read left. Fails if the
+    memory keeps only the clock.
+    """
+    monkeypatch.setenv(LATENCY, "1")
+    monkeypatch.setenv(FULL_READ, "100000")
+    w = world
+    a = w.dataset("a")
+    d = w.consumer("d", [a])
+    q, s = w.producer("Q"), w.scheduler()
+    w.clock.stop()  # real time: the database's clock (SQLite: this host's) dates everything
+    w.emit(q, a), q.finish()
+    w.loop(s), s.finish()  # run 1: a1
+    w.emit(q, a), q.finish()  # a2
+    time.sleep(1.5)  # past the latency
+    w.emit(q, a), q.finish()  # a3: the (a, d) row is dated 1.5 s after a2
+    s.pause_before("insert into dag_run")  # the loop has read a2 and a3
+    assert w.loop(s) == PAUSED
+    assert s.abort() == DONE
+    with pytest.raises(Aborted):
+        s.finish()
+    w.loop(s), s.finish()  # the same scheduler again
+    a1, a2, a3 = [event_id for event_id, _ in _events(w)]
+    assert [consumed for _, consumed in _runs(d)] == [[a1], [a2, a3]]
     assert w.report().violations() == {}
 
 

@@ -16,9 +16,9 @@ S = timedelta(seconds=1)
 LOOKBACK, LATENCY = 900 * S, 10 * S
 
 
-def floors(dataset_ids, latest_run, queued=None, newest=None, found_late=False, now=T, horizon=T + 60 * S):
+def floors(dataset_ids, latest_run, queued=None, newest=None, found_late=False, now=T, horizon=T + 60 * S, checked=None):
     return Runner._dataset_floors(
-        dataset_ids, latest_run, now, queued or {}, newest or {}, found_late, horizon, LOOKBACK, LATENCY
+        dataset_ids, latest_run, now, queued or {}, newest or {}, found_late, horizon, LOOKBACK, LATENCY, checked
     )
 
 
@@ -47,6 +47,28 @@ def test_a_late_commit_found_or_a_clock_behind_the_latest_run_reads_the_whole_wi
     assert late.full_read and late.floors == {1: T - S - LOOKBACK}
     ahead = floors([1], T + 120 * S, newest={1: T + 119 * S})
     assert ahead.full_read and ahead.floors == {1: T - LOOKBACK}  # under the clock too
+
+
+def test_what_this_process_checked_raises_the_floor_but_never_above_a_queue_row():
+    assert floors([1], T - 5 * S, newest={1: T - 7 * S}, checked={1: T - 2 * S}).floors == {1: T - 2 * S}
+    assert floors([1], T - 5 * S, newest={1: T - 7 * S}, checked={1: T - 30 * S}).floors == {1: T - 17 * S}
+    queued = floors([1], T - 5 * S, queued={1: T - 4 * S}, newest={1: T - 7 * S}, checked={1: T - 2 * S})
+    assert queued.floors == {1: T - 14 * S}
+    assert floors([1], T - 5 * S, newest={1: T - 7 * S}, found_late=True, checked={1: T}).floors == {
+        1: T - 5 * S - LOOKBACK
+    }
+    assert floors([1], T - 5 * S, checked={1: T}).floors == {1: T - 5 * S - LOOKBACK}  # nothing consumed from it
+
+
+def test_a_read_is_remembered_below_what_it_left_and_the_latency_and_forgotten_when_the_clock_goes_back():
+    runner = Runner()
+    read = floors([1, 2], T - 5 * S, newest={1: T - 7 * S, 2: T - 7 * S})
+    runner._remember_dataset_reads("d", read, [event(1, T - 30 * S), event(1, T - 20 * S)], T, LATENCY)
+    assert runner._checked_dataset_floors("d", [1, 2, 3], T) == {1: T - 30 * S, 2: T - LATENCY}
+    assert runner._checked_dataset_floors("e", [1, 2], T) == {}
+    assert runner._checked_dataset_floors("d", [1, 2], T - S) == {}  # the clock went back: nothing holds
+    runner._remember_dataset_reads("f", floors([1], None), [], T, LATENCY)  # a first run: no floors, nothing kept
+    assert runner._checked_dataset_floors("f", [1], T) == {}
 
 
 def choose(events, latest_run=None, queued=None, loop_date=T - 50 * S, met=lambda statuses: bool(statuses)):

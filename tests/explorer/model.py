@@ -17,8 +17,9 @@ A *schedule* is a list of step tokens, the replayable form:
 - ``S.restart``       the scheduler process restarts (a new runner: no memory)
 
 Independence (two steps of different actors that commute): a stall commutes with every
-step that reads no clock (commits, rollbacks and scheduler loops: a loop reads the clock
-only against 60 s and 900 s horizons, far beyond a stall); two COMMITs/ROLLBACKs commute
+step that reads no clock (commits and rollbacks; not a scheduler loop, or its first part:
+a loop keeps its clock's reading to bound its next read of each DAG's events, and a stall
+moves the clock past ``commit_latency_seconds``); two COMMITs/ROLLBACKs commute
 (everything they make visible was written before). Everything else is dependent, which is
 conservative. ``reg`` always comes right before its ``stamp`` in enumerated schedules: the
 registered event is private to its transaction until COMMIT for the fix (the replay
@@ -141,7 +142,7 @@ def format_schedule(steps) -> str:
 
 
 # -- independence and enumeration ------------------------------------------------------------
-_CLOCK_READERS = ("atomic", "reg", "stamp")
+_CLOCK_READERS = ("atomic", "reg", "stamp", "loop", "q")
 _ENDS = ("commit", "rollback")
 
 

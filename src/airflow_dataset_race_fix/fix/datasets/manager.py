@@ -296,6 +296,13 @@ class DatasetManager:
             statement = re.sub(r"%\((\w+)\)s", r":\1", statement)
         return session.connection().exec_driver_sql(statement, params)
 
+    @staticmethod
+    def _utc_text(stamp: datetime) -> str:
+        """``stamp`` as a statement's parameter: MySQL's DATETIME(6) in UTC, SQLite's text as Airflow writes it."""
+        from airflow.utils import timezone
+
+        return stamp.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")  # text compares chronologically
+
     @classmethod
     def _stamp_events_and_date_queue_rows(
         cls, events: list[DatasetEvent], rows: list[tuple[int, str]], session: Session
@@ -431,8 +438,7 @@ class DatasetManager:
                 if newest_timestamp is not None and now < newest_timestamp + timedelta(microseconds=1) <= now + ahead:
                     stamp = newest_timestamp + timedelta(microseconds=1)
                 ids, params = ids_in("event_id", event_ids[dataset_id])
-                # MySQL's DATETIME(6) in UTC, SQLite's text as Airflow writes it (it compares chronologically).
-                params["stamp"] = stamp.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")
+                params["stamp"] = cls._utc_text(stamp)
                 cls._send(session, f"UPDATE dataset_event SET timestamp = %(stamp)s WHERE id IN {ids}", params)
                 for dataset_event in by_dataset[dataset_id]:
                     set_committed_value(dataset_event, "timestamp", stamp)
@@ -543,7 +549,7 @@ class DatasetManager:
         MySQL/MariaDB, SQLite: date the queue rows this transaction took or wrote one microsecond after its events'
         stamps, ``max(created_at + 1 microsecond, ..)`` on MySQL/MariaDB, where a taken row is written here only.
         """
-        from datetime import timedelta, timezone
+        from datetime import timedelta
 
         from sqlalchemy import inspect
 
@@ -555,7 +561,7 @@ class DatasetManager:
         rows = [row for row in rows if row[0] in after]  # this transaction's, locked already: no wait
         if not rows:
             return
-        # By primary key, executemany; MySQL's DATETIME(6) in UTC, SQLite's text, which compares chronologically.
+        # By primary key, executemany.
         greatest = (
             "GREATEST(TIMESTAMPADD(MICROSECOND, 1, created_at), CAST(%(after)s AS DATETIME(6)))"
             if session.bind.dialect.name == "mysql"
@@ -567,7 +573,7 @@ class DatasetManager:
             "WHERE dataset_id = %(dataset_id)s AND target_dag_id = %(dag_id)s",
             [
                 {
-                    "after": after[dataset_id].astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f"),
+                    "after": cls._utc_text(after[dataset_id]),
                     "dataset_id": dataset_id,
                     "dag_id": dag_id,
                 }

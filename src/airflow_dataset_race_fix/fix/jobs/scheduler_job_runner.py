@@ -417,9 +417,12 @@ class SchedulerJobRunner:
             floors = self._dataset_floors(
                 dataset_ids, latest_run_date, state.database_now, queued,
                 state.newest_consumed.get(dag.dag_id, {}), found_late, horizon, lookback, commit_latency,
+                self._checked_dataset_floors(dag.dag_id, dataset_ids, state.database_now),
             )
+            dataset_events = self._select_dataset_events(dag.dag_id, dataset_ids, floors, session)
+            self._remember_dataset_reads(dag.dag_id, floors, dataset_events, state.database_now, commit_latency)
             choice = self._choose_dataset_run(
-                self._select_dataset_events(dag.dag_id, dataset_ids, floors, session),
+                dataset_events,
                 horizon, latest_run_date, dataset_triggered_dag_info[dag.dag_id][1],
                 queued, state.dataset_uris, lambda statuses: dag.timetable.dataset_condition.evaluate(statuses),
             )
@@ -692,21 +695,61 @@ class SchedulerJobRunner:
         horizon: datetime,
         lookback: timedelta,
         commit_latency: timedelta,
+        checked: dict[int, datetime] | None = None,
     ) -> _DatasetFloors:
-        """Where a DAG reads each dataset's events from (BUG_REPORT, "The floor"); pure."""
+        """
+        Where a DAG reads each dataset's events from (BUG_REPORT, "The floor"); pure. ``checked``: per dataset, where
+        this process's last read of it left nothing unconsumed to find (``_remember_dataset_reads``); it raises the
+        newest consumed event's floor, never a queue row's.
+        """
         if latest_run_date is None:  # no run of this DAG has consumed anything yet
             return cls._DatasetFloors({}, None, True)
         full_floor = min([latest_run_date, database_now, *queued.values()]) - lookback
         full_read = found_late or latest_run_date > horizon  # the net found one; a clock stepped back
+        checked = checked or {}
         floors: dict[int, datetime] = {}
         for dataset_id in dataset_ids:
             newest = newest_consumed.get(dataset_id)
             if full_read or newest is None:
                 floors[dataset_id] = full_floor
             else:
-                floor = min([newest, *([queued[dataset_id]] if dataset_id in queued else [])])
-                floors[dataset_id] = max(floor - commit_latency, full_floor)
+                floor = max(newest - commit_latency, checked.get(dataset_id, full_floor))
+                if dataset_id in queued:
+                    floor = min(floor, queued[dataset_id] - commit_latency)
+                floors[dataset_id] = max(floor, full_floor)
         return cls._DatasetFloors(floors, min(floors.values(), default=full_floor), full_read)
+
+    def _remember_dataset_reads(
+        self, dag_id: str, floors: _DatasetFloors, events: list[Any], database_now: datetime, commit_latency: timedelta
+    ) -> None:
+        """
+        After a read of ``dag_id``'s events from ``floors`` (which followed the clock's reading ``database_now``): per
+        dataset, below what nothing it has not consumed can appear, so that this process's next read starts there
+        (BUG_REPORT, "The floor", what a process remembers). An event committed before the read was read, or lay below
+        a floor that was safe; one committed after it is stamped at most ``commit_latency`` before ``database_now``.
+        """
+        checked: dict[tuple[str, int], tuple[datetime, datetime]] = self.__dict__.setdefault(
+            "_dataset_race_fix_checked", {}
+        )
+        if floors.runs_floor is None:  # a first run: every event was read, nothing is left behind it
+            return
+        lowest_left: dict[int, datetime] = {}
+        for event in events:  # deferred, late and waiting ones alike: still unconsumed
+            lowest_left[event.dataset_id] = min(event.timestamp, lowest_left.get(event.dataset_id, event.timestamp))
+        for dataset_id in floors.floors:
+            left = lowest_left.get(dataset_id)
+            below = database_now - commit_latency
+            checked[(dag_id, dataset_id)] = (database_now, below if left is None else min(left, below))
+
+    def _checked_dataset_floors(self, dag_id: str, dataset_ids: list[int], database_now: datetime) -> dict[int, datetime]:
+        """What ``_remember_dataset_reads`` kept for ``dag_id``, unless the clock has gone back since (then nothing)."""
+        checked: dict[tuple[str, int], tuple[datetime, datetime]] = self.__dict__.get("_dataset_race_fix_checked", {})
+        floors = {}
+        for dataset_id in dataset_ids:
+            read_at, floor = checked.get((dag_id, dataset_id), (None, None))
+            if read_at is not None and read_at <= database_now:
+                floors[dataset_id] = floor
+        return floors
 
     def _select_dataset_events(
         self, dag_id: str, dataset_ids: list[int], floors: _DatasetFloors, session: Session
