@@ -60,15 +60,18 @@ def test_what_this_process_checked_raises_the_floor_but_never_above_a_queue_row(
     assert floors([1], T - 5 * S, checked={1: T}).floors == {1: T - 5 * S - LOOKBACK}  # nothing consumed from it
 
 
-def test_a_read_is_remembered_below_what_it_left_and_the_latency_and_forgotten_when_the_clock_goes_back():
-    runner = Runner()
-    read = floors([1, 2], T - 5 * S, newest={1: T - 7 * S, 2: T - 7 * S})
-    runner._remember_dataset_reads("d", read, [event(1, T - 30 * S), event(1, T - 20 * S)], T, LATENCY)
-    assert runner._checked_dataset_floors("d", [1, 2, 3], T) == {1: T - 30 * S, 2: T - LATENCY}
-    assert runner._checked_dataset_floors("e", [1, 2], T) == {}
-    assert runner._checked_dataset_floors("d", [1, 2], T - S) == {}  # the clock went back: nothing holds
-    runner._remember_dataset_reads("f", floors([1], None), [], T, LATENCY)  # a first run: no floors, nothing kept
-    assert runner._checked_dataset_floors("f", [1], T) == {}
+def test_a_read_is_remembered_below_what_it_left_and_the_latency_and_forgotten_when_it_cannot_hold():
+    runner, latest = Runner(), T - 5 * S
+    state = SimpleNamespace(database_now=T, latest_runs={"d": (latest, None, None), "f": (None, None, None)})
+    read = floors([1, 2], latest, newest={1: T - 7 * S, 2: T - 7 * S})
+    runner._remember_dataset_reads("d", read, [event(1, T - 30 * S), event(1, T - 20 * S)], state, LATENCY)
+    assert runner._checked_dataset_floors("d", [1, 2, 3], T, latest) == {1: T - 30 * S, 2: T - LATENCY}
+    assert runner._checked_dataset_floors("d", [1, 2], T + S, T) == {1: T - 30 * S, 2: T - LATENCY}  # a newer run
+    assert runner._checked_dataset_floors("e", [1, 2], T, latest) == {}
+    assert runner._checked_dataset_floors("d", [1, 2], T - S, latest) == {}  # the clock went back
+    assert runner._checked_dataset_floors("d", [1, 2], T, latest - S) == {}  # the latest run was deleted
+    runner._remember_dataset_reads("f", floors([1], None), [], state, LATENCY)  # a first run: nothing kept
+    assert runner._checked_dataset_floors("f", [1], T, latest) == {}
 
 
 def choose(events, latest_run=None, queued=None, loop_date=T - 50 * S, met=lambda statuses: bool(statuses)):

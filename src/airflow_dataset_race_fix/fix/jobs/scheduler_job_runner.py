@@ -417,10 +417,10 @@ class SchedulerJobRunner:
             floors = self._dataset_floors(
                 dataset_ids, latest_run_date, state.database_now, queued,
                 state.newest_consumed.get(dag.dag_id, {}), found_late, horizon, lookback, commit_latency,
-                self._checked_dataset_floors(dag.dag_id, dataset_ids, state.database_now),
+                self._checked_dataset_floors(dag.dag_id, dataset_ids, state.database_now, latest_run_date),
             )
             dataset_events = self._select_dataset_events(dag.dag_id, dataset_ids, floors, session)
-            self._remember_dataset_reads(dag.dag_id, floors, dataset_events, state.database_now, commit_latency)
+            self._remember_dataset_reads(dag.dag_id, floors, dataset_events, state, commit_latency)
             choice = self._choose_dataset_run(
                 dataset_events,
                 horizon, latest_run_date, dataset_triggered_dag_info[dag.dag_id][1],
@@ -720,15 +720,15 @@ class SchedulerJobRunner:
         return cls._DatasetFloors(floors, min(floors.values(), default=full_floor), full_read)
 
     def _remember_dataset_reads(
-        self, dag_id: str, floors: _DatasetFloors, events: list[Any], database_now: datetime, commit_latency: timedelta
+        self, dag_id: str, floors: _DatasetFloors, events: list[Any], state: _DatasetDecisionState, commit_latency: timedelta
     ) -> None:
         """
-        After a read of ``dag_id``'s events from ``floors`` (which followed the clock's reading ``database_now``): per
-        dataset, below what nothing it has not consumed can appear, so that this process's next read starts there
+        After a read of ``dag_id``'s events from ``floors``, which followed the clock's reading ``state.database_now``:
+        per dataset, below what nothing it has not consumed can appear, so that this process's next read starts there
         (BUG_REPORT, "The floor", what a process remembers). An event committed before the read was read, or lay below
-        a floor that was safe; one committed after it is stamped at most ``commit_latency`` before ``database_now``.
+        a floor that was safe; one committed after it is stamped at most ``commit_latency`` before that reading.
         """
-        checked: dict[tuple[str, int], tuple[datetime, datetime]] = self.__dict__.setdefault(
+        checked: dict[tuple[str, int], tuple[datetime, datetime, datetime]] = self.__dict__.setdefault(
             "_dataset_race_fix_checked", {}
         )
         if floors.runs_floor is None:  # a first run: every event was read, nothing is left behind it
@@ -736,18 +736,25 @@ class SchedulerJobRunner:
         lowest_left: dict[int, datetime] = {}
         for event in events:  # deferred, late and waiting ones alike: still unconsumed
             lowest_left[event.dataset_id] = min(event.timestamp, lowest_left.get(event.dataset_id, event.timestamp))
+        read_at, latest_run_date = state.database_now, state.latest_runs[dag_id][0]
         for dataset_id in floors.floors:
-            left = lowest_left.get(dataset_id)
-            below = database_now - commit_latency
-            checked[(dag_id, dataset_id)] = (database_now, below if left is None else min(left, below))
+            below = read_at - commit_latency
+            checked[(dag_id, dataset_id)] = (read_at, latest_run_date, min(lowest_left.get(dataset_id, below), below))
 
-    def _checked_dataset_floors(self, dag_id: str, dataset_ids: list[int], database_now: datetime) -> dict[int, datetime]:
-        """What ``_remember_dataset_reads`` kept for ``dag_id``, unless the clock has gone back since (then nothing)."""
-        checked: dict[tuple[str, int], tuple[datetime, datetime]] = self.__dict__.get("_dataset_race_fix_checked", {})
+    def _checked_dataset_floors(
+        self, dag_id: str, dataset_ids: list[int], database_now: datetime, latest_run_date: datetime | None
+    ) -> dict[int, datetime]:
+        """
+        What ``_remember_dataset_reads`` kept for ``dag_id``, unless the clock has gone back since, or the DAG's latest
+        run is older than it was then (deleted: its events are unconsumed again).
+        """
+        checked: dict[tuple[str, int], tuple[datetime, datetime, datetime]] = self.__dict__.get(
+            "_dataset_race_fix_checked", {}
+        )
         floors = {}
         for dataset_id in dataset_ids:
-            read_at, floor = checked.get((dag_id, dataset_id), (None, None))
-            if read_at is not None and read_at <= database_now:
+            read_at, run_date, floor = checked.get((dag_id, dataset_id), (None, None, None))
+            if read_at is not None and read_at <= database_now and latest_run_date and run_date <= latest_run_date:
                 floors[dataset_id] = floor
         return floors
 
