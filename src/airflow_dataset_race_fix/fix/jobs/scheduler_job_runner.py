@@ -733,6 +733,8 @@ class SchedulerJobRunner:
         )
         if floors.runs_floor is None:  # a first run: every event was read, nothing is left behind it
             return
+        if len(checked) > 100_000:  # DAGs come and go: forgetting only makes a read start lower
+            checked.clear()
         lowest_left: dict[int, datetime] = {}
         for event in events:  # deferred, late and waiting ones alike: still unconsumed
             lowest_left[event.dataset_id] = min(event.timestamp, lowest_left.get(event.dataset_id, event.timestamp))
