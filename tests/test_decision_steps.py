@@ -16,7 +16,9 @@ S = timedelta(seconds=1)
 LOOKBACK, LATENCY = 900 * S, 10 * S
 
 
-def floors(dataset_ids, latest_run, queued=None, newest=None, found_late=False, now=T, horizon=T + 60 * S, checked=None):
+def floors(
+    dataset_ids, latest_run, queued=None, newest=None, found_late=False, now=T, horizon=T + 60 * S, checked=None
+):
     return Runner._dataset_floors(
         dataset_ids, latest_run, now, queued or {}, newest or {}, found_late, horizon, LOOKBACK, LATENCY, checked
     )

@@ -720,7 +720,12 @@ class SchedulerJobRunner:
         return cls._DatasetFloors(floors, min(floors.values(), default=full_floor), full_read)
 
     def _remember_dataset_reads(
-        self, dag_id: str, floors: _DatasetFloors, events: list[Any], state: _DatasetDecisionState, commit_latency: timedelta
+        self,
+        dag_id: str,
+        floors: _DatasetFloors,
+        events: list[Any],
+        state: _DatasetDecisionState,
+        commit_latency: timedelta,
     ) -> None:
         """
         After a read of ``dag_id``'s events from ``floors``, which followed the clock's reading ``state.database_now``:
@@ -728,19 +733,19 @@ class SchedulerJobRunner:
         (BUG_REPORT, "The floor", what a process remembers). An event committed before the read was read, or lay below
         a floor that was safe; one committed after it is stamped at most ``commit_latency`` before that reading.
         """
+        if floors.runs_floor is None:  # a first run: every event was read, nothing is left behind it
+            return
         checked: dict[tuple[str, int], tuple[datetime, datetime, datetime]] = self.__dict__.setdefault(
             "_dataset_race_fix_checked", {}
         )
-        if floors.runs_floor is None:  # a first run: every event was read, nothing is left behind it
-            return
         if len(checked) > 100_000:  # DAGs come and go: forgetting only makes a read start lower
             checked.clear()
         lowest_left: dict[int, datetime] = {}
         for event in events:  # deferred, late and waiting ones alike: still unconsumed
             lowest_left[event.dataset_id] = min(event.timestamp, lowest_left.get(event.dataset_id, event.timestamp))
         read_at, latest_run_date = state.database_now, state.latest_runs[dag_id][0]
+        below = read_at - commit_latency
         for dataset_id in floors.floors:
-            below = read_at - commit_latency
             checked[(dag_id, dataset_id)] = (read_at, latest_run_date, min(lowest_left.get(dataset_id, below), below))
 
     def _checked_dataset_floors(
