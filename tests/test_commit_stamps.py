@@ -240,7 +240,6 @@ def test_each_dag_reads_from_its_own_floor(world, monkeypatch):
     newest consumed event is looked up in another DAG's latest run.
     """
     monkeypatch.setenv(LATENCY, "1")
-    monkeypatch.setenv(FULL_READ, "100000")  # one full read, at the scheduler's first loop
     w = world
     a = w.dataset("a")
     d, e = w.consumer("d", [a]), w.consumer("e", [a])
@@ -264,14 +263,9 @@ def test_each_dag_reads_from_its_own_floor(world, monkeypatch):
     w.loop(s), s.finish()
     first, second, third, late, fourth, fifth = [event_id for event_id, _ in _events(w)]
     assert [consumed for _, consumed in _runs(d)] == [[first], [second], [third, late, fourth, fifth]]
-    # For e, P's commit took longer than the latency (and Q moved e's queue row on since):
-    # its next full read takes it, as for any commit slower than the latency.
-    assert [consumed for _, consumed in _runs(e)] == [[first], [second], [third, fourth], [fifth]]
-    monkeypatch.setenv(FULL_READ, "0")
-    w.emit(q, a), q.finish()
-    w.loop(s), s.finish()
-    sixth = _events(w)[-1][0]
-    assert [consumed for _, consumed in _runs(e)][-1] == [late, sixth]
+    # For e, P's commit took longer than the latency (and Q moved e's queue row on since): the
+    # net, following the event ids, finds it in the same loop, and e's run takes it too.
+    assert [consumed for _, consumed in _runs(e)] == [[first], [second], [third, fourth], [late, fifth]]
     assert w.report().violations() == {}
 
 
@@ -307,17 +301,19 @@ def test_a_producer_that_waits_for_a_new_queue_row_stamps_after_the_wait(world):
 
 
 @servers_only
-def test_a_commit_slower_than_the_latency_is_consumed_at_the_next_full_read(world, monkeypatch):
-    """The safety net: a stamp older than the floor, with no queue row to pull the floor down."""
+def test_a_commit_slower_than_the_latency_is_consumed_by_the_next_loop(world, monkeypatch):
+    """
+    The safety net: a stamp older than the floor, with no queue row to pull the floor down. The
+    scheduler follows the event ids: P's appears stamped more than the latency before the clock.
+    """
     monkeypatch.setenv(LATENCY, "1")
-    monkeypatch.setenv(FULL_READ, "100000")
     w = world
     a = w.dataset("a")
     d = w.consumer("d", [a])
     p, q, s = w.producer("P"), w.producer("Q"), w.scheduler()
     w.clock.stop()
     w.emit(q, a), q.finish()
-    w.loop(s), s.finish()  # run 1 (and the scheduler's first, full read)
+    w.loop(s), s.finish()  # run 1
     _pause(d, True)  # P registers while d is paused: P writes no queue row for d
     p.pause_after("update dataset_event")
     assert w.emit(p, a) == PAUSED
@@ -328,12 +324,9 @@ def test_a_commit_slower_than_the_latency_is_consumed_at_the_next_full_read(worl
     assert p.resume() == DONE
     p.finish()
     w.emit(q, a), q.finish()
-    w.loop(s), s.finish()  # run 3: P's stamp lies below the floor, so only Q's new event
-    monkeypatch.setenv(FULL_READ, "0")
-    w.emit(q, a), q.finish()
-    w.loop(s), s.finish()  # run 4: a full read finds P's event
-    e1, slow, e2, e3, e4 = [event_id for event_id, _ in _events(w)]
-    assert [consumed for _, consumed in _runs(d)] == [[e1], [e2], [e3], sorted([slow, e4])]
+    w.loop(s), s.finish()  # run 3: P's stamp lies below the floor; the net found it
+    e1, slow, e2, e3 = [event_id for event_id, _ in _events(w)]
+    assert [consumed for _, consumed in _runs(d)] == [[e1], [e2], sorted([slow, e3])]
     w.drain(s, start=None)
     assert w.report().violations() == {}
 

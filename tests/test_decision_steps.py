@@ -17,10 +17,11 @@ LOOKBACK, LATENCY = 900 * S, 10 * S
 
 
 def floors(
-    dataset_ids, latest_run, queued=None, newest=None, found_late=False, now=T, horizon=T + 60 * S, checked=None
+    dataset_ids, latest_run, queued=None, newest=None, found_late=None, now=T, checked=None, below_clock=None, oldest=None
 ):
     return Runner._dataset_floors(
-        dataset_ids, latest_run, now, queued or {}, newest or {}, found_late, horizon, LOOKBACK, LATENCY, checked
+        dataset_ids, latest_run, now, queued or {}, newest or {}, found_late or {}, LOOKBACK, LATENCY, checked,
+        below_clock, oldest,
     )
 
 
@@ -44,11 +45,30 @@ def test_an_older_queue_row_pulls_the_floor_down_and_the_look_back_bounds_it():
     assert floors([1], T, newest={1: T - 2000 * S}).floors == {1: T - LOOKBACK}
 
 
-def test_a_late_commit_found_or_a_clock_behind_the_latest_run_reads_the_whole_window():
-    late = floors([1], T - S, newest={1: T - 2 * S}, found_late=True)
-    assert late.full_read and late.floors == {1: T - S - LOOKBACK}
+def test_a_late_commit_found_is_read_from_its_stamp_within_the_look_back():
+    late = floors([1, 2], T - S, newest={1: T - 2 * S, 2: T - 2 * S}, found_late={1: T - 100 * S})
+    assert not late.full_read and late.floors == {1: T - 100 * S, 2: T - 2 * S - LATENCY}
+    assert floors([1], T - S, newest={1: T - 2 * S}, found_late={1: T - 2000 * S}).floors == {1: T - S - LOOKBACK}
+
+
+def test_a_clock_behind_the_latest_run_reads_in_full_from_the_run_before_the_clock():
     ahead = floors([1], T + 120 * S, newest={1: T + 119 * S})
     assert ahead.full_read and ahead.floors == {1: T - LOOKBACK}  # under the clock too
+    # issue 47: a clock stepped forward 20 minutes dated a run; corrected, the DAG waits 16 minutes: stock
+    # reads from the run before the clock, and so does the fix (not from the clock less the look-back)
+    stepped = floors([1], T + 1200 * S, newest={1: T + 1200 * S}, now=T + 960 * S, below_clock=T)
+    assert stepped.full_read and stepped.floors == {1: T - LOOKBACK}
+    assert floors([1], T + S, newest={1: T + S}, now=T + S).floors == {1: T + S - LATENCY}  # not ahead: the floor
+
+
+def test_nothing_is_read_below_the_oldest_run_db_clean_left():
+    # issue 47 item 4: the runs below it were deleted with their consumption records
+    assert floors([1], T, newest={1: T - S}, oldest=T).floors == {1: T}
+    # a late commit the net found, or a queue row, reads below it: neither comes from a deleted run
+    assert floors([1, 2], T, newest={1: T - S}, found_late={1: T - 60 * S}, oldest=T - 30 * S).floors == {
+        1: T - 60 * S, 2: T - 30 * S
+    }
+    assert floors([1], T, queued={1: T - 20 * S}, newest={1: T - S}, oldest=T).floors == {1: T - 30 * S}
 
 
 def test_what_this_process_checked_raises_the_floor_but_never_above_a_queue_row():
@@ -56,8 +76,8 @@ def test_what_this_process_checked_raises_the_floor_but_never_above_a_queue_row(
     assert floors([1], T - 5 * S, newest={1: T - 7 * S}, checked={1: T - 30 * S}).floors == {1: T - 17 * S}
     queued = floors([1], T - 5 * S, queued={1: T - 4 * S}, newest={1: T - 7 * S}, checked={1: T - 2 * S})
     assert queued.floors == {1: T - 14 * S}
-    assert floors([1], T - 5 * S, newest={1: T - 7 * S}, found_late=True, checked={1: T}).floors == {
-        1: T - 5 * S - LOOKBACK
+    assert floors([1], T - 5 * S, newest={1: T - 7 * S}, found_late={1: T - 60 * S}, checked={1: T}).floors == {
+        1: T - 60 * S
     }
     assert floors([1], T - 5 * S, checked={1: T}).floors == {1: T - 5 * S - LOOKBACK}  # nothing consumed from it
 

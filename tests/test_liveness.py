@@ -186,3 +186,36 @@ def test_a_producer_frozen_before_its_commit_holds_up_no_other_producer(world, o
     assert len(_event_ids(a.uri)) == (5 if outcome == "commit" else 4)
     assert _queued(x) == 0 and _queued(z) == 0  # nothing left queued (A's rolled back event has none)
     assert w.report().violations() == {}
+
+
+@pytest.mark.parametrize("held_by", ["max_active_runs", "paused"])
+def test_dags_that_cannot_run_take_no_place_from_a_swept_dag(world, held_by, monkeypatch):
+    """
+    Issue 47 item 3: more DAGs than twice ``max_dagruns_to_create_per_loop``, each with an event
+    older than the victim's that no queue row brings in, held at ``max_active_runs`` (then
+    paused); the victim's event has no queue row either. The sweep must pick the victim in its
+    first loop: it kept the oldest candidates before dropping those that cannot run, so the
+    victim waited until the held DAGs' runs ended.
+    """
+    from sqlalchemy import delete, update
+
+    monkeypatch.setenv("AIRFLOW__DATASET_RACE_FIX__REQUEUE_INTERVAL_SECONDS", "0")  # a sweep every loop
+    w = world
+    slots = DagModel.NUM_DAGS_PER_DAGRUN_QUERY
+    a, v = w.dataset("a"), w.dataset("v")
+    held = [w.consumer(f"h{i:02d}", [a], max_active_runs=1) for i in range(2 * slots + 1)]
+    victim = w.consumer("victim", [v])
+    p, s = w.producer("P"), w.scheduler()
+    w.clock.stop()
+    w.emit(p, a), p.finish()
+    for _ in range(4):  # a run each (max_dagruns_to_create_per_loop a loop), left running
+        w.loop(s), s.finish()
+    assert all(len(_runs(dag_id)) == 1 for dag_id in held)
+    w.emit(p, a), p.finish()  # a second event for each held DAG ...
+    w.emit(p, v), p.finish()  # ... older than the victim's
+    with create_session() as session:  # neither is brought in by a queue row: the sweep's case
+        session.execute(delete(DatasetDagRunQueue).where(DatasetDagRunQueue.target_dag_id.in_([*held, victim])))
+        if held_by == "paused":
+            session.execute(update(DagModel).where(DagModel.dag_id.in_(held)).values(is_paused=True))
+    w.loop(s), s.finish()
+    assert [events for _, events in _runs(victim)] == [_event_ids(v.uri)], "the victim waited behind DAGs that cannot run"

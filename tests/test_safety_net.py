@@ -2,11 +2,9 @@
 The net under the commit-stamp floor (``SchedulerJobRunner._dags_with_stranded_dataset_events``),
 driven deterministically on a real database:
 
-- a commit slower than ``commit_latency_seconds`` on a busy queue row, followed by a DAG that
-  nothing decides again (no new event, no queue row): its event is consumed within
-  ``full_read_interval_seconds`` and a loop, by the same scheduler and by a restarted one
-  (issue 30, section 1; on the code before the net it was never consumed, while stock
-  Airflow consumed it);
+- a commit slower than ``commit_latency_seconds`` on a busy queue row, below the DAG's latest
+  run, whether or not anything else happens to the DAG: the same scheduler consumes it at its
+  next loop (it follows the event ids), a restarted one within a few (it reads each window once);
 - a database clock stepped back an hour while a queue row is pending: the event stamped on
   the stepped clock is consumed at once; the one stamped before the step waits until the
   clock is back where it was (it is dated ahead of the clock), and is consumed then.
@@ -17,7 +15,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import func, select, update
 
 from airflow.models.dagrun import DagRun
 from airflow.models.dataset import DatasetEvent, DatasetModel
@@ -29,7 +27,6 @@ from conftest import BACKEND
 
 servers_only = pytest.mark.skipif(BACKEND == "sqlite", reason="a producer paused before its COMMIT holds SQLite's one writer")
 LATENCY = "AIRFLOW__DATASET_RACE_FIX__COMMIT_LATENCY_SECONDS"
-FULL_READ = "AIRFLOW__DATASET_RACE_FIX__FULL_READ_INTERVAL_SECONDS"
 
 
 def _events(w: World) -> list[int]:
@@ -52,55 +49,62 @@ def _consumed(dag_id: str) -> list[list[int]]:
         ]
 
 
-def strand_a_late_commit(w: World) -> tuple[str, dict[str, int], Actor]:
+def commit_late_after_a_run(w: World, quiet: bool = False) -> tuple[str, dict[str, int], Actor]:
     """
-    Issue 30's interleaving, up to the point where nothing else happens to the DAG: P is
-    stamped, holds the busy queue row and stalls past ``commit_latency_seconds`` (set to 1 by
-    the caller) before its COMMIT; R commits and leaves the row out; a loop runs; P commits
-    and Q2 moves the row past P's stamp before the next loop, which takes Q2's event only.
-    Returns the DAG, the event ids by name (``late`` is P's, consumed by no run yet) and the scheduler.
+    Issue 30's interleaving, up to the late COMMIT: P is stamped, holds the busy queue row and
+    stalls past ``commit_latency_seconds`` (set to 1 by the caller) before its COMMIT; R commits
+    and leaves the row out; a loop takes Q's and R's events (its floor lies above P's stamp from
+    then on); P commits. ``quiet``: P registers while the DAG is paused, so it writes no queue
+    row: nothing brings the DAG into a loop again. Returns the DAG, the event ids by name
+    (``late`` is P's) and the scheduler.
     """
+    from test_commit_stamps import _pause
+
     k = w.dataset("k")
     d = w.consumer("d", [k])
-    p, q, r, q2, s = w.producer("P"), w.producer("Q"), w.producer("R"), w.producer("Q2"), w.scheduler()
+    p, q, r, s = w.producer("P"), w.producer("Q"), w.producer("R"), w.scheduler()
     w.clock.stop()  # real time: the server's clock stamps everything
     w.emit(q, k), q.finish()
     w.loop(s), s.finish()  # run 1: Q's event; the (k, d) queue row is gone
     w.emit(q, k), q.finish()  # the row is queued again
-    p.pause_after("update dataset_event")  # P is stamped and holds the row; its COMMIT stalls
+    _pause(d, quiet)
+    p.pause_after("update dataset_event")  # P is stamped (and holds the row); its COMMIT stalls
     assert w.emit(p, k) == PAUSED
+    _pause(d, False)
     time.sleep(2.5)  # the stall: longer than commit_latency_seconds
     w.emit(r, k), r.finish()  # R's event leaves the busy row out
     w.loop(s), s.finish()  # run 2: Q's and R's events; the row P holds is skipped
     assert p.resume() == DONE
     p.finish()
-    w.emit(q2, k), q2.finish()  # moves the row past P's stamp
-    w.loop(s), s.finish()  # run 3: Q2's event only (P's stamp lies below its floor)
-    ids = dict(zip(("first", "second", "late", "third", "fourth"), _events(w)))
-    assert _consumed(d) == [[ids["first"]], [ids["second"], ids["third"]], [ids["fourth"]]]
+    ids = dict(zip(("first", "second", "late", "third"), _events(w)))
+    assert _consumed(d) == [[ids["first"]], [ids["second"], ids["third"]]]
     return d, ids, s
 
 
 @servers_only
 @pytest.mark.parametrize("then", ["the same scheduler", "a restarted scheduler"])
-def test_a_late_commit_on_a_quiet_dag_is_consumed_within_the_full_read_interval(world, monkeypatch, then):
-    full_read = 3
+@pytest.mark.parametrize("row", ["no queue row", "another event moves the row past it"])
+def test_a_late_commit_below_the_latest_run_is_consumed_within_a_few_loops(world, monkeypatch, then, row):
+    """
+    The same scheduler follows the event ids: P's id appears (a gap filled) stamped more than the
+    latency before the clock, so its next loop finds and consumes it. A restarted one reads each
+    reference's window once, the DAGs with the oldest latest run first. On the code before issue 47
+    (a net reading every window once per full_read_interval_seconds, 300 s) neither took it here.
+    """
     monkeypatch.setenv(LATENCY, "1")
-    monkeypatch.setenv(FULL_READ, str(full_read))
     w = world
-    d, ids, s = strand_a_late_commit(w)
-    late = ids["late"]
-    # Nothing else happens to d: no event, no queue row. The net must still find P's event.
+    d, ids, s = commit_late_after_a_run(w, quiet=row == "no queue row")
+    if row != "no queue row":
+        q2 = w.producer("Q2")
+        w.emit(q2, w.dataset("k")), q2.finish()  # moves the row past P's stamp: no row pulls the floor down to it
     scheduler = s if then == "the same scheduler" else w.scheduler("restarted")
-    began = time.monotonic()
-    while late not in sum(_consumed(d), []) and time.monotonic() - began < full_read + 6:
+    loops, most = 0, 1 if then == "the same scheduler" else 30  # a restarted one reads the tests' older DAGs first
+    while ids["late"] not in sum(_consumed(d), []) and loops < most:
         w.loop(scheduler), scheduler.finish()
-        time.sleep(0.25)
-    took = time.monotonic() - began
-    assert _consumed(d)[3:] == [[late]], f"not consumed after {took:.1f} s"
-    # within full_read_interval_seconds and a loop (a second and a half for one on a busy CI machine)
-    assert took <= full_read + 1.5, took
+        loops += 1
+    assert ids["late"] in sum(_consumed(d), []), f"not consumed after {loops} loops"
     w.drain(scheduler, start=None)
+    assert sorted(sum(_consumed(d), [])) == sorted(ids.values()) + ([] if row == "no queue row" else [max(_events(w))])
     assert w.report().violations() == {}
 
 
@@ -114,7 +118,6 @@ def test_a_database_clock_stepped_back_with_a_queue_row_pending(world, monkeypat
     """
     from test_commit_stamps import _db_now, _move_server_clock, first_run_before_a_clock_step
 
-    monkeypatch.setenv(FULL_READ, "100000")  # no net read in this test: the step alone
     w = world
     a, d, p, s, at = first_run_before_a_clock_step(w)
     at(3), w.emit(p, a), p.finish()  # pending: its queue row waits for the next loop
@@ -131,7 +134,82 @@ def test_a_database_clock_stepped_back_with_a_queue_row_pending(world, monkeypat
         at(6)
     else:
         monkeypatch.undo()
-        monkeypatch.setenv(FULL_READ, "100000")
     w.drain(s, start=7 if BACKEND == "sqlite" else None)
     assert _consumed(d) == [[first], [stepped], [pending]]
     assert _db_now() is not None and w.report().violations() == {}
+
+
+def test_a_database_clock_stepped_forward_then_back_loses_nothing_stock_consumes(world, monkeypatch):
+    """
+    Issue 47 item 5: E1 and run 1; the database clock jumps 20 minutes ahead: E2 and run 2, dated
+    there; the clock is corrected and the DAG paused; E3 is registered (no queue row: paused); the
+    DAG is unpaused 16 minutes later and E4 follows. Stock makes a run of {E3, E4} (its window starts
+    at the run before its date: run 1). The fix read from the clock less the look-back (15 min), above
+    E3, and never consumed it; it now reads, while its latest run is ahead of the clock, from the run
+    before the clock, as stock does.
+    """
+    from test_commit_stamps import _move_server_clock, _pause, first_run_before_a_clock_step
+
+    w = world
+    a, d, p, s, at = first_run_before_a_clock_step(w)  # E1, run 1
+    if BACKEND == "sqlite":
+        at(1200 + 3)
+    else:
+        _move_server_clock(monkeypatch, 1200)
+    w.emit(p, a), p.finish()  # E2, 20 minutes ahead
+    at(1200 + 4), w.loop(s), s.finish()  # run 2, dated there
+    if BACKEND == "sqlite":
+        at(5)
+    else:
+        monkeypatch.undo()
+    _pause(d, True)
+    w.emit(p, a), p.finish()  # E3: no queue row
+    if BACKEND == "sqlite":
+        at(960 + 5)
+    else:
+        _move_server_clock(monkeypatch, 960)  # the DAG waits 16 minutes
+    _pause(d, False)
+    w.emit(p, a), p.finish()  # E4
+    at(960 + 6), w.loop(s), s.finish()
+    e1, e2, e3, e4 = _events(w)
+    assert _consumed(d) == [[e1], [e2], [e3, e4]]
+    assert w.report().violations() == {}
+
+
+@pytest.mark.parametrize("with_events", [False, True], ids=["dag_run", "dag_run-and-dataset_event"])
+@pytest.mark.parametrize("then", ["the same scheduler", "a restarted scheduler"])
+def test_db_clean_of_runs_makes_nothing_be_consumed_again(world, monkeypatch, then, with_events):
+    """
+    Issue 47 item 4: three runs of one event each; ``airflow db clean`` of ``dag_run`` (Airflow's own
+    cleanup, which keeps each DAG's latest run), with or without ``dataset_event``. Stock creates
+    nothing; the fix's net read the cleaned runs' events as never consumed and ran them again. Nothing
+    may be consumed again by the same or a restarted scheduler; a new event makes a run of itself.
+    """
+    from airflow.utils.db_cleanup import run_cleanup
+
+    monkeypatch.setenv("AIRFLOW__DATASET_RACE_FIX__REQUEUE_INTERVAL_SECONDS", "0")
+    monkeypatch.setenv(LATENCY, "1")  # the new event's queue row reads from 1 s before it: not the runs' events
+    w = world
+    a = w.dataset("a")
+    d = w.consumer("d", [a])
+    p, s = w.producer("P"), w.scheduler()
+    w.clock.stop()
+    for _ in range(3):
+        w.emit(p, a), p.finish()
+        w.loop(s), s.finish()
+        time.sleep(0.01)
+    assert [len(run) for run in _consumed(d)] == [1, 1, 1]
+    with create_session() as session:  # db clean dates runs by their start: they ran
+        session.execute(update(DagRun).where(DagRun.dag_id == d).values(start_date=DagRun.execution_date, state="success"))
+        newest = session.scalar(select(func.max(DagRun.execution_date)).where(DagRun.dag_id == d))
+    tables = ["dag_run", "dataset_event"] if with_events else ["dag_run"]
+    run_cleanup(clean_before_timestamp=newest, table_names=tables, dry_run=False, confirm=False, skip_archive=True)
+    assert len(_consumed(d)) == 1  # the latest run is kept
+    scheduler = s if then == "the same scheduler" else w.scheduler("restarted")
+    for _ in range(5):
+        w.loop(scheduler), scheduler.finish()
+    assert len(_consumed(d)) == 1, "cleaned runs' events consumed again"
+    time.sleep(1.1)
+    w.emit(p, a), p.finish()
+    w.loop(scheduler), scheduler.finish()
+    assert _consumed(d)[-1] == [max(_events(w))]

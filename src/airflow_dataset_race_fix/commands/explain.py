@@ -97,7 +97,7 @@ def render(found: dict) -> str:
         when = {
             "next loop": "the next loop",
             "next sweep": "the scheduler's next sweep (its events have no queue row)",
-            "net": "the loop after the net reads it, within full_read_interval_seconds (a late commit below its latest run)",
+            "net": "the loop after the net finds it (a late commit below its latest run)",
         }[verdict["when"]]
         lines.append(f"  RUNS at {when}: logical date {run['logical_date']}, {len(run['event_ids'])} event(s)")
     else:

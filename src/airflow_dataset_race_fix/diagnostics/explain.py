@@ -187,11 +187,11 @@ def explain(
     info.setdefault(dag_id, (_EPOCH, _EPOCH))
     (decision,), _ = runner._decide_dataset_triggered_runs([dag_model], info, session)
     now = manager_class._database_now(session)
-    # The net, for this DAG alone: a late commit below its latest run that the next loop's
-    # floors do not read. Found, the DAG's next decision reads its whole window.
+    # The net, for this DAG alone, as a restarted scheduler reads it: a late commit below its
+    # latest run that the next loop's floors do not read. Found, its decision reads from there.
     net = runner.__dict__["_dataset_race_fix_net"]
     net["only"] = {dag_id}
-    late_found = dag_id in runner._dags_with_stranded_dataset_events(now, session)
+    late_found = dag_id in runner._dags_with_stranded_dataset_events(session)
     net["only"] = set()
     by_net = False
     if late_found:
@@ -287,7 +287,7 @@ def explain(
         },
         "reasons": reasons,
         "notes": _beyond_reach(found, events, uris),
-        "read": "whole look-back window: the net found a late commit for this DAG"
+        "read": "from the late commit's stamp: the net found a late commit for this DAG"
         if late_found
         else "each dataset from the newest event its latest run consumed, minus commit_latency_seconds "
         "(a running scheduler's next loop; the net found no late commit)",

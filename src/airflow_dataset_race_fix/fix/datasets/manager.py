@@ -74,8 +74,8 @@ class DatasetManager:
         """``[dataset_race_fix]`` settings, ``key -> (default, meaning)``, read by ``_dataset_race_fix_setting``."""
         return {
             "commit_latency_seconds": (3, "scheduler: a producer's stamp-to-COMMIT time that the floor allows for"),
-            "event_lookback_seconds": (900, "scheduler: how far below the latest run a full read, the net and the sweep look"),
-            "full_read_interval_seconds": (300, "scheduler: how often the net reads every reference through"),
+            "event_lookback_seconds": (900, "scheduler: how far below the latest run the net and the sweep look"),
+            "full_read_interval_seconds": (300, "not read since issue 47: the net follows the event ids every loop"),
             "max_event_ahead_seconds": (60, "events dated further ahead of the database's clock wait for it"),
             "queue_row_wait_seconds": (0.0, "producer: how long to retry a queue row another producer holds"),
             "requeue_interval_seconds": (10.0, "scheduler: how often the sweep looks for events without a queue row"),

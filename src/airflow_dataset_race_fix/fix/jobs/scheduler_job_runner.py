@@ -129,7 +129,8 @@ class SchedulerJobRunner:
         dataset_ids_of: dict[str, set[int]]  # scheduled on, or named by a queue row
         dataset_uris: dict[int, str]
         newest_consumed: dict[str, dict[int, datetime]]  # by the DAG's latest run, per dataset
-        latest_runs: dict[str, tuple[Any, ...]]  # latest dataset-triggered run's date, its interval end, any run's date
+        # latest dataset-triggered run's date, its interval end, any run's date, oldest dataset-triggered run's date
+        latest_runs: dict[str, tuple[Any, ...]]
         database_now: datetime
 
     def _dags_with_unqueued_dataset_events(
@@ -138,12 +139,18 @@ class SchedulerJobRunner:
         """The sweep, once per ``requeue_interval_seconds``: the DAGs it adds (BUG_REPORT, "A stalled producer")."""
         manager = self._dataset_manager()
         interval = manager._dataset_race_fix_setting("requeue_interval_seconds")
+        # the net, every loop (bounded): DAGs with a late commit below where their next read starts
+        oldest_new = {
+            dag_id: stamp
+            for dag_id, stamp in self._dags_with_stranded_dataset_events(session).items()
+            if dag_id not in dataset_triggered_dag_info
+        }
         swept_at = self.__dict__.get("_dataset_race_fix_swept_at")
-        if swept_at is not None and time.monotonic() - swept_at < interval:
-            return []
-        self.__dict__["_dataset_race_fix_swept_at"] = time.monotonic()
-        now = manager._database_now(session)
-        oldest_new = self._dags_with_new_unqueued_events(dataset_triggered_dag_info, now, session)
+        if swept_at is None or time.monotonic() - swept_at >= interval:
+            self.__dict__["_dataset_race_fix_swept_at"] = time.monotonic()
+            now = manager._database_now(session)
+            for dag_id, stamp in self._dags_with_new_unqueued_events(dataset_triggered_dag_info, now, session).items():
+                oldest_new[dag_id] = min(oldest_new.get(dag_id, stamp), stamp)
         if not oldest_new:
             return []
         runnable = self._runnable_dataset_dags(oldest_new, session)
@@ -161,9 +168,9 @@ class SchedulerJobRunner:
         self, dataset_triggered_dag_info: dict[str, tuple[datetime, datetime]], now: datetime, session: Session
     ) -> dict[str, datetime]:
         """
-        ``{dag_id: oldest such stamp}`` of the DAGs not in ``dataset_triggered_dag_info`` that the sweep brings in: the
-        net's, and those whose newest event on a reference without a queue row is newer than their latest run (so no
-        run consumed it; no run: than the reference) and than ``event_lookback_seconds`` (a DAG paused long ago waits).
+        ``{dag_id: oldest such stamp}`` of the DAGs not in ``dataset_triggered_dag_info`` that the sweep brings in:
+        those whose newest event on a reference without a queue row is newer than their latest run (so no run
+        consumed it; no run: than the reference) and than ``event_lookback_seconds`` (a DAG paused long ago waits).
         """
         from sqlalchemy import false, true
 
@@ -192,11 +199,7 @@ class SchedulerJobRunner:
             )
             .exists()
         )
-        oldest_new: dict[str, datetime] = {  # the net's: DAGs with a late commit below their latest run
-            dag_id: stamp
-            for dag_id, stamp in self._dags_with_stranded_dataset_events(now, session).items()
-            if dag_id not in dataset_triggered_dag_info
-        }
+        oldest_new: dict[str, datetime] = {}
         for dag_id, newest_event in session.execute(
             select(reference.dag_id, newest)
             .join(DagModel, DagModel.dag_id == reference.dag_id)
@@ -216,143 +219,229 @@ class SchedulerJobRunner:
         self, oldest_new: dict[str, datetime], session: Session, *, lock_rows: bool = True
     ) -> list[DagModel]:
         """
-        Of the DAGs of ``oldest_new``, at most ``max_dagruns_to_create_per_loop``, oldest event first, selected as
-        ``DagModel.dags_needing_dagruns`` does, rows locked ``SKIP LOCKED`` (``lock_rows`` False: explain's, no lock).
+        Of the DAGs of ``oldest_new``, at most ``max_dagruns_to_create_per_loop`` that can run (active, unpaused, no
+        import errors, below ``max_active_runs``: a DAG that cannot run takes no place from one that can), oldest
+        event first, rows locked ``SKIP LOCKED`` as ``DagModel.dags_needing_dagruns`` does (``lock_rows`` False:
+        explain's, no lock). The net forgets what it found for a DAG that is gone or inactive.
         """
         from sqlalchemy import false, true
 
-        limit = DagModel.NUM_DAGS_PER_DAGRUN_QUERY
-        candidates = sorted(oldest_new, key=lambda dag_id: (oldest_new[dag_id], dag_id))[: 2 * limit]
-        active_runs = dict(
-            session.execute(
-                select(DagRun.dag_id, func.count())
-                .where(DagRun.dag_id.in_(candidates), DagRun.state.in_((DagRunState.QUEUED, DagRunState.RUNNING)))
-                .group_by(DagRun.dag_id)
-            ).all()
-        )
-        runnable_dags = select(DagModel).where(
-            DagModel.dag_id.in_(candidates),
-            DagModel.is_paused == false(),
-            DagModel.is_active == true(),
-            DagModel.has_import_errors == false(),
-        )
+        dag_ids, can_run, present = sorted(oldest_new), [], set()
+        for start in range(0, len(dag_ids), 500):
+            chunk = dag_ids[start : start + 500]
+            active_runs = dict(
+                session.execute(
+                    select(DagRun.dag_id, func.count())
+                    .where(DagRun.dag_id.in_(chunk), DagRun.state.in_((DagRunState.QUEUED, DagRunState.RUNNING)))
+                    .group_by(DagRun.dag_id)
+                ).all()
+            )
+            for dag_id, is_paused, has_import_errors, max_active_runs in session.execute(
+                select(DagModel.dag_id, DagModel.is_paused, DagModel.has_import_errors, DagModel.max_active_runs)
+                .where(DagModel.dag_id.in_(chunk), DagModel.is_active == true())
+            ):
+                present.add(dag_id)
+                if not is_paused and not has_import_errors and active_runs.get(dag_id, 0) < (max_active_runs or 0):
+                    can_run.append(dag_id)
+        found = self.__dict__.get("_dataset_race_fix_net", {}).get("found", {})
+        for gone in set(dag_ids) - present:
+            found.pop(gone, None)
+        picked = sorted(can_run, key=lambda dag_id: (oldest_new[dag_id], dag_id))[: DagModel.NUM_DAGS_PER_DAGRUN_QUERY]
+        if not picked:
+            return []
+        runnable_dags = select(DagModel).where(DagModel.dag_id.in_(picked), DagModel.is_paused == false())
         if lock_rows:
             runnable_dags = with_row_locks(runnable_dags, of=DagModel, session=session, skip_locked=True)
-        dag_models = session.scalars(runnable_dags).all()
-        return sorted(
-            (dm for dm in dag_models if active_runs.get(dm.dag_id, 0) < dm.max_active_runs),
-            key=lambda dm: (oldest_new[dm.dag_id], dm.dag_id),
-        )[:limit]
+        return sorted(session.scalars(runnable_dags).all(), key=lambda dm: (oldest_new[dm.dag_id], dm.dag_id))
 
-    def _dags_with_stranded_dataset_events(self, now: datetime, session: Session) -> dict[str, datetime]:
+    def _dags_with_stranded_dataset_events(self, session: Session) -> dict[str, datetime]:
         """
         The net under the floor (BUG_REPORT, "The net"): ``{dag_id: oldest such stamp}`` of the DAGs with an event
-        below their latest run that no run of theirs consumed, kept until the DAG is decided. Each reference is read
-        through once per ``full_read_interval_seconds`` in slices, each sweep its share of a round; a restart, which
-        loses where the reads have got to, only starts them again.
+        below where their next read starts that no run of theirs consumed, kept until the DAG is decided. Each loop
+        it follows the event ids (what became visible since its last look); after a start it also reads each
+        reference's window once (what committed while no process looked). Both bounded per loop.
         """
-        from math import ceil
-
-        slice_size = 1000  # events per statement: a few milliseconds of index probes
-        budget_seconds = 0.005  # a sweep reads on while one more slice keeps it within (a fraction of a loop)
-
         net = self.__dict__.setdefault("_dataset_race_fix_net", {})
-        for part in ("found", "cursor", "read_through_at", "slices"):
-            net.setdefault(part, {})
-        only = net.get("only")  # explain: these DAGs' references read through at once, no round
+        found: dict[str, dict[int, datetime]] = net.setdefault("found", {})
+        only = net.get("only")  # explain: these DAGs' windows read through at once, nothing followed
+        if only is None:
+            self._follow_dataset_event_ids(net, session)
+        self._read_dataset_windows_once(net, only, session)
+        return {dag_id: min(stamps.values()) for dag_id, stamps in found.items() if stamps}
+
+    def _follow_dataset_event_ids(self, net: dict[str, Any], session: Session) -> None:
+        """
+        The events that became visible since this process last looked: ids above the highest seen, and ids below it
+        that were missing then (a transaction in flight; a rollback's id never appears and is forgotten after
+        ``event_lookback_seconds``). One stamped more than ``commit_latency_seconds`` before the clock read after the
+        look committed slower than the floor allows for (BUG_REPORT, "The net"): its consumers that have not consumed
+        it, and whose next read may start above it, are found. An id is allocated at INSERT, before the stamp, on
+        every backend (PostgreSQL's sequence, InnoDB's counter; SQLite's one writer makes them visible in order).
+        """
         manager = self._dataset_manager()
-        interval = manager._dataset_race_fix_setting("full_read_interval_seconds")
-        lookback = timedelta(seconds=manager._dataset_race_fix_setting("event_lookback_seconds"))
-        started = time.monotonic()
-        elapsed = started - net["ran_at"] if net.get("ran_at") is not None else 0.0
-        net["ran_at"] = started
+        forget_after = manager._dataset_race_fix_setting("event_lookback_seconds")
+        latency = timedelta(seconds=manager._dataset_race_fix_setting("commit_latency_seconds"))
+        columns = (DatasetEvent.id, DatasetEvent.dataset_id, DatasetEvent.timestamp)
+        missing: dict[int, float] = net.setdefault("missing", {})  # id -> when it was first missed (monotonic)
+        looked_at, high = time.monotonic(), net.get("high")
+        if high is None:  # a new process: the last ids not there yet may still commit
+            high = session.scalar(select(func.max(DatasetEvent.id))) or 0
+            there = set(session.scalars(select(DatasetEvent.id).where(DatasetEvent.id > high - 50_000)))
+            missing.update(dict.fromkeys(set(range(max(high - 50_000, 0) + 1, high)) - there, looked_at))
+            net["high"] = high
+            return
+        # At most 5 000 new and 1 000 missing ids a loop: a backlog is read in the loops after.
+        new_ids = select(*columns).where(DatasetEvent.id > high).order_by(DatasetEvent.id).limit(5000)
+        appeared = session.execute(new_ids).all()
+        if appeared:
+            gaps = set(range(high + 1, appeared[-1].id)) - {row.id for row in appeared}
+            missing.update(dict.fromkeys(gaps, looked_at))
+            net["high"] = appeared[-1].id
+        waiting = sorted(missing)
+        probe_from = net.get("probe_from", 0) if net.get("probe_from", 0) < len(waiting) else 0
+        probe = waiting[probe_from : probe_from + 1000]
+        net["probe_from"] = probe_from + len(probe)
+        for start in range(0, len(probe), 500):
+            for row in session.execute(select(*columns).where(DatasetEvent.id.in_(probe[start : start + 500]))):
+                appeared.append(row)
+                missing.pop(row.id, None)
+        for forgotten in [i for i, at in missing.items() if looked_at - at > forget_after]:
+            missing.pop(forgotten)
+        for forgotten in sorted(missing)[: max(len(missing) - 10_000, 0)]:  # at most 10 000, the newest
+            missing.pop(forgotten)
+        if not appeared:
+            return
+        # the clock read after the look: every event seen committed before it
+        slow_before = manager._database_now(session) - latency
+        late = net.setdefault("late", [])  # checked at most 50 a loop (a probe per consumer each), 100 000 kept
+        late += [row.id for row in appeared if row.timestamp < slow_before][: 100_000 - len(late)]
+        checked, net["late"] = late[:50], late[50:]
+        if checked:
+            self._find_consumers_of_late_events(net, checked, session)
 
-        references = self._net_references(only, session)
-        read_through_at: dict[tuple[str, int], float] = net["read_through_at"]
-        cursor: dict[tuple[str, int], tuple[datetime, int]] = net["cursor"]  # a read under way: from, slices so far
-        slices_of: dict[tuple[str, int], int] = net["slices"]  # what a reference's last read took
-        for forgotten in (read_through_at.keys() | cursor.keys() | slices_of.keys()) - references.keys():
-            read_through_at.pop(forgotten, None), cursor.pop(forgotten, None), slices_of.pop(forgotten, None)
-        due = sorted(
-            (key for key in references if started - read_through_at.get(key, float("-inf")) >= interval),
-            key=lambda key: (key not in cursor, read_through_at.get(key, float("-inf")), key),
+    def _find_consumers_of_late_events(self, net: dict[str, Any], event_ids: list[int], session: Session) -> None:
+        """
+        Found: each late event's consumers (DAGs with a dataset-triggered run) that have not consumed it and whose next
+        read may start above it (it lies at or below their latest run, or below what this process remembers).
+        """
+        from sqlalchemy import bindparam, true
+
+        from airflow.models.dataset import association_table
+
+        reference = DagScheduleDatasetReference
+        latest_run = self._latest_dataset_run_date(reference.dag_id)
+        consumed = (
+            select(association_table.c.event_id)
+            .join(DagRun, DagRun.id == association_table.c.dag_run_id)
+            .where(association_table.c.event_id == DatasetEvent.id, DagRun.dag_id == reference.dag_id)
+            .exists()
         )
-        # Slices this sweep reads at least: its share of the last round's (a reference not read yet: one slice).
-        round_slices = sum(slices_of.get(key, 1) for key in references)
-        share = float("inf") if not interval or only is not None else max(1, ceil(round_slices * elapsed / interval))
-        slice_of_reference = self._stranded_events_slice(slice_size)
+        unconsumed = self._dataset_statement(
+            ("late events' consumers",),
+            lambda: select(reference.dag_id, DatasetEvent.dataset_id, DatasetEvent.timestamp, latest_run)
+            .join(reference, reference.dataset_id == DatasetEvent.dataset_id)
+            .join(DagModel, DagModel.dag_id == reference.dag_id)
+            .where(DatasetEvent.id.in_(bindparam("ids", expanding=True)), DagModel.is_active == true())
+            .where(latest_run.is_not(None), ~consumed),
+        )
+        checked: dict[tuple[str, int], tuple[Any, ...]] = self.__dict__.get("_dataset_race_fix_checked", {})
+        found: dict[str, dict[int, datetime]] = net["found"]
+        for dag_id, dataset_id, stamp, latest in session.execute(unconsumed, {"ids": event_ids}):
+            remembered = checked.get((dag_id, dataset_id), (None, None, None))[2]
+            if stamp <= latest or (remembered is not None and stamp < remembered):
+                stamps = found.setdefault(dag_id, {})
+                stamps[dataset_id] = min(stamps.get(dataset_id, stamp), stamp)
 
-        found: dict[str, datetime] = net["found"]
-        slices, slice_seconds = 0, 0.0  # slices read by this sweep; what the last one took
-        for dag_id, dataset_id in due:
-            key, latest = (dag_id, dataset_id), references[(dag_id, dataset_id)]
-            while slices < share or time.monotonic() - started + slice_seconds < budget_seconds:
-                start, read = cursor.get(key) or (min(latest, now) - lookback, 0)
-                slice_started = time.monotonic()
-                count, newest, stranded = session.execute(
-                    slice_of_reference, {"dataset_id": dataset_id, "start": start, "end": latest, "dag_id": dag_id}
-                ).one()
-                slices, slice_seconds = slices + 1, time.monotonic() - slice_started
-                if stranded is not None:
-                    found[dag_id] = min(found.get(dag_id, stranded), stranded)
-                if count < slice_size or newest is None:
-                    cursor.pop(key, None)
-                    read_through_at[key], slices_of[key] = time.monotonic(), read + 1
-                    break
-                # More: from this slice's newest stamp again, for its ties (one microsecond on if all share it).
-                cursor[key] = (newest if newest > start else newest + timedelta(microseconds=1), read + 1)
-            else:
-                break  # this sweep's share and budget are spent
-        return dict(found)
+    def _read_dataset_windows_once(self, net: dict[str, Any], only: set[str] | None, session: Session) -> None:
+        """
+        After a start (``only``: explain's DAGs, at once): each reference's window, from its latest run less
+        ``event_lookback_seconds`` (never below the DAG's oldest run: ``db clean``'s runs are not given back) to that
+        run, read through once for events no run of the DAG consumed, the DAGs whose latest run is oldest first (the
+        quiet ones). At most ``budget_seconds`` a loop (one slice at least), the slice sized to fit it.
+        """
+        budget_seconds = 0.001
+        if only is not None or "windows" not in net:
+            windows = self._net_references(only, session)
+            net["windows"], net["window_order"] = windows, sorted(windows, key=lambda key: (windows[key][0], key))
+        windows, order = net["windows"], net["window_order"]
+        lookback = timedelta(seconds=self._dataset_manager()._dataset_race_fix_setting("event_lookback_seconds"))
+        found: dict[str, dict[int, datetime]] = net["found"]
+        started = time.monotonic()
+        while order and (only is not None or time.monotonic() - started < budget_seconds):
+            (dag_id, dataset_id), size = order[0], net.get("slice_size", 50)
+            latest, oldest = windows[(dag_id, dataset_id)]
+            start = net.get("cursor") or max(latest - lookback, oldest)
+            slice_started = time.monotonic()
+            count, newest, stranded = session.execute(
+                self._dataset_statement(("window slice",), self._stranded_events_slice),
+                {"dataset_id": dataset_id, "start": start, "end": latest, "dag_id": dag_id, "size": size},
+            ).one()
+            took = time.monotonic() - slice_started
+            if took > budget_seconds or took < budget_seconds / 4:  # halve or double, 5 to 1 000 events
+                net["slice_size"] = max(5, size // 2) if took > budget_seconds else min(1000, size * 2)
+            if stranded is not None:
+                stamps = found.setdefault(dag_id, {})
+                stamps[dataset_id] = min(stamps.get(dataset_id, stranded), stranded)
+            if count < size or newest is None:
+                order.pop(0)
+                net["cursor"] = None
+            else:  # on from this slice's newest stamp, for its ties (one microsecond on if all share it)
+                net["cursor"] = newest if newest > start else newest + timedelta(microseconds=1)
 
     @classmethod
-    def _net_references(cls, only: set[str] | None, session: Session) -> dict[tuple[str, int], datetime]:
-        """``{(dag_id, dataset_id): latest run}``: the references the net reads (active, unpaused DAGs with a dataset-triggered run; ``only`` these DAGs)."""
+    def _net_references(cls, only: set[str] | None, session: Session) -> dict[tuple[str, int], tuple[Any, Any]]:
+        """
+        ``{(dag_id, dataset_id): (latest run, oldest run)}``: the references of active, unpaused DAGs with a
+        dataset-triggered run (``only`` these DAGs).
+        """
         from sqlalchemy import false, true
 
-        latest_run = cls._latest_dataset_run_date(DagScheduleDatasetReference.dag_id)
+        reference = DagScheduleDatasetReference
+        latest_run, oldest_run = (cls._latest_dataset_run_date(reference.dag_id, oldest) for oldest in (False, True))
         return {
-            (dag_id, dataset_id): latest
-            for dag_id, dataset_id, latest in session.execute(
-                select(DagScheduleDatasetReference.dag_id, DagScheduleDatasetReference.dataset_id, latest_run)
-                .join(DagModel, DagModel.dag_id == DagScheduleDatasetReference.dag_id)
+            (dag_id, dataset_id): (latest, oldest)
+            for dag_id, dataset_id, latest, oldest in session.execute(
+                select(reference.dag_id, reference.dataset_id, latest_run, oldest_run)
+                .join(DagModel, DagModel.dag_id == reference.dag_id)
                 .where(DagModel.is_paused == false(), DagModel.is_active == true(), latest_run.is_not(None))
-                .where(DagScheduleDatasetReference.dag_id.in_(only) if only is not None else true())
+                .where(reference.dag_id.in_(only) if only is not None else true())
             )
         }
 
     @staticmethod
-    def _latest_dataset_run_date(dag_id: Any) -> Any:
+    def _latest_dataset_run_date(dag_id: Any, oldest: bool = False) -> Any:
         """
-        The date of the latest dataset-triggered run of the DAG ``dag_id`` (a correlated column), a scalar subquery:
-        its newest run's if that one is dataset-triggered, else searched for (COALESCE evaluates the second only
-        then). ORDER BY .. LIMIT 1, not max(): for a correlated max() with a filter MySQL reads every run. The newest
-        run has no filter to misjudge: filtered on run_type, statistics taken before a bulk load chose a bitmap scan
-        of all the DAG's runs and a sort (issue 30).
+        The date of the latest (``oldest``: the oldest) dataset-triggered run of the DAG ``dag_id`` (a correlated
+        column), a scalar subquery: its newest (oldest) run's if that one is dataset-triggered, else searched for
+        (COALESCE evaluates the second only then). ORDER BY .. LIMIT 1, not max(): for a correlated max() with a filter
+        MySQL reads every run. That run has no filter to misjudge: filtered on run_type, statistics taken before a bulk
+        load chose a bitmap scan of all the DAG's runs and a sort (issue 30). Nothing is read below the oldest:
+        ``airflow db clean`` deletes a DAG's older runs, whose events are not unconsumed ones (issue 47).
         """
         from sqlalchemy import case
 
-        newest_if_dataset_triggered = (
+        order = DagRun.execution_date.asc() if oldest else DagRun.execution_date.desc()
+        first_if_dataset_triggered = (
             select(case((DagRun.run_type == DagRunType.DATASET_TRIGGERED, DagRun.execution_date)))
             .where(DagRun.dag_id == dag_id)
-            .order_by(DagRun.execution_date.desc())
+            .order_by(order)
             .limit(1)
             .scalar_subquery()
         )
         searched = (
             select(DagRun.execution_date)
             .where(DagRun.dag_id == dag_id, DagRun.run_type == DagRunType.DATASET_TRIGGERED)
-            .order_by(DagRun.execution_date.desc())
+            .order_by(order)
             .limit(1)
             .scalar_subquery()
         )
-        return func.coalesce(newest_if_dataset_triggered, searched)
+        return func.coalesce(first_if_dataset_triggered, searched)
 
     @staticmethod
-    def _stranded_events_slice(slice_size: int) -> Any:
+    def _stranded_events_slice() -> Any:
         """
-        One slice of one reference (``dataset_id``, stamps ``start`` to ``end``, ``dag_id``): how many
-        events it read, the newest stamp among them, and the oldest that no run of the DAG consumed.
+        One slice of one reference (``dataset_id``, stamps ``start`` to ``end``, ``dag_id``, ``size`` events at
+        most): how many events it read, the newest stamp among them, and the oldest that no run of the DAG consumed.
         """
         from sqlalchemy import bindparam, case
 
@@ -363,7 +452,7 @@ class SchedulerJobRunner:
             DatasetEvent.timestamp >= bindparam("start"),
             DatasetEvent.timestamp <= bindparam("end"),
         )
-        piece = event.order_by(DatasetEvent.timestamp).limit(slice_size).subquery()
+        piece = event.order_by(DatasetEvent.timestamp).limit(bindparam("size")).subquery()
         # Each link's run by primary key, a scalar subquery: no plan can start from the DAG's runs per event.
         run_of_link = select(DagRun.dag_id).where(DagRun.id == association_table.c.dag_run_id).scalar_subquery()
         consumed = (
@@ -389,8 +478,8 @@ class SchedulerJobRunner:
         state = self._read_dataset_decision_state(sorted(dm.dag_id for dm in dag_models), session)
         lookback = timedelta(seconds=manager._dataset_race_fix_setting("event_lookback_seconds"))
         commit_latency = timedelta(seconds=manager._dataset_race_fix_setting("commit_latency_seconds"))
-        # DAGs the net found a late commit for: their next decision reads the whole window.
-        net_found: dict[str, datetime] = self.__dict__.get("_dataset_race_fix_net", {}).get("found", {})
+        # DAGs the net found a late commit for: their next decision reads from its stamp.
+        net_found: dict[str, dict[int, datetime]] = self.__dict__.get("_dataset_race_fix_net", {}).get("found", {})
         # Nothing dated further ahead of the database's clock (a stock producer's host clock) dates a run.
         horizon = state.database_now + timedelta(seconds=manager._dataset_race_fix_setting("max_event_ahead_seconds"))
         consumed_rows: list[tuple[int, str, Any]] = []  # deleted at the end, as read
@@ -411,13 +500,25 @@ class SchedulerJobRunner:
                 decision["skipped"] = "not dataset-scheduled (no DatasetTriggeredTimetable)"
                 continue
             queued = state.queued_rows.get(dag.dag_id, {})
-            latest_run_date, latest_interval_end, latest_any_run_date = state.latest_runs.get(dag.dag_id, (None,) * 3)
+            latest_run_date, latest_interval_end, latest_any_run_date, oldest_run_date = state.latest_runs.get(
+                dag.dag_id, (None,) * 4
+            )
             dataset_ids = sorted(state.dataset_ids_of[dag.dag_id])
-            found_late = latest_run_date is not None and net_found.pop(dag.dag_id, None) is not None
+            found_late = net_found.pop(dag.dag_id, {}) if latest_run_date is not None else {}
+            below_clock = None  # the clock behind the latest run (stepped back): read from the run before it, as stock
+            if latest_run_date is not None and latest_run_date > state.database_now:
+                below_clock = session.scalar(
+                    select(DagRun.execution_date)
+                    .where(DagRun.dag_id == dag.dag_id, DagRun.run_type == DagRunType.DATASET_TRIGGERED)
+                    .where(DagRun.execution_date <= state.database_now)
+                    .order_by(DagRun.execution_date.desc())
+                    .limit(1)
+                )
             floors = self._dataset_floors(
                 dataset_ids, latest_run_date, state.database_now, queued,
-                state.newest_consumed.get(dag.dag_id, {}), found_late, horizon, lookback, commit_latency,
-                self._checked_dataset_floors(dag.dag_id, dataset_ids, state.database_now, latest_run_date),
+                state.newest_consumed.get(dag.dag_id, {}), found_late, lookback, commit_latency,
+                self._checked_dataset_floors(dag.dag_id, dataset_ids, state.database_now, latest_run_date), below_clock,
+                oldest_run_date,
             )
             dataset_events = self._select_dataset_events(dag.dag_id, dataset_ids, floors, session)
             self._remember_dataset_reads(dag.dag_id, floors, dataset_events, state, commit_latency)
@@ -473,7 +574,7 @@ class SchedulerJobRunner:
         dataset_ids_of: dict[str, set[int]] = defaultdict(set)
         dataset_uris: dict[int, str] = {}
         newest_consumed: dict[str, dict[int, datetime]] = defaultdict(dict)
-        latest_runs: dict[str, tuple[Any, ...]] = {}  # run date, interval end, any run's date
+        latest_runs: dict[str, tuple[Any, ...]] = {}  # run date, interval end, any run's date, oldest run's date
         for start in range(0, len(dag_ids), 500):
             chunk = dag_ids[start : start + 500]
             for dataset_id, target_dag_id, created_at, stored in session.execute(queue_rows_of_dags, {"dag_ids": chunk}):
@@ -549,6 +650,7 @@ class SchedulerJobRunner:
                 latest_run_of(DagRun.execution_date),
                 latest_run_of(DagRun.data_interval_end),
                 latest_of_any_type.scalar_subquery(),
+                cls._latest_dataset_run_date(DagModel.dag_id, oldest=True),
                 clock_column,
                 DatasetModel.id,
                 DatasetModel.uri,
@@ -559,8 +661,8 @@ class SchedulerJobRunner:
             .where(DagModel.dag_id.in_(bindparam("dag_ids", expanding=True)))
         )
 
-    @staticmethod
-    def _postgres_runs_and_datasets_statement(reference: Any, clock_column: Any) -> Any:
+    @classmethod
+    def _postgres_runs_and_datasets_statement(cls, reference: Any, clock_column: Any) -> Any:
         """``_runs_and_datasets_statement`` on PostgreSQL, planned by the rows it needs whatever the statistics."""
         from sqlalchemy import bindparam, case, true
 
@@ -622,6 +724,7 @@ class SchedulerJobRunner:
                 latest_date,
                 latest_interval_end,
                 newest.c.execution_date,  # any run's latest (execution_date is never NULL)
+                cls._latest_dataset_run_date(DagModel.dag_id, oldest=True),
                 clock_column,
                 DatasetModel.id,
                 DatasetModel.uri,
@@ -691,32 +794,42 @@ class SchedulerJobRunner:
         database_now: datetime,
         queued: dict[int, datetime],
         newest_consumed: dict[int, datetime],
-        found_late: bool,
-        horizon: datetime,
+        found_late: dict[int, datetime],
         lookback: timedelta,
         commit_latency: timedelta,
         checked: dict[int, datetime] | None = None,
+        below_clock: datetime | None = None,
+        oldest_run_date: datetime | None = None,
     ) -> _DatasetFloors:
         """
-        Where a DAG reads each dataset's events from (BUG_REPORT, "The floor"); pure. ``checked``: per dataset, where
-        this process's last read of it left nothing unconsumed to find (``_remember_dataset_reads``); it raises the
-        newest consumed event's floor, never a queue row's.
+        Where a DAG reads each dataset's events from (BUG_REPORT, "The floor"); pure. ``found_late``: per dataset, the
+        oldest late commit the net found (read from there). ``checked``: per dataset, where this process's last read of
+        it left nothing unconsumed to find (``_remember_dataset_reads``); it raises the newest consumed event's floor,
+        never a queue row's. A latest run ahead of the clock (a clock stepped back) reads in full, from
+        ``below_clock``, the latest run at or before the clock, as stock's window would. Else nothing is read below the
+        DAG's oldest run (``oldest_run_date``): ``airflow db clean`` deleted the runs that consumed what lies there.
         """
         if latest_run_date is None:  # no run of this DAG has consumed anything yet
             return cls._DatasetFloors({}, None, True)
-        full_floor = min([latest_run_date, database_now, *queued.values()]) - lookback
-        full_read = found_late or latest_run_date > horizon  # the net found one; a clock stepped back
+        full_read = latest_run_date > database_now
+        full_from = (below_clock or database_now) if full_read else latest_run_date
+        full_floor = min([full_from, database_now, *queued.values()]) - lookback
+        # db clean's runs lay below the oldest: a queue row or a late commit the net found reads there, nothing else
+        # (a clock behind every run reads below them all: what it stamps lies there)
+        kept_from = full_floor if full_read or oldest_run_date is None else max(full_floor, oldest_run_date)
         checked = checked or {}
         floors: dict[int, datetime] = {}
         for dataset_id in dataset_ids:
             newest = newest_consumed.get(dataset_id)
             if full_read or newest is None:
-                floors[dataset_id] = full_floor
+                floor = kept_from
             else:
-                floor = max(newest - commit_latency, checked.get(dataset_id, full_floor))
-                if dataset_id in queued:
-                    floor = min(floor, queued[dataset_id] - commit_latency)
-                floors[dataset_id] = max(floor, full_floor)
+                floor = max(newest - commit_latency, checked.get(dataset_id, kept_from), kept_from)
+            if dataset_id in queued:
+                floor = min(floor, queued[dataset_id] - commit_latency)
+            if dataset_id in found_late:
+                floor = min(floor, found_late[dataset_id])
+            floors[dataset_id] = max(floor, full_floor)
         return cls._DatasetFloors(floors, min(floors.values(), default=full_floor), full_read)
 
     def _remember_dataset_reads(
