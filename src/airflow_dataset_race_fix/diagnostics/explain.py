@@ -296,6 +296,8 @@ def explain(
         events = []  # no run takes them: they stay audit's findings, never "pending"
         for dataset in datasets:
             dataset["pending_event_ids"] = []
+    pending_ids = {e.id for e in events}
+    findings = _findings(report, found, pending_ids)
     return {
         "schema": SCHEMA,
         "dag_id": dag_id,
@@ -316,7 +318,12 @@ def explain(
         "audit": {
             "since": _iso(since),
             "counts": {k: v for k, v in asdict(report).items() if k != "dag_id"} if report is not None else {},
-            "findings": _findings(report, found, {e.id for e in events}),
+            "findings": findings,
+            "rows": {  # each finding's runs (run ids) or events (event ids), as counted
+                name: [i.run_id if hasattr(i, "run_id") else i.event_id for i in getattr(found, name)
+                       if not (name == "suspected_lost" and i.event_id in pending_ids)]
+                for name in findings
+            },
             "stranded": [
                 {"dataset_uri": g.dataset_uri, "events": g.events, "oldest": _iso(g.oldest), "newest": _iso(g.newest)}
                 for g in found.stranded
