@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -21,7 +22,7 @@ from typing import Any
 from airflow_dataset_race_fix.cli import UsageError
 from reproduce import lab_command, report, requirements
 from reproduce.harness import catalog
-from reproduce.harness.database import BACKENDS, DatabaseUnavailable, ScratchDatabase
+from reproduce.harness.database import BACKENDS, DatabaseExists, DatabaseUnavailable, ScratchDatabase
 
 VARIANTS = ("stock", "fixed")
 DEFAULT_SEED = 20261130
@@ -39,6 +40,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="URL",
         help="SQLAlchemy URL of a PostgreSQL or MySQL/MariaDB server; a scratch database is created "
         "on it and dropped afterwards (default: ADRF_POSTGRES_URL / ADRF_MYSQL_URL or loopback)",
+    )
+    parser.add_argument(
+        "--database",
+        metavar="NAME",
+        help="on a server: the scratch database's name (default adrf_<random>), created for each variant in turn "
+        "and dropped after it; a database of that name that exists is refused, never used or dropped",
     )
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--stress", action="store_true", help="random concurrent producers and scheduler loops")
@@ -95,6 +102,10 @@ def _main(args: argparse.Namespace) -> int:
     mode = "e2e" if args.e2e else "stress" if args.stress else "deterministic"
     if args.repeat < 1:
         raise ReproduceError("--repeat must be at least 1")
+    if args.database is not None and backend == "sqlite":
+        raise ReproduceError("--database names a server's database: SQLite runs on a temporary file")
+    if args.database is not None and not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_-]{0,62}", args.database):
+        raise ReproduceError(f"--database {args.database!r}: 1 to 63 letters, digits, '_' or '-', not starting with '-'")
     if mode == "deterministic":
         args.only = scenario_ids(args.only, backend)
     # Celery on SQLite is refused below, with its reason, before anything is installed for it
@@ -130,7 +141,7 @@ def _main(args: argparse.Namespace) -> int:
     for index in range(repeats):
         for variant in VARIANTS:
             label = f"{variant}" + (f" run {index + 1}/{repeats}" if repeats > 1 else "")
-            result = run_child(_spec(args, mode, backend, variant, index, label), backend, args.db_url, label)
+            result = run_child(_spec(args, mode, backend, variant, index, label), backend, args.db_url, label, args.database)
             result["run"] = index + 1
             runs.append(result)
     verdict = report.verdict(mode, runs)
@@ -265,11 +276,15 @@ def _spec(args: argparse.Namespace, mode: str, backend: str, variant: str, index
     return spec
 
 
-def run_child(spec: dict[str, Any], backend: str, server_url: str | None, label: str) -> dict[str, Any]:
-    """Run one variant in a fresh interpreter on a database of its own; return its JSON."""
-    database = ScratchDatabase(backend, server=server_url)
+def run_child(
+    spec: dict[str, Any], backend: str, server_url: str | None, label: str, name: str | None = None
+) -> dict[str, Any]:
+    """Run one variant in a fresh interpreter on a database of its own (named ``name``); return its JSON."""
+    database = ScratchDatabase(backend, server=server_url, **({"name": name} if name else {}))
     try:
         database.create()
+    except DatabaseExists as err:
+        raise ReproduceError(str(err)) from None
     except DatabaseUnavailable as err:
         raise ReproduceError(f"{err}\n  (start the server, or point --db-url / {_env_hint(backend)} at one)") from None
     except ImportError as err:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import secrets
 from collections import defaultdict
+from datetime import datetime, timezone
 
 import pytest
 from sqlalchemy import create_engine, select, text
@@ -89,7 +90,8 @@ def _oracle(dag_ids) -> dict[str, set]:
         for dag_id, dataset_id in s.execute(select(Ref.dag_id, Ref.dataset_id).where(Ref.dag_id.in_(dag_ids))):
             datasets[dag_id].add(dataset_id)
         runs = s.execute(
-            select(DagRun.id, DagRun.dag_id, DagRun.run_id, DagRun.execution_date).where(
+            select(DagRun.id, DagRun.dag_id, DagRun.run_id, DagRun.execution_date, DagRun.data_interval_start,
+                   DagRun.data_interval_end).where(
                 DagRun.dag_id.in_(dag_ids), DagRun.run_type == "dataset_triggered"
             )
         ).all()
@@ -102,7 +104,9 @@ def _oracle(dag_ids) -> dict[str, set]:
     times = defaultdict(int)
     for run, event in pairs:
         times[run_by_id[run].dag_id, event] += 1
-    result = {name: set() for name in ("suspected_lost", "lost", "doubled", "empty_runs", "out_of_order")}
+    now = datetime.now(timezone.utc)
+    names = ("suspected_lost", "lost", "doubled", "empty_runs", "out_of_order", "future_dated", "overlapping_intervals")
+    result = {name: set() for name in names}
     for dag_id in dag_ids:
         own = [r for r in runs if r.dag_id == dag_id]
         for event in (e for e in events if e.dataset_id in datasets[dag_id]):
@@ -113,6 +117,12 @@ def _oracle(dag_ids) -> dict[str, set]:
                 result["lost"].add((dag_id, event.id))
             if n > 1:
                 result["doubled"].add((dag_id, event.id))
+            if event.timestamp.replace(tzinfo=timezone.utc) > now:
+                result["future_dated"].add((dag_id, event.id))
+        by_date = sorted(own, key=lambda r: r.execution_date)
+        for before, r in zip(by_date, by_date[1:]):  # overlapping: with the run just before it
+            if None not in (before.data_interval_end, r.data_interval_start) and r.data_interval_start < before.data_interval_end:
+                result["overlapping_intervals"].add((dag_id, r.run_id))
         consuming_runs = {run for run, _ in pairs}
         for r in own:
             if r.id not in consuming_runs:
@@ -129,8 +139,10 @@ def assert_lists_match_oracle(report: dict, dag_ids) -> dict[str, set]:
     assert {(e["dag_id"], e["event_id"]) for e in found["doubled"]} == expected["doubled"]
     assert {(r["dag_id"], r["run_id"]) for r in found["empty_runs"]} == expected["empty_runs"]
     assert {(r["dag_id"], r["run_id"]) for r in found["out_of_order"]} == expected["out_of_order"]
+    assert {(e["dag_id"], e["event_id"]) for e in found["future_dated"]} == expected["future_dated"]
+    assert {(r["dag_id"], r["run_id"]) for r in found["overlapping_intervals"]} == expected["overlapping_intervals"]
     assert report["totals"]["lost"] == len(expected["lost"])
-    for name in ("suspected_lost", "doubled", "empty_runs", "out_of_order"):
+    for name in ("suspected_lost", "doubled", "empty_runs", "out_of_order", "future_dated", "overlapping_intervals"):
         assert report["totals"][name] == len(expected[name]), name
     return expected
 
@@ -426,6 +438,7 @@ def test_the_documented_json_keys_are_the_printed_keys(variant_stock, capsys):
         "findings.stranded[]": invariant.StrandedGroup, "findings.suspected_lost[]": invariant.EventFinding,
         "findings.doubled[]": invariant.EventFinding, "findings.empty_runs[]": invariant.RunFinding,
         "findings.out_of_order[]": invariant.RunFinding, "findings.stale_queue_rows[]": invariant.QueueFinding,
+        "findings.future_dated[]": invariant.EventFinding, "findings.overlapping_intervals[]": invariant.IntervalFinding,
         "requeue.rows[]": QueueWrite,
     }
     documented = _documented_keys()

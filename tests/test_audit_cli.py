@@ -83,6 +83,19 @@ def test_a_url_from_airflows_configuration(url, expected):
 
 
 @pytest.mark.parametrize(
+    "url, module, package",
+    [("postgresql+psycopg2://u@127.0.0.1/db", "psycopg2", "psycopg2-binary"), ("mysql://u@127.0.0.1/db", "MySQLdb", "mysqlclient")],
+    ids=["psycopg2", "mysqlclient"],
+)
+def test_a_missing_driver_names_the_package_to_install(tmp_path, url, module, package):
+    """Issue 50: the driver's own package, not an extra of this package (it is on no index)."""
+    (tmp_path / f"{module}.py").write_text(f"raise ModuleNotFoundError(\"No module named '{module}'\")\n")
+    result = run_audit("--db-url", url, env={"PYTHONPATH": str(tmp_path)})
+    line = assert_one_line_exit_2(result, f"No module named '{module}' (pip install {package})")
+    assert "airflow-dataset-race-fix[" not in line
+
+
+@pytest.mark.parametrize(
     "args, expected",
     [
         (["--db-url", "oracle://u@127.0.0.1/db"], "--db-url: unsupported backend 'oracle'"),

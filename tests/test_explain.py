@@ -255,15 +255,46 @@ def test_explain_writes_nothing_and_locks_nothing(world):
     assert not any("FOR UPDATE" in s or "FOR SHARE" in s for s in sent)
 
 
-def _cli(*args: str):
+def _cli(*args: str, env: dict[str, str] | None = None):
     import os
     import subprocess
     import sys
 
     return subprocess.run(
         [sys.executable, "-m", "airflow_dataset_race_fix", "explain", *args, "--db-url", settings.SQL_ALCHEMY_CONN],
-        env=dict(os.environ), capture_output=True, text=True, timeout=300,
+        env={**os.environ, **(env or {})}, capture_output=True, text=True, timeout=300,
     )
+
+
+def test_the_text_says_whether_the_fix_is_active_and_names_what_each_finding_counts(world):
+    """Issue 50: the fix's state in this process either way; the runs or events behind each count."""
+    from airflow.models.dataset import DatasetEvent, DatasetModel
+    from airflow.utils import timezone
+    from airflow.utils.state import DagRunState
+
+    from airflow_dataset_race_fix import BOOTSTRAP_DIR
+
+    w = world
+    a = w.dataset("a")
+    d = w.consumer("d", [a])
+    p, s = w.producer("P"), w.scheduler()
+    w.emit(p, a), p.finish()
+    w.loop(s), s.finish()
+    with create_session() as session:  # a stock S6 run (empty, inside the latest's interval), an event dated ahead
+        latest = session.scalars(select(DagRun).where(DagRun.dag_id == d)).one()
+        session.add(DagRun(dag_id=d, run_id="stock_overlap", run_type=DagRunType.DATASET_TRIGGERED,
+                           execution_date=latest.execution_date + timedelta(seconds=1), state=DagRunState.SUCCESS,
+                           data_interval=(latest.data_interval_start - timedelta(seconds=1), latest.data_interval_end)))
+        ahead = DatasetEvent(dataset_id=session.scalar(select(DatasetModel.id).where(DatasetModel.uri == a.uri)),
+                             timestamp=timezone.utcnow() + timedelta(days=1))
+        session.add(ahead)
+        session.flush()
+        ahead_id = ahead.id
+    without, active = _cli(d), _cli(d, env={"PYTHONPATH": BOOTSTRAP_DIR})
+    assert "the fix is not active in this process" in without.stdout, without.stdout + without.stderr[-2000:]
+    assert "the fix is active in this process" in active.stdout, active.stdout + active.stderr[-2000:]
+    expected = f"Audit: empty_runs 1 (stock_overlap); future_dated 1 ({ahead_id}); overlapping_intervals 1 (stock_overlap)"
+    assert without.returncode == 1 and expected in without.stdout, without.stdout
 
 
 def test_the_command_exit_codes_text_and_json(world):

@@ -153,15 +153,7 @@ def test_quick_start_install_outside_the_repository(tmp_path):
 
     before = freeze()
     assert "six==1.16.0" in before
-    # the quick start builds into $ADRF/dist: a copy of the tracked files, so that the test
-    # neither writes into this worktree nor depends on its build leftovers
-    clone = tmp_path / "clone"
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO, check=True,
-                           capture_output=True, text=True).stdout.split()
-    for name in files:
-        if (REPO / name).is_file():
-            (clone / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(REPO / name, clone / name)
+    clone = _clone(tmp_path)
     script = _quick_start_script(clone)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
@@ -182,7 +174,7 @@ def test_quick_start_install_outside_the_repository(tmp_path):
     # apply's default patches directory, from a wheel: the copy it installed
     apply_help = subprocess.run([str(venv / "bin" / "airflow-dataset-race-fix"), "apply", "--help"], cwd=elsewhere,
                                 env=env, capture_output=True, text=True, timeout=120)
-    installed_patches = venv / "share" / "airflow-dataset-race-fix" / "patches"
+    installed_patches = Path(_run(python, "-c", "import airflow_dataset_race_fix as p; print(p.__path__[0])")) / "patches"
     assert (installed_patches / "series").is_file()  # the one series, for every release
     assert str(installed_patches) in "".join(apply_help.stdout.split()), apply_help.stdout  # wrapped lines joined
     # time-machine is only the [reproduce] extra's. (Airflow's pendulum 3 requires it on CPython
@@ -203,6 +195,44 @@ def test_quick_start_install_outside_the_repository(tmp_path):
             cwd=elsewhere, env=env, capture_output=True, text=True, timeout=300,
         )
         assert without.returncode in (0, 1) and "Traceback" not in without.stderr, without.stderr[-3000:]
+
+
+def _clone(tmp_path: Path) -> Path:
+    """A copy of the tracked files to build from, so that a test neither writes into this
+    worktree nor depends on its build leftovers."""
+    clone = tmp_path / "clone"
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO, check=True,
+                           capture_output=True, text=True).stdout.split()
+    for name in files:
+        if (REPO / name).is_file():
+            (clone / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, clone / name)
+    return clone
+
+
+def _run(*command: str, cwd=None) -> str:
+    done = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    return done.stdout.strip()
+
+
+@pytest.mark.skipif(BACKEND != "sqlite", reason="pip and a virtualenv, no database: run in the -sqlite envs")
+def test_install_then_uninstall_leaves_nothing_behind(tmp_path):
+    """Issue 50: the wheel alone, with real pip in a fresh virtualenv: every file and directory it
+    installs (the source patches' series too, where ``apply`` finds it) goes with ``pip uninstall``."""
+    clone, venv = _clone(tmp_path), tmp_path / "venv"
+    _run(sys._base_executable, "-m", "venv", str(venv))
+    python = str(venv / "bin" / "python")
+    _run(python, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp_path / "dist"), str(clone), cwd=tmp_path)
+    before = {str(p.relative_to(venv)) for p in venv.rglob("*") if "__pycache__" not in p.parts}
+    (wheel,) = (tmp_path / "dist").glob("airflow_dataset_race_fix-*.whl")
+    _run(python, "-m", "pip", "install", "-q", "--no-deps", str(wheel))
+    found = _run(python, "-c", "from airflow_dataset_race_fix.source_patches import locations as l; "
+                 "print(l.default_patches_dir())", cwd=tmp_path)
+    assert Path(found, "series").is_file() and Path(found).is_relative_to(venv), found
+    _run(python, "-m", "pip", "uninstall", "-q", "-y", "airflow-dataset-race-fix")
+    after = {str(p.relative_to(venv)) for p in venv.rglob("*") if "__pycache__" not in p.parts}
+    assert after == before, f"left behind: {sorted(after - before)}; gone: {sorted(before - after)}"
 
 
 def _expand(name: str) -> list[str]:

@@ -105,6 +105,41 @@ def test_unreachable_server_is_one_clear_line():
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.skipif(BACKEND == "sqlite", reason="a server's database")
+def test_a_named_database_is_ours_and_an_existing_one_is_refused_untouched():
+    """Issue 50: --database NAME for a server with naming rules; a database that exists is not ours."""
+    import secrets
+
+    from sqlalchemy import create_engine, text
+
+    from reproduce.harness.database import ScratchDatabase
+
+    name = f"adrf_named_{secrets.token_hex(3)}"
+    existing = ScratchDatabase(BACKEND, name=name)
+    engine = create_engine(existing.create())
+    try:
+        with engine.begin() as conn:
+            conn.execute(text("CREATE TABLE theirs (id INTEGER)"))
+        done = reproduce("--backend", BACKEND, "--database", name, "--only", "S1", timeout=120)
+        assert done.returncode == 2 and f"database {name!r} already exists" in done.stderr, done.stderr[-2000:]
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT count(*) FROM theirs")).scalar() == 0  # neither used nor dropped
+    finally:
+        engine.dispose()
+        existing.drop()
+    done = reproduce("--backend", BACKEND, "--database", name, "--only", "S1")
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert done.stderr.count(f"on database {name}\n") == 2  # stock, then fixed, each on its own
+    assert not existing.exists()  # dropped after each
+
+
+@pytest.mark.parametrize("backend, name, expected", [("sqlite", "adrf_x", "SQLite runs on a temporary file"),
+                                                      ("postgres", "x; DROP", "letters, digits")])
+def test_a_bad_database_name_is_a_usage_error(backend, name, expected):
+    done = reproduce("--backend", backend, "--database", name, timeout=120)
+    assert done.returncode == 2 and expected in done.stderr and "Traceback" not in done.stderr, done.stderr[-2000:]
+
+
 def test_conflicting_backend_and_url():
     done = reproduce("--backend", "mysql", "--db-url", "postgresql://postgres@127.0.0.1/test", timeout=120)
     assert done.returncode == 2 and "does not match" in done.stderr

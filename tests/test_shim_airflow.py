@@ -36,6 +36,7 @@ import sys
 import textwrap
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 from shim_children import (
@@ -490,7 +491,22 @@ def test_the_rest_api_on_a_managed_route_runs_the_fixed_producer(world, api_user
             method="POST",
         )
         with urllib.request.urlopen(request, timeout=60) as response:
-            assert response.status == 200 and json.load(response)["dataset_uri"] == "adrf://shim-e2e/task"
+            answer = json.load(response)
+            assert response.status == 200 and answer["dataset_uri"] == "adrf://shim-e2e/task"
+
+    # The answer is the event as flushed, before the commit restamps it: what docs/behaviour.md says (issue 50)
+    from datetime import datetime, timezone
+
+    from sqlalchemy import create_engine, text as sql
+
+    engine = create_engine(world.airflow_env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"])
+    with engine.connect() as conn:
+        stored = conn.execute(sql("SELECT timestamp FROM dataset_event WHERE id = :id"), {"id": answer["id"]}).scalar()
+    engine.dispose()
+    stored = stored if isinstance(stored, datetime) else datetime.fromisoformat(stored)
+    assert datetime.fromisoformat(answer["timestamp"]) < stored.replace(tzinfo=stored.tzinfo or timezone.utc)
+    behaviour = (Path(__file__).resolve().parents[1] / "docs" / "behaviour.md").read_text()
+    assert "`POST /api/v1/datasets/events` answers with the event as flushed" in behaviour
 
     text = log_path.read_text()
     assert count(text, INFO_LINE) >= 1 and not _our_warnings(text), text[-3000:]

@@ -116,6 +116,41 @@ def test_data_intervals_never_go_backwards_or_overlap(world):
     assert w.report().violations() == {}
 
 
+def test_turning_the_fix_on_over_a_damaged_stock_history_adds_no_finding(world):
+    """
+    Issue 50: a stock history where run B's interval lies inside run A's (S6: an overlap audit
+    counts), and an event no run consumed (queued). The fixed scheduler's run starts where B,
+    the latest run, ended, which is before A's end: audit counts overlaps with the run just
+    before (the one the scheduler reads by index), so that run is no new finding.
+    """
+    from airflow.models.dataset import DatasetEvent as Event
+    from airflow.utils import timezone
+    from airflow.utils.state import DagRunState
+    from airflow.utils.types import DagRunType
+
+    w = world
+    a = w.dataset("a")
+    d = w.consumer("d", [a])
+    s = w.scheduler()
+    base = timezone.utcnow().replace(microsecond=0) - timedelta(seconds=100)
+    at = lambda seconds: base + timedelta(seconds=seconds)  # noqa: E731
+    with create_session() as session:
+        dataset_id = session.scalar(select(DatasetModel.id).where(DatasetModel.uri == a.uri))
+        events = {t: Event(dataset_id=dataset_id, timestamp=at(t)) for t in (10, 14, 15, 20)}
+        session.add_all(events.values())
+        for date, (start, end), consumed in ((30, (10, 20), (10, 20)), (40, (15, 15), (15,))):
+            run = DagRun(dag_id=d, run_id=f"stock_{date}", run_type=DagRunType.DATASET_TRIGGERED,
+                         execution_date=at(date), data_interval=(at(start), at(end)), state=DagRunState.SUCCESS)
+            run.consumed_dataset_events.extend(events[t] for t in consumed)
+            session.add(run)
+        session.add(DatasetDagRunQueue(dataset_id=dataset_id, target_dag_id=d, created_at=at(14)))
+    assert w.report().by_dag()[d].findings() == {"suspected_lost": 1, "overlapping_intervals": 1}
+    w.loop(s), s.finish()
+    *_, (_, interval, consumed) = _runs(d)
+    assert consumed == [at(14)] and interval == (at(15), at(15))  # B's end, before A's (at 20)
+    assert w.report().by_dag()[d].findings() == {"overlapping_intervals": 1}  # B's, from the stock history
+
+
 @pytest.mark.skipif(BACKEND == "sqlite", reason="the scheduler holds SQLite's only write lock at its delete")
 def test_a_stock_producer_during_a_rolling_upgrade_is_found_and_requeued(world, capsys):
     """A producer process not yet restarted (stock code) commits just before the fixed scheduler's delete."""

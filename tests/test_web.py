@@ -297,6 +297,8 @@ def test_the_pages_say_what_explain_says_and_run_no_script_from_the_database(sit
             assert browser.find_all("#timeline svg rect.event"), "the events are drawn"
             if found["runs"]:
                 assert len(browser.find_all("#timeline svg rect.run")) == len(found["runs"])
+            shown = browser.text("#audit")  # each finding's runs or events beside its count (issue 50)
+            assert all(str(row) in shown for rows in found["audit"]["rows"].values() for row in rows), shown
             browser.screenshot(SCREENSHOTS / f"dag-{role}.png")
             page_json = json.loads(requests.get(f"{base}/dataset-race-fix/dag/{dag_id}/json", cookies=browser.cookies(), timeout=30).text)
             assert page_json["verdict"] == found["verdict"]
@@ -306,6 +308,7 @@ def test_the_pages_say_what_explain_says_and_run_no_script_from_the_database(sit
         assert "condition_not_met" in [r["code"] for r in waiting["verdict"]["reasons"]]
         assert any(e["late"] for run in _explained(dags["late"])["runs"] for e in run["events"])
         assert "deferred" in [r["code"] for r in _explained(dags["ahead"])["verdict"]["reasons"]]
+        assert _explained(dags["ahead"])["audit"]["rows"]["future_dated"]  # shown on its page, above
 
         browser.get(f"{base}/dataset-race-fix/dag/{dags['waiting']}")
         source = browser.source()

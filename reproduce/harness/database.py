@@ -1,8 +1,8 @@
 """
 Scratch metadata databases on the three backends, and pointing Airflow at one.
 
-Each run creates its own database (``adrf_<random>``) on the server and drops it at the
-end, never touching other databases. Server URLs come from the environment, with
+Each run creates its own database (``adrf_<random>``, or a name of the caller's that does
+not exist) on the server and drops it at the end, never touching other databases. Server URLs come from the environment, with
 loopback defaults matching the CI machine:
 
 - ``ADRF_POSTGRES_URL`` (default ``postgresql+psycopg2://postgres@127.0.0.1:5432/test``)
@@ -40,6 +40,10 @@ class DatabaseUnavailable(RuntimeError):
     """The database server cannot be reached or refused to create a database."""
 
 
+class DatabaseExists(DatabaseUnavailable):
+    """A database of the chosen name exists: not ours, so neither used nor dropped."""
+
+
 def server_url(backend: str) -> str:
     return os.environ.get(SERVER_URL_ENV[backend], DEFAULT_SERVER_URLS[backend])
 
@@ -64,6 +68,12 @@ class ScratchDatabase:
         from sqlalchemy.engine import make_url
 
         self.server = self.server or server_url(self.backend)
+        if self.exists():  # CREATE would fail too; this says why, and drop() drops only what create() made
+            raise DatabaseExists(
+                f"database {self.name!r} already exists on the {self.backend} server at {_redacted(self.server)}; "
+                "a scratch database is created for the run and dropped after it, and one that exists is never "
+                "used or dropped: choose a name that does not exist (or drop it yourself)"
+            )
         if self.backend == "postgres":
             self._admin(f'CREATE DATABASE "{self.name}"')
         else:
@@ -84,14 +94,21 @@ class ScratchDatabase:
             self._admin(f"DROP DATABASE IF EXISTS `{self.name}`")
         self.url = ""
 
-    def _admin(self, statement: str) -> None:
+    def exists(self) -> bool:
+        self.server = self.server or server_url(self.backend)
+        if self.backend == "postgres":
+            return bool(self._admin("SELECT count(*) FROM pg_database WHERE datname = :name"))
+        return bool(self._admin("SELECT count(*) FROM information_schema.schemata WHERE schema_name = :name"))
+
+    def _admin(self, statement: str):
         from sqlalchemy import create_engine, text
         from sqlalchemy.exc import SQLAlchemyError
 
         engine = create_engine(self.server, isolation_level="AUTOCOMMIT", pool_pre_ping=False)
         try:
             with engine.connect() as conn:
-                conn.execute(text(statement))
+                result = conn.execute(text(statement), {"name": self.name} if ":name" in statement else {})
+                return result.scalar() if result.returns_rows else None
         except SQLAlchemyError as err:
             raise DatabaseUnavailable(
                 f"{self.backend} server at {_redacted(self.server)} failed '{statement}': "

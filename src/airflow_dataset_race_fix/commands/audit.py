@@ -235,6 +235,19 @@ def render(result, where: str, since, dag_ids: list[str], seconds: float, limit:
             report.total("out_of_order"),
         ),
         (
+            "Events dated after the audit's clock",
+            ["DAG", "event", "dataset", "timestamp", "runs"],
+            [[e.dag_id, e.event_id, e.dataset_uri, _ts(e.timestamp), ", ".join(e.run_ids)] for e in result.future_dated],
+            report.total("future_dated"),
+        ),
+        (
+            "Runs whose data interval starts before the run just before them (by logical date) ended",
+            ["DAG", "run", "logical date", "interval start", "previous run's end"],
+            [[r.dag_id, r.run_id, _ts(r.logical_date), _ts(r.data_interval_start), _ts(r.previous_interval_end)]
+             for r in result.overlapping_intervals],
+            report.total("overlapping_intervals"),
+        ),
+        (
             "Queue rows older than the DAG's latest dataset-triggered run",
             ["DAG", "dataset", "created at", "latest run"],
             [[q.dag_id, q.dataset_uri, _ts(q.created_at), _ts(q.latest_run_date)] for q in result.stale_queue_rows],

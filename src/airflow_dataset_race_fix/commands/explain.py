@@ -79,7 +79,9 @@ def render(found: dict) -> str:
     """The explanation as text for a terminal."""
     verdict = found["verdict"]
     lines = [f"DAG {found['dag_id']}  (database clock {found['database_now']})"]
-    if not found["fix"]["active_in_this_process"]:
+    if found["fix"]["active_in_this_process"]:
+        lines.append("  the fix is active in this process: the verdict is the fixed scheduler's (its code, run here read-only)")
+    else:
         lines.append(
             "  the fix is not active in this process: the verdict is the fixed scheduler's (its code, run "
             "here read-only); a stock scheduler decides otherwise"
@@ -125,7 +127,9 @@ def render(found: dict) -> str:
             lines.append(f"    ... and {len(run['events']) - 10} more")
     findings = found["audit"]["findings"]
     span = f" (from {found['audit']['since']}; 'audit --dag-id' reads all)" if found["audit"]["since"] else ""
-    lines += ["", f"Audit{span}: " + (", ".join(f"{k} {v}" for k, v in findings.items()) if findings else "nothing to report")]
+    rows = found["audit"]["rows"]
+    counted = [f"{k} {v} ({', '.join(map(str, rows[k][:10]))}{', ...' if len(rows[k]) > 10 else ''})" for k, v in findings.items()]
+    lines += ["", f"Audit{span}: " + ("; ".join(counted) or "nothing to report")]
     return "\n".join(lines)
 
 

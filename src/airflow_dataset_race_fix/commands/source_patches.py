@@ -53,15 +53,15 @@ def _add_locations(parser: argparse.ArgumentParser) -> None:
         type=Path,
         help="the site-packages holding Airflow (default: the one this Python imports airflow from)",
     )
-    # The default of this installation, not only the rule: from a wheel it is the copy under
-    # <prefix>/share, which no operator would guess from "the source tree's patches/".
+    # The default of this installation, not only the rule: from a wheel it is the copy in the
+    # package, which no operator would guess from "the source tree's patches/".
     here = locations.default_patches_dir()
     parser.add_argument(
         "--patches-dir",
         type=Path,
         help="directory with the series, its patch files and verified-releases (default: $ADRF_PATCHES_DIR, "
         "else the patches/ of the source tree this package runs from, else the copy a wheel installs in "
-        "<prefix>/share/airflow-dataset-race-fix/patches; here: "
+        "the package; here: "
         + (str(here).replace("%", "%%") if here else "none found") + ")",
     )
 

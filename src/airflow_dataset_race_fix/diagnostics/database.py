@@ -30,8 +30,10 @@ REQUIRED_TABLES = (
 )
 # Alembic heads of the schemas the audit reads: 2.10.0-2.10.2, and 2.10.3-2.11.x (2.11 added no migration).
 SUPPORTED_REVISIONS = {"22ed7efa9da2": "2.10.0", "5f2621c13b39": "2.10.3"}
-# SQLAlchemy backend names of the databases Airflow 2.10/2.11 supports, and their extras here.
-SUPPORTED_BACKENDS = {"postgresql": "postgres", "mysql": "mysql", "sqlite": None}
+# SQLAlchemy backend names of the databases Airflow 2.10/2.11 supports.
+SUPPORTED_BACKENDS = ("postgresql", "mysql", "sqlite")
+# The packages of the drivers Airflow's own extras install (SQLAlchemy's defaults for these backends).
+DRIVER_PACKAGES = {"postgresql+psycopg2": "psycopg2-binary", "mysql+mysqldb": "mysqlclient"}
 CHECK_HOME_HINT = "check AIRFLOW_HOME (or --db-url), and run 'airflow db migrate' if the database was never migrated"
 
 
@@ -131,8 +133,8 @@ def _engine_for(url: str, source: str, connect_args: dict, *, read_only: bool):
     try:
         engine = create_engine(parsed, **options)
     except (NoSuchModuleError, ImportError) as err:
-        extra = SUPPORTED_BACKENDS[backend]
-        hint = f" (pip install 'airflow-dataset-race-fix[{extra}]', or the driver your URL names)" if extra else ""
+        package = DRIVER_PACKAGES.get(f"{backend}+{parsed.get_driver_name()}")
+        hint = f" (pip install {package})" if package else ""
         raise DatabaseError(f"{source}: the driver for {parsed.drivername} is not installed: {err}{hint}") from None
     except (ArgumentError, TypeError, ValueError) as err:
         raise DatabaseError(f"{source}: bad database URL argument: {err}") from None

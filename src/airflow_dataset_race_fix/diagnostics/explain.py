@@ -296,6 +296,13 @@ def explain(
         events = []  # no run takes them: they stay audit's findings, never "pending"
         for dataset in datasets:
             dataset["pending_event_ids"] = []
+    # audit's findings for the DAG (its lists are complete: no limit), but for suspected-lost events its next run takes
+    pending_ids = {e.id for e in events}
+    rows = {
+        name: [i.run_id if hasattr(i, "run_id") else i.event_id for i in getattr(found, name)
+               if not (name == "suspected_lost" and i.event_id in pending_ids)]
+        for name in invariant.FINDINGS
+    }
     return {
         "schema": SCHEMA,
         "dag_id": dag_id,
@@ -316,26 +323,14 @@ def explain(
         "audit": {
             "since": _iso(since),
             "counts": {k: v for k, v in asdict(report).items() if k != "dag_id"} if report is not None else {},
-            "findings": _findings(report, found, {e.id for e in events}),
+            "findings": {name: len(ids) for name, ids in rows.items() if ids},
+            "rows": {name: ids for name, ids in rows.items() if ids},  # the runs' ids, the events' ids
             "stranded": [
                 {"dataset_uri": g.dataset_uri, "events": g.events, "oldest": _iso(g.oldest), "newest": _iso(g.newest)}
                 for g in found.stranded
             ],
         },
     }
-
-
-def _findings(report, found, pending_ids: set[int]) -> dict[str, int]:
-    """audit's findings for the DAG, but for suspected-lost events that its next run takes (pending)."""
-    if report is None:
-        return {}
-    findings = dict(report.findings())
-    taken = sum(1 for f in found.suspected_lost if f.event_id in pending_ids)
-    if taken:
-        findings["suspected_lost"] -= taken
-        if not findings["suspected_lost"]:
-            del findings["suspected_lost"]
-    return findings
 
 
 def _reasons(dag_model, active_runs, decision, tree, deferred) -> list[dict[str, str]]:

@@ -148,6 +148,17 @@ class RunFinding:
 
 
 @dataclass
+class IntervalFinding:
+    """A run whose data interval starts before the run just before it (by logical date) ended."""
+
+    dag_id: str
+    run_id: str
+    logical_date: datetime
+    data_interval_start: datetime
+    previous_interval_end: datetime
+
+
+@dataclass
 class QueueFinding:
     dag_id: str
     dataset_uri: str
@@ -164,6 +175,8 @@ class Audit:
     empty_runs: list[RunFinding] = field(default_factory=list)
     out_of_order: list[RunFinding] = field(default_factory=list)
     stale_queue_rows: list[QueueFinding] = field(default_factory=list)
+    future_dated: list[EventFinding] = field(default_factory=list)
+    overlapping_intervals: list[IntervalFinding] = field(default_factory=list)
 
     def as_dict(self) -> dict:
         return {
@@ -172,7 +185,8 @@ class Audit:
         }
 
 
-_LISTS = ("stranded", "suspected_lost", "doubled", "empty_runs", "out_of_order", "stale_queue_rows")
+_LISTS = ("stranded", "suspected_lost", "doubled", "empty_runs", "out_of_order", "stale_queue_rows", "future_dated",
+          "overlapping_intervals")
 
 
 # -- facts: one row per (DAG, event), per run, per queue row ----------------------------
@@ -369,7 +383,7 @@ class _Scan:
         result.stranded = sorted(self.groups.values(), key=lambda g: (g.dag_id, g.dataset_uri))
         for name, keep in self.lists.items():
             setattr(result, name, keep.result())
-        _attach_consuming_runs(self.session, result.doubled)
+        _attach_consuming_runs(self.session, result.doubled + result.future_dated)
         _attach_creating_schedulers(self.session, result.empty_runs + result.out_of_order)
         return result
 
@@ -382,9 +396,13 @@ class _Scan:
         produced = _events_of(dag_ids, self.since).with_only_columns(ref.dag_id, func.count()).group_by(ref.dag_id)
         for dag_id, count in self.session.execute(produced):
             self.reports[dag_id].produced = self.reports[dag_id].consumed = int(count)
-        ahead = produced.where(DatasetEvent.timestamp > datetime.now(timezone.utc))
-        for dag_id, count in self.session.execute(ahead):
-            self.reports[dag_id].future_dated = int(count)
+        ahead = _events_of(dag_ids, self.since).where(DatasetEvent.timestamp > datetime.now(timezone.utc))
+        for dag_id, event_id, dataset_id, timestamp in self.session.execute(
+            ahead.add_columns(DatasetEvent.id, DatasetEvent.dataset_id, DatasetEvent.timestamp)
+        ):
+            self.reports[dag_id].future_dated += 1
+            finding = EventFinding(dag_id, event_id, self.uri(dataset_id), _utc(timestamp))
+            self.lists["future_dated"].add((dag_id, finding.timestamp, event_id), finding)
         with_events = [dag_id for dag_id in dag_ids if self.reports[dag_id].produced]
         for batch in _batches(with_events, EVENT_BATCH.get(self.session.bind.dialect.name, DAG_BATCH)):
             self._event_findings(batch)
@@ -441,28 +459,33 @@ class _Scan:
                 self.reports[dag_id].out_of_order += 1
                 self.lists["out_of_order"].add((dag_id, date, run_id), RunFinding(dag_id, run_id, date, earlier))
             latest[dag_id] = date if earlier is None else max(earlier, date)
-        previous_end: dict[str, datetime | None] = {}  # by logical date: the previous runs' latest interval end
+        # Overlapping: a run's interval starts before its predecessor's (by logical date) ended. The
+        # predecessor only, as the fixed scheduler reads it (the latest run, by index): over a damaged
+        # stock history, a running max over all earlier runs would count its every run again.
+        previous_end: dict[str, datetime | None] = {}
         intervals = (
-            select(DagRun.dag_id, DagRun.execution_date, DagRun.data_interval_start, DagRun.data_interval_end)
+            select(DagRun.dag_id, DagRun.run_id, DagRun.execution_date, DagRun.data_interval_start, DagRun.data_interval_end)
             .where(DagRun.dag_id.in_(dag_ids), _dataset_triggered())
             .order_by(DagRun.dag_id, DagRun.execution_date)
         )
-        if self.since is not None:  # the runs before ``since`` only as the latest end they leave
-            for dag_id, end in self.session.execute(
-                select(DagRun.dag_id, func.max(DagRun.data_interval_end))
+        if self.since is not None:  # the run just before ``since``, as the predecessor of the first
+            last = (
+                select(DagRun.dag_id, func.max(DagRun.execution_date).label("date"))
                 .where(DagRun.dag_id.in_(dag_ids), _dataset_triggered(), DagRun.execution_date < self.since)
                 .group_by(DagRun.dag_id)
-            ):
-                if end is not None:
-                    previous_end[dag_id] = _utc(end)
+                .subquery()
+            )
+            on_last = and_(DagRun.dag_id == last.c.dag_id, DagRun.execution_date == last.c.date)
+            for dag_id, end in self.session.execute(select(DagRun.dag_id, DagRun.data_interval_end).join(last, on_last)):
+                previous_end[dag_id] = _utc(end)
             intervals = intervals.where(DagRun.execution_date >= self.since)
-        for dag_id, date, start, end in self.session.execute(intervals.execution_options(stream_results=True)):
-            before = previous_end.get(dag_id)
-            if before is not None and start is not None and _utc(start) < before:
-                if self.since is None or _utc(date) >= self.since:
-                    self.reports[dag_id].overlapping_intervals += 1
-            if end is not None:
-                previous_end[dag_id] = _utc(end) if before is None else max(before, _utc(end))
+        for dag_id, run_id, date, start, end in self.session.execute(intervals.execution_options(stream_results=True)):
+            before, start = previous_end.get(dag_id), _utc(start)
+            if before is not None and start is not None and start < before:
+                self.reports[dag_id].overlapping_intervals += 1
+                finding = IntervalFinding(dag_id, run_id, _utc(date), start, before)
+                self.lists["overlapping_intervals"].add((dag_id, finding.logical_date, run_id), finding)
+            previous_end[dag_id] = _utc(end)
 
     def _queue(self, dag_ids: list[str]) -> None:
         for q in self.session.execute(_queue_facts(dag_ids)):
@@ -721,6 +744,7 @@ __all__ = [
     "DagReport",
     "EventFinding",
     "FINDINGS",
+    "IntervalFinding",
     "StrandedGroup",
     "QueueFinding",
     "Report",

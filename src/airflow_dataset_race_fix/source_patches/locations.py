@@ -1,13 +1,12 @@
 """
 Where the ``patches/`` directory is: ``$ADRF_PATCHES_DIR``, the source tree this package
-runs from (a checkout or an editable install), or the copy a wheel installs as data files
-under ``<prefix>/share/airflow-dataset-race-fix/patches``.
+runs from (a checkout or an editable install), or the copy a wheel installs in this package
+(``airflow_dataset_race_fix/patches``: setup.py).
 """
 
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 PATCHES_ENV = "ADRF_PATCHES_DIR"
@@ -22,7 +21,7 @@ def repo_patches_dir() -> Path | None:
 
 
 def installed_patches_dir() -> Path | None:
-    path = Path(sys.prefix) / "share" / "airflow-dataset-race-fix" / "patches"
+    path = Path(__file__).resolve().parents[1] / "patches"
     return path if path.is_dir() else None
 
 
