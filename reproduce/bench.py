@@ -818,6 +818,101 @@ BUSY_DATASET_ON_SQLITE = ("busy dataset on sqlite: one writer, so the producers 
                           "(the rate may not be reached: see the events committed)")
 
 
+# -- fan-out: many consumers per dataset (issue 47) -----------------------------------------
+FANOUT_WINDOW_SECONDS = 800  # inside event_lookback_seconds (900)
+FANOUT_RUN_EVENTS = 100  # events a historical run consumed
+
+
+def bench_fanout(variants: Variants, consumers: int, datasets: int, events: int, loops: int,
+                 notes: list[str]) -> list[dict[str, Any]]:
+    """
+    Issue 47's fan-out: ``datasets`` datasets with ``consumers`` DAGs each and ``events`` events per dataset over the
+    last 800 s, each consumed by a run of every consumer (100 a run): consumers x events links a dataset. Tables never
+    analyzed (as a bulk load or a restore leaves them). Per variant a new scheduler runner (a scheduler just started:
+    its first loop apart) runs ``loops`` loops, then ``loops`` more (running on): nothing new happens, so a loop is the
+    scheduler's heartbeat and the fix's net all it adds. Rows: the loop's median; notes: its p99, max and, fixed, the
+    net's share of loop time.
+    """
+    from airflow import settings
+    from airflow.datasets import Dataset
+    from airflow.models.dagrun import DagRun
+    from airflow.models.dataset import DatasetEvent, DatasetModel
+    from airflow.utils.state import DagRunState
+    from airflow.utils.types import DagRunType
+    from sqlalchemy import insert, select, text
+
+    started = time.monotonic()
+    uris = [f"bench://fanout/{d:02d}" for d in range(datasets)]
+    schedules = {f"{d:02d}_{c:04d}": [Dataset(uris[d])] for d in range(datasets) for c in range(consumers)}
+    names = make_consumers("bench_fanout", schedules)
+    quiet_other_dags(names)
+    end = datetime.now(timezone.utc) - timedelta(seconds=5)
+    step = timedelta(seconds=FANOUT_WINDOW_SECONDS) / events
+    with settings.Session() as session:
+        dataset_ids = dict(session.execute(select(DatasetModel.uri, DatasetModel.id).where(DatasetModel.uri.in_(uris))).all())
+        for d, uri in enumerate(uris):
+            instants = [end - step * (events - i) for i in range(events)]
+            for start in range(0, events, 5000):
+                session.execute(insert(DatasetEvent), [
+                    {"dataset_id": dataset_ids[uri], "timestamp": ts, "extra": {}, "source_dag_id": "bench_fanout",
+                     "source_task_id": "emit", "source_run_id": "history", "source_map_index": -1}
+                    for ts in instants[start : start + 5000]])
+            batches = [instants[i : i + FANOUT_RUN_EVENTS] for i in range(0, events, FANOUT_RUN_EVENTS)]
+            for c in range(consumers):
+                session.execute(insert(DagRun), [
+                    {"dag_id": f"bench_fanout_{d:02d}_{c:04d}", "run_id": f"dataset_triggered__{b[-1].isoformat()}",
+                     "execution_date": b[-1], "state": DagRunState.SUCCESS, "run_type": DagRunType.DATASET_TRIGGERED,
+                     "external_trigger": False, "data_interval_start": b[0], "data_interval_end": b[-1],
+                     "queued_at": b[-1], "start_date": b[-1], "end_date": b[-1], "clear_number": 0}
+                    for b in batches])
+            # every consumer's runs consumed the events of their interval: consumers x events links
+            session.execute(text(
+                "INSERT INTO dagrun_dataset_event (dag_run_id, event_id) SELECT r.id, e.id FROM dag_run r "
+                "JOIN dataset_event e ON e.dataset_id = :dataset_id AND e.timestamp >= r.data_interval_start "
+                "AND e.timestamp <= r.data_interval_end WHERE r.dag_id LIKE :consumers"),
+                {"dataset_id": dataset_ids[uri], "consumers": f"bench_fanout_{d:02d}_%"})
+            session.commit()
+    _log(f"  {consumers} consumers x {datasets} datasets, {events} events each, {consumers * events * datasets} links "
+         f"({time.monotonic() - started:.0f} s to write)")
+    times: dict[str, dict[str, list[float]]] = {}
+    net_share: dict[str, float] = {}
+    for variant in VARIANTS:
+        variants.use(variant)
+        runner, net_seconds = new_scheduler_runner(), [0.0]
+        if variant == "fixed":  # the net's own time, from inside the loop
+            net = runner._dags_with_stranded_dataset_events
+
+            def timed_net(*args: Any, _net: Callable = net, **kwargs: Any) -> Any:
+                began = time.perf_counter()
+                try:
+                    return _net(*args, **kwargs)
+                finally:
+                    net_seconds[0] += time.perf_counter() - began
+
+            runner._dags_with_stranded_dataset_events = timed_net
+        laps = []
+        for _ in range(2 * loops + 1):
+            session = settings.Session.session_factory()
+            began = time.perf_counter()
+            error = scheduler_pass(runner, session)
+            laps.append(time.perf_counter() - began)
+            session.close()
+            if error:
+                notes.append(f"fan-out, {variant}: a loop failed: {error}")
+        times[variant] = {"first": laps[:1], "restarted": laps[1 : loops + 1], "running": laps[loops + 1 :]}
+        net_share[variant] = net_seconds[0] / sum(laps)
+    variants.use("stock")
+    label = f"fan-out {consumers} x {datasets} datasets, {events} events each"
+    rows = []
+    for phase, what in (("first", "first loop"), ("restarted", "just started"), ("running", "running on")):
+        stock, fixed = times["stock"][phase], times["fixed"][phase]
+        rows.append(_ratio_row(f"{label}: {what}", statistics.median(stock), statistics.median(fixed), len(stock)))
+        notes.append(f"{label}, {what}: p99 stock {_p99(stock) * 1000:.1f} ms, fixed {_p99(fixed) * 1000:.1f} ms; "
+                     f"max stock {max(stock) * 1000:.1f} ms, fixed {max(fixed) * 1000:.1f} ms")
+    notes.append(f"{label}: the net's share of the fixed loop's time {net_share['fixed']:.1%}")
+    return rows
+
+
 # -- mixed versions during an upgrade ---------------------------------------------------
 MIXED_STATES = ("stock", "fixed producers, stock scheduler", "stock producers, fixed scheduler", "fixed")
 
@@ -1598,7 +1693,7 @@ def render(backend: str, rows: list[dict[str, Any]], notes: tuple[str, ...] = ()
 
 
 CASES = ("producer", "task-producer", "busy-scheduler", "loop-history", "loop-cases", "window-as-met", "busy-dataset",
-         "fleet", "stalled-producer", "explain", "mixed-upgrade")
+         "fleet", "fan-out", "stalled-producer", "explain", "mixed-upgrade")
 
 
 def _case_names(text: str) -> list[str]:
@@ -1675,6 +1770,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="fleet: rounds per variant (default %(default)s)")
     parser.add_argument("--fleet-seconds", type=_positive(float), default=12.0, metavar="S",
                         help="fleet: seconds per round, past one sweep interval (default %(default)s)")
+    parser.add_argument("--fanout", type=_positive_ints, default=(100, 3, 10_000), metavar="C,D,E",
+                        help="fan-out: consumers per dataset, datasets, events per dataset (default 100,3,10000)")
+    parser.add_argument("--fanout-loops", type=_positive(int), default=100, metavar="N",
+                        help="fan-out: loops per variant just started, and as many running on (default %(default)s)")
     parser.add_argument("--seed", type=int, default=30, help="fleet: the producers' random seed (default %(default)s)")
     parser.add_argument("--stall-seconds", type=_positive(float), default=5.0, metavar="S",
                         help="stalled producer: how long producer A holds its transaction open (default %(default)s)")
@@ -1740,6 +1839,8 @@ def main(argv: list[str] | None = None) -> int:
             elif case == "fleet":
                 rows += bench_fleet(variants, args.fleet_dags, args.fleet_rate, args.fleet_rounds,
                                     args.fleet_seconds, args.seed, notes)
+            elif case == "fan-out":
+                rows += bench_fanout(variants, *args.fanout[:3], args.fanout_loops, notes)
             elif case == "mixed-upgrade":
                 bench_mixed_upgrade(variants, args.mixed_rounds, notes)
             elif case == "explain":

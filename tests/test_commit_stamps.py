@@ -260,6 +260,7 @@ def test_each_dag_reads_from_its_own_floor(world, monkeypatch):
     p.finish()
     _pause(d, False)
     w.emit(q, a), q.finish()
+    time.sleep(0.5)  # the net looks at the ids at most every half second
     w.loop(s), s.finish()
     first, second, third, late, fourth, fifth = [event_id for event_id, _ in _events(w)]
     assert [consumed for _, consumed in _runs(d)] == [[first], [second], [third, late, fourth, fifth]]
@@ -324,6 +325,7 @@ def test_a_commit_slower_than_the_latency_is_consumed_by_the_next_loop(world, mo
     assert p.resume() == DONE
     p.finish()
     w.emit(q, a), q.finish()
+    time.sleep(0.5)  # the net looks at the ids at most every half second
     w.loop(s), s.finish()  # run 3: P's stamp lies below the floor; the net found it
     e1, slow, e2, e3 = [event_id for event_id, _ in _events(w)]
     assert [consumed for _, consumed in _runs(d)] == [[e1], [e2], sorted([slow, e3])]

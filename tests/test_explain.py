@@ -11,6 +11,8 @@ an AND condition waiting for one dataset, events dated ahead, a paused DAG, a DA
 
 from __future__ import annotations
 
+import time
+
 import json
 from datetime import timedelta
 
@@ -428,6 +430,7 @@ def test_a_late_commit_on_a_quiet_dag_is_the_nets_run_and_pending(world, monkeyp
     assert [e["id"] for e in found["pending_events"]] == [ids["late"]]
     assert found["audit"]["findings"] == {}  # audit's suspected-lost event is the net's run's
     w = world
+    time.sleep(0.5)  # the net looks at the ids at most every half second
     w.loop(s), s.finish()  # the net follows the ids: the run explain named
     assert [ids["late"]] in [events for _, events in _runs(d).values()]
     assert w.checker.runs_predicted >= 1

@@ -98,6 +98,7 @@ def test_a_late_commit_below_the_latest_run_is_consumed_within_a_few_loops(world
         q2 = w.producer("Q2")
         w.emit(q2, w.dataset("k")), q2.finish()  # moves the row past P's stamp: no row pulls the floor down to it
     scheduler = s if then == "the same scheduler" else w.scheduler("restarted")
+    time.sleep(0.5)  # the net looks at the ids at most every half second
     loops, most = 0, 1 if then == "the same scheduler" else 30  # a restarted one reads the tests' older DAGs first
     while ids["late"] not in sum(_consumed(d), []) and loops < most:
         w.loop(scheduler), scheduler.finish()

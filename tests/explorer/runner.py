@@ -44,7 +44,6 @@ QUIET_LOOPS = 2
 # After a step that may release a lock, how long a waiting actor gets to wake up before it
 # counts as still waiting (the server updates its lock view a moment after the release).
 WAKE_GRACE = 0.5
-FULL_READ = "AIRFLOW__DATASET_RACE_FIX__FULL_READ_INTERVAL_SECONDS"
 RESTART_LOOPS = 2
 
 
@@ -324,21 +323,17 @@ class Executor:
     # -- the end: quiet loops, a restarted scheduler, then the oracle's readings -------------
     def drain(self) -> None:
         """
-        Quiet loops; then the full-read interval passes (the running scheduler's net is due:
-        ``full_read_interval_seconds`` 0 for one loop); then a restarted scheduler's loops.
+        Quiet loops; then half a second passes (the running scheduler's net looks at the event
+        ids again) and a loop; then a restarted scheduler's loops.
         """
         scheduler = "S"
         for _ in range(QUIET_LOOPS):
             self.submit(Step(scheduler, None, "loop"))
         self.settle(final=True)
         before_net = self._consumption()
-        saved = os.environ.get(FULL_READ)
-        os.environ[FULL_READ] = "0"
-        try:
-            self.submit(Step(scheduler, None, "loop"))
-            self.settle(final=True)
-        finally:
-            os.environ[FULL_READ] = saved if saved is not None else "100000"
+        time.sleep(0.5)
+        self.submit(Step(scheduler, None, "loop"))
+        self.settle(final=True)
         self.submit(Step(scheduler, None, "restart"))
         for _ in range(RESTART_LOOPS):
             self.submit(Step(scheduler, None, "loop"))
@@ -409,8 +404,6 @@ def settings_env(latency: int = 1) -> dict[str, str]:
     """The [dataset_race_fix] settings of an exploration (env vars, read at each use)."""
     return {
         "AIRFLOW__DATASET_RACE_FIX__COMMIT_LATENCY_SECONDS": str(latency),
-        # full reads at each scheduler process's first loop only: real time must not decide
-        "AIRFLOW__DATASET_RACE_FIX__FULL_READ_INTERVAL_SECONDS": "100000",
         "AIRFLOW__DATASET_RACE_FIX__REQUEUE_INTERVAL_SECONDS": "0",
     }
 

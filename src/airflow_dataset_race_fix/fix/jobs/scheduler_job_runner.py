@@ -257,16 +257,18 @@ class SchedulerJobRunner:
     def _dags_with_stranded_dataset_events(self, session: Session) -> dict[str, datetime]:
         """
         The net under the floor (BUG_REPORT, "The net"): ``{dag_id: oldest such stamp}`` of the DAGs with an event
-        below where their next read starts that no run of theirs consumed, kept until the DAG is decided. Each loop
-        it follows the event ids (what became visible since its last look); after a start it also reads each
-        reference's window once (what committed while no process looked). Both bounded per loop.
+        below where their next read starts that no run of theirs consumed, kept until the DAG is decided. It follows
+        the event ids (what became visible since its last look), in a loop at most every half second; after a start
+        it also reads each reference's window once (what committed while no process looked), within 5 % of the time.
         """
         net = self.__dict__.setdefault("_dataset_race_fix_net", {})
         found: dict[str, dict[int, datetime]] = net.setdefault("found", {})
         only = net.get("only")  # explain: these DAGs' windows read through at once, nothing followed
-        if only is None:
+        if only is None and time.monotonic() - net.get("looked_at", float("-inf")) >= 0.5:
+            net["looked_at"] = time.monotonic()
             self._follow_dataset_event_ids(net, session)
-        self._read_dataset_windows_once(net, only, session)
+        if only is not None or net.get("window_order", True):
+            self._read_dataset_windows_once(net, only, session)
         return {dag_id: min(stamps.values()) for dag_id, stamps in found.items() if stamps}
 
     def _follow_dataset_event_ids(self, net: dict[str, Any], session: Session) -> None:
@@ -357,17 +359,19 @@ class SchedulerJobRunner:
         After a start (``only``: explain's DAGs, at once): each reference's window, from its latest run less
         ``event_lookback_seconds`` (never below the DAG's oldest run: ``db clean``'s runs are not given back) to that
         run, read through once for events no run of the DAG consumed, the DAGs whose latest run is oldest first (the
-        quiet ones). At most ``budget_seconds`` a loop (one slice at least), the slice sized to fit it.
+        quiet ones). A slice (sized to take about 2 ms) in a loop when the slices so far took less than 5 % of the
+        time since the start: the share of the scheduler's time is bounded, not the pass's length.
         """
-        budget_seconds = 0.001
         if only is not None or "windows" not in net:
             windows = self._net_references(only, session)
             net["windows"], net["window_order"] = windows, sorted(windows, key=lambda key: (windows[key][0], key))
         windows, order = net["windows"], net["window_order"]
         lookback = timedelta(seconds=self._dataset_manager()._dataset_race_fix_setting("event_lookback_seconds"))
         found: dict[str, dict[int, datetime]] = net["found"]
-        started = time.monotonic()
-        while order and (only is not None or time.monotonic() - started < budget_seconds):
+        now = time.monotonic()  # the credit: 5 % of the time since the last call, at most 50 ms saved up
+        credit = min(net.get("credit", 0.002) + 0.05 * (now - net.get("credit_at", now)), 0.05)
+        net["credit_at"] = now
+        while order and (only is not None or credit > 0):
             (dag_id, dataset_id), size = order[0], net.get("slice_size", 50)
             latest, oldest = windows[(dag_id, dataset_id)]
             start = net.get("cursor") or max(latest - lookback, oldest)
@@ -377,8 +381,9 @@ class SchedulerJobRunner:
                 {"dataset_id": dataset_id, "start": start, "end": latest, "dag_id": dag_id, "size": size},
             ).one()
             took = time.monotonic() - slice_started
-            if took > budget_seconds or took < budget_seconds / 4:  # halve or double, 5 to 1 000 events
-                net["slice_size"] = max(5, size // 2) if took > budget_seconds else min(1000, size * 2)
+            credit -= took
+            if took > 0.004 or took < 0.001:  # halve or double, 5 to 1 000 events
+                net["slice_size"] = max(5, size // 2) if took > 0.004 else min(1000, size * 2)
             if stranded is not None:
                 stamps = found.setdefault(dag_id, {})
                 stamps[dataset_id] = min(stamps.get(dataset_id, stranded), stranded)
@@ -387,6 +392,9 @@ class SchedulerJobRunner:
                 net["cursor"] = None
             else:  # on from this slice's newest stamp, for its ties (one microsecond on if all share it)
                 net["cursor"] = newest if newest > start else newest + timedelta(microseconds=1)
+            if only is None:
+                break  # a slice a loop at most
+        net["credit"] = credit
 
     @classmethod
     def _net_references(cls, only: set[str] | None, session: Session) -> dict[tuple[str, int], tuple[Any, Any]]:
