@@ -214,3 +214,63 @@ def test_db_clean_of_runs_makes_nothing_be_consumed_again(world, monkeypatch, th
     w.emit(p, a), p.finish()
     w.loop(scheduler), scheduler.finish()
     assert _consumed(d)[-1] == [max(_events(w))]
+
+
+def test_a_restarted_scheduler_finds_a_quiet_dags_late_commit_first(world, monkeypatch):
+    """
+    Issue 47 item 2: a late commit that committed while no scheduler ran (no process saw its id
+    appear), on a quiet DAG, beside a busy DAG with 20 000 consumed events in its window. A
+    restarted scheduler reads each reference's window once, the DAGs whose latest run is oldest
+    first: the quiet DAG's within its first loops, whatever the busy one's window holds. Before,
+    the references were read in name order at one slice of 1 000 events a sweep: the busy DAG's
+    twenty first.
+    """
+    from datetime import timedelta
+
+    from sqlalchemy import insert
+
+    from airflow.models.dataset import association_table
+    from airflow.utils.state import DagRunState
+    from airflow.utils.types import DagRunType
+
+    monkeypatch.setenv("AIRFLOW__DATASET_RACE_FIX__REQUEUE_INTERVAL_SECONDS", "0")
+    w = world
+    a, b = w.dataset("a"), w.dataset("b")
+    busy, quiet = w.consumer("a_busy", [a]), w.consumer("z_quiet", [b])
+    p, s = w.producer("P"), w.scheduler()
+    w.clock.stop()
+    for _ in range(2):  # the quiet DAG's two runs
+        w.emit(p, b), p.finish()
+        w.loop(s), s.finish()
+    (first, second), (run1, run2) = _events(w), _consumed(quiet)
+    from airflow.datasets.manager import DatasetManager
+
+    with create_session() as session:
+        dates = list(session.scalars(select(DagRun.execution_date).where(DagRun.dag_id == quiet).order_by(DagRun.execution_date)))
+        b_id, a_id = (session.scalar(select(DatasetModel.id).where(DatasetModel.uri == ds.uri)) for ds in (b, a))
+        # the late commit: stamped between the two runs, committed after the second, while no scheduler ran
+        stranded = DatasetEvent(dataset_id=b_id, timestamp=dates[0] + (dates[1] - dates[0]) / 2)
+        session.add(stranded)
+        session.flush()
+        late = stranded.id
+        # the busy DAG: 20 000 events over the last 800 s, all consumed by its latest run, dated now (after an older run)
+        now = DatasetManager._database_now(session)
+        session.execute(insert(DatasetEvent), [
+            {"dataset_id": a_id, "timestamp": now - timedelta(seconds=800) * (20_000 - i) / 20_000, "extra": {}}
+            for i in range(20_000)])
+        runs = [DagRun(dag_id=busy, run_id=f"dataset_triggered__busy{i}", execution_date=now - timedelta(seconds=900 * i),
+                       state=DagRunState.SUCCESS, run_type=DagRunType.DATASET_TRIGGERED, external_trigger=False)
+                for i in (1, 0)]
+        session.add_all(runs)
+        session.flush()
+        session.execute(
+            insert(association_table).from_select(
+                ["dag_run_id", "event_id"], select(runs[1].id, DatasetEvent.id).where(DatasetEvent.dataset_id == a_id)
+            )
+        )
+    restarted, loops = w.scheduler("restarted"), 0
+    while late not in sum(_consumed(quiet), []) and loops < 3:
+        w.loop(restarted), restarted.finish()
+        loops += 1
+    assert _consumed(quiet)[2:] == [[late]], f"not consumed in {loops} loops of a restarted scheduler"
+    assert (run1, run2) == ([first], [second])

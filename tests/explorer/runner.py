@@ -323,15 +323,14 @@ class Executor:
     # -- the end: quiet loops, a restarted scheduler, then the oracle's readings -------------
     def drain(self) -> None:
         """
-        Quiet loops; then half a second passes (the running scheduler's net looks at the event
-        ids again) and a loop; then a restarted scheduler's loops.
+        Quiet loops (the net looks at the event ids in each); a loop after them; then a
+        restarted scheduler's loops (its windows read at once).
         """
         scheduler = "S"
         for _ in range(QUIET_LOOPS):
             self.submit(Step(scheduler, None, "loop"))
         self.settle(final=True)
         before_net = self._consumption()
-        time.sleep(0.5)
         self.submit(Step(scheduler, None, "loop"))
         self.settle(final=True)
         self.submit(Step(scheduler, None, "restart"))
@@ -405,6 +404,8 @@ def settings_env(latency: int = 1) -> dict[str, str]:
     return {
         "AIRFLOW__DATASET_RACE_FIX__COMMIT_LATENCY_SECONDS": str(latency),
         "AIRFLOW__DATASET_RACE_FIX__REQUEUE_INTERVAL_SECONDS": "0",
+        # the net looks at the ids in every loop, and a restarted scheduler reads its windows at once
+        "AIRFLOW__DATASET_RACE_FIX__NET_LOOK_INTERVAL_SECONDS": "0",
     }
 
 

@@ -75,8 +75,8 @@ class DatasetManager:
         return {
             "commit_latency_seconds": (3, "scheduler: a producer's stamp-to-COMMIT time that the floor allows for"),
             "event_lookback_seconds": (900, "scheduler: how far below the latest run the net and the sweep look"),
-            "full_read_interval_seconds": (300, "not read since issue 47: the net follows the event ids every loop"),
             "max_event_ahead_seconds": (60, "events dated further ahead of the database's clock wait for it"),
+            "net_look_interval_seconds": (0.5, "scheduler: how often the net looks at the event ids; 0: every loop"),
             "queue_row_wait_seconds": (0.0, "producer: how long to retry a queue row another producer holds"),
             "requeue_interval_seconds": (10.0, "scheduler: how often the sweep looks for events without a queue row"),
         }

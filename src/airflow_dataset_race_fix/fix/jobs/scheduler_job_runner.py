@@ -260,15 +260,17 @@ class SchedulerJobRunner:
         below where their next read starts that no run of theirs consumed, kept until the DAG is decided. It follows
         the event ids (what became visible since its last look), in a loop at most every half second; after a start
         it also reads each reference's window once (what committed while no process looked), within 5 % of the time.
+        ``net_look_interval_seconds`` 0 (tests, the explorer): a look every loop, and the windows read at once.
         """
         net = self.__dict__.setdefault("_dataset_race_fix_net", {})
         found: dict[str, dict[int, datetime]] = net.setdefault("found", {})
         only = net.get("only")  # explain: these DAGs' windows read through at once, nothing followed
-        if only is None and time.monotonic() - net.get("looked_at", float("-inf")) >= 0.5:
+        interval = self._dataset_manager()._dataset_race_fix_setting("net_look_interval_seconds")
+        if only is None and time.monotonic() - net.get("looked_at", float("-inf")) >= interval:
             net["looked_at"] = time.monotonic()
             self._follow_dataset_event_ids(net, session)
         if only is not None or net.get("window_order", True):
-            self._read_dataset_windows_once(net, only, session)
+            self._read_dataset_windows_once(net, only, session, at_once=only is not None or not interval)
         return {dag_id: min(stamps.values()) for dag_id, stamps in found.items() if stamps}
 
     def _follow_dataset_event_ids(self, net: dict[str, Any], session: Session) -> None:
@@ -354,9 +356,11 @@ class SchedulerJobRunner:
                 stamps = found.setdefault(dag_id, {})
                 stamps[dataset_id] = min(stamps.get(dataset_id, stamp), stamp)
 
-    def _read_dataset_windows_once(self, net: dict[str, Any], only: set[str] | None, session: Session) -> None:
+    def _read_dataset_windows_once(
+        self, net: dict[str, Any], only: set[str] | None, session: Session, at_once: bool = False
+    ) -> None:
         """
-        After a start (``only``: explain's DAGs, at once): each reference's window, from its latest run less
+        After a start (``only``: explain's DAGs; ``at_once``: no pacing): each reference's window, from its latest run less
         ``event_lookback_seconds`` (never below the DAG's oldest run: ``db clean``'s runs are not given back) to that
         run, read through once for events no run of the DAG consumed, the DAGs whose latest run is oldest first (the
         quiet ones). A slice (sized to take about 2 ms) in a loop when the slices so far took less than 5 % of the
@@ -371,7 +375,7 @@ class SchedulerJobRunner:
         now = time.monotonic()  # the credit: 5 % of the time since the last call, at most 50 ms saved up
         credit = min(net.get("credit", 0.002) + 0.05 * (now - net.get("credit_at", now)), 0.05)
         net["credit_at"] = now
-        while order and (only is not None or credit > 0):
+        while order and (at_once or credit > 0):
             (dag_id, dataset_id), size = order[0], net.get("slice_size", 50)
             latest, oldest = windows[(dag_id, dataset_id)]
             start = net.get("cursor") or max(latest - lookback, oldest)
@@ -392,7 +396,7 @@ class SchedulerJobRunner:
                 net["cursor"] = None
             else:  # on from this slice's newest stamp, for its ties (one microsecond on if all share it)
                 net["cursor"] = newest if newest > start else newest + timedelta(microseconds=1)
-            if only is None:
+            if not at_once:
                 break  # a slice a loop at most
         net["credit"] = credit
 
