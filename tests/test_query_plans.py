@@ -244,7 +244,7 @@ def test_the_newest_consumed_event_starts_from_the_latest_runs_events(world, sta
 
 
 @pytest.mark.parametrize("statistics", ["none", "near-empty", "fresh"])
-def test_the_latest_run_is_read_in_index_order_whatever_the_statistics(world, statistics):
+def test_the_latest_run_is_read_in_index_order_whatever_the_statistics(world, statistics, monkeypatch):
     """
     A DAG's latest dataset-triggered run, read by every loop for every DAG it decides: its newest
     run in the order of the (dag_id, execution_date) index, stopping at the first, with no
@@ -254,6 +254,7 @@ def test_the_latest_run_is_read_in_index_order_whatever_the_statistics(world, st
     search for an older one, when the newest run is not dataset-triggered, is planned as the
     statistics say, behind a one-time filter: run, it is never executed here.
     """
+    monkeypatch.setenv("AIRFLOW__DATASET_RACE_FIX__NET_LOOK_INTERVAL_SECONDS", "0")  # the net's references at once
     w = world
     if statistics == "near-empty":
         analyze()

@@ -269,7 +269,7 @@ class SchedulerJobRunner:
         if only is None and time.monotonic() - net.get("looked_at", float("-inf")) >= interval:
             net["looked_at"] = time.monotonic()
             self._follow_dataset_event_ids(net, session)
-        if only is not None or net.get("window_order", True):
+        if only is not None or net.get("window_order", True):  # (the pass done: an empty order)
             self._read_dataset_windows_once(net, only, session, at_once=only is not None or not interval)
         return {dag_id: min(stamps.values()) for dag_id, stamps in found.items() if stamps}
 
@@ -290,8 +290,8 @@ class SchedulerJobRunner:
         looked_at, high = time.monotonic(), net.get("high")
         if high is None:  # a new process: the last ids not there yet may still commit
             high = session.scalar(select(func.max(DatasetEvent.id))) or 0
-            there = set(session.scalars(select(DatasetEvent.id).where(DatasetEvent.id > high - 50_000)))
-            missing.update(dict.fromkeys(set(range(max(high - 50_000, 0) + 1, high)) - there, looked_at))
+            there = set(session.scalars(select(DatasetEvent.id).where(DatasetEvent.id > high - 10_000)))
+            missing.update(dict.fromkeys(set(range(max(high - 10_000, 0) + 1, high)) - there, looked_at))
             net["high"] = high
             return
         # At most 5 000 new and 1 000 missing ids a loop: a backlog is read in the loops after.
@@ -360,21 +360,39 @@ class SchedulerJobRunner:
         self, net: dict[str, Any], only: set[str] | None, session: Session, at_once: bool = False
     ) -> None:
         """
-        After a start (``only``: explain's DAGs; ``at_once``: no pacing): each reference's window, from its latest run less
-        ``event_lookback_seconds`` (never below the DAG's oldest run: ``db clean``'s runs are not given back) to that
-        run, read through once for events no run of the DAG consumed, the DAGs whose latest run is oldest first (the
-        quiet ones). A slice (sized to take about 2 ms) in a loop when the slices so far took less than 5 % of the
-        time since the start: the share of the scheduler's time is bounded, not the pass's length.
+        After a start (``only``: explain's DAGs; ``at_once``: no pacing): each reference's window, from its latest run
+        less ``event_lookback_seconds`` (never below the DAG's oldest run: ``db clean``'s runs are not given back) to
+        that run, read through once for events no run of the DAG consumed, the DAGs whose latest run is oldest first (the
+        quiet ones). A step (the references of 50 DAGs, or a slice sized to take about 2 ms) in a loop when the steps
+        so far took less than 5 % of the time since the start: the share of the scheduler's time is bounded, not the
+        pass's length.
         """
-        if only is not None or "windows" not in net:
-            windows = self._net_references(only, session)
-            net["windows"], net["window_order"] = windows, sorted(windows, key=lambda key: (windows[key][0], key))
-        windows, order = net["windows"], net["window_order"]
+        from sqlalchemy import false, true
+
+        now = time.monotonic()  # the credit: 5 % of the time since the last call, at most 50 ms saved up
+        credit = min(net.get("credit", 0.0) + 0.05 * (now - net.get("credit_at", now)), 0.05)
+        net["credit_at"] = now
+        if only is not None:
+            net["windows"], net["pages"] = {}, [sorted(only)]
+        elif "pages" not in net:
+            if credit <= 0 and not at_once:
+                net["credit"] = credit
+                return
+            started = time.monotonic()
+            unpaused = select(DagModel.dag_id).where(DagModel.is_paused == false(), DagModel.is_active == true())
+            dag_ids = sorted(session.scalars(unpaused))
+            net["windows"], net["pages"] = {}, [dag_ids[i : i + 50] for i in range(0, len(dag_ids), 50)]
+            credit -= time.monotonic() - started
+        windows, pages = net["windows"], net["pages"]
+        while pages and (at_once or credit > 0):
+            started = time.monotonic()
+            windows.update(self._net_references(set(pages.pop(0)), session))
+            credit -= time.monotonic() - started
+            if not pages:
+                net["window_order"] = sorted(windows, key=lambda key: (windows[key][0], key))
+        order = net.get("window_order", [])
         lookback = timedelta(seconds=self._dataset_manager()._dataset_race_fix_setting("event_lookback_seconds"))
         found: dict[str, dict[int, datetime]] = net["found"]
-        now = time.monotonic()  # the credit: 5 % of the time since the last call, at most 50 ms saved up
-        credit = min(net.get("credit", 0.002) + 0.05 * (now - net.get("credit_at", now)), 0.05)
-        net["credit_at"] = now
         while order and (at_once or credit > 0):
             (dag_id, dataset_id), size = order[0], net.get("slice_size", 50)
             latest, oldest = windows[(dag_id, dataset_id)]
@@ -401,10 +419,10 @@ class SchedulerJobRunner:
         net["credit"] = credit
 
     @classmethod
-    def _net_references(cls, only: set[str] | None, session: Session) -> dict[tuple[str, int], tuple[Any, Any]]:
+    def _net_references(cls, dag_ids: set[str], session: Session) -> dict[tuple[str, int], tuple[Any, Any]]:
         """
-        ``{(dag_id, dataset_id): (latest run, oldest run)}``: the references of active, unpaused DAGs with a
-        dataset-triggered run (``only`` these DAGs).
+        ``{(dag_id, dataset_id): (latest run, oldest run)}``: the references of the active, unpaused DAGs of
+        ``dag_ids`` that have a dataset-triggered run.
         """
         from sqlalchemy import false, true
 
@@ -416,7 +434,7 @@ class SchedulerJobRunner:
                 select(reference.dag_id, reference.dataset_id, latest_run, oldest_run)
                 .join(DagModel, DagModel.dag_id == reference.dag_id)
                 .where(DagModel.is_paused == false(), DagModel.is_active == true(), latest_run.is_not(None))
-                .where(reference.dag_id.in_(only) if only is not None else true())
+                .where(reference.dag_id.in_(dag_ids))
             )
         }
 
@@ -449,11 +467,12 @@ class SchedulerJobRunner:
         )
         return func.coalesce(first_if_dataset_triggered, searched)
 
-    @staticmethod
-    def _stranded_events_slice() -> Any:
+    @classmethod
+    def _stranded_events_slice(cls) -> Any:
         """
         One slice of one reference (``dataset_id``, stamps ``start`` to ``end``, ``dag_id``, ``size`` events at
-        most): how many events it read, the newest stamp among them, and the oldest that no run of the DAG consumed.
+        most): how many events it read, the newest stamp among them, and the oldest that no run of the DAG consumed,
+        not below the DAG's oldest run as it is now (``db clean`` may have deleted runs since the pass began).
         """
         from sqlalchemy import bindparam, case
 
@@ -472,7 +491,8 @@ class SchedulerJobRunner:
             .where(association_table.c.event_id == piece.c.id, run_of_link == bindparam("dag_id"))
             .exists()
         )
-        unconsumed = func.min(case((~consumed, piece.c.timestamp)))
+        oldest_run = cls._latest_dataset_run_date(bindparam("dag_id"), oldest=True)
+        unconsumed = func.min(case((and_(~consumed, piece.c.timestamp >= oldest_run), piece.c.timestamp)))
         return select(func.count(), func.max(piece.c.timestamp), unconsumed).select_from(piece)
 
     def _decide_dataset_triggered_runs(
