@@ -26,6 +26,7 @@ from airflow_dataset_race_fix.targets import (
     environment_problem,
     fingerprint,
     members_of,
+    release_of,
 )
 
 log = logging.getLogger("airflow_dataset_race_fix")
@@ -114,7 +115,27 @@ def _classify(module: ModuleType) -> ModuleState:
             return True, None, f"a replacement whose source cannot be read ({current!r})"
         return True, sha, f"sha256 {sha[:12]}"
 
-    return _judge(module.__name__, found, lambda member: fingerprint(_fixed_attribute(member)))
+    state = _judge(module.__name__, found, lambda member: fingerprint(_fixed_attribute(member)))
+    bypass = _custom_manager_bypass(module) if state.state != REFUSED else None
+    return ModuleState(module.__name__, REFUSED, bypass) if bypass else state
+
+
+def _custom_manager_bypass(module: ModuleType) -> str | None:
+    """Why the instance of ``[core] dataset_manager_class`` that Airflow uses would run its own code instead of
+    the fixed members, or None (the stock class, or a subclass that inherits every fixed member)."""
+    base, custom = getattr(module, "DatasetManager", None), type(getattr(module, "dataset_manager", None))
+    if base is None or custom is base or custom is type(None):
+        return None
+    own = custom.__mro__[: custom.__mro__.index(base)] if base in custom.__mro__ else custom.__mro__
+    overridden = [m.name for m in members_of(module.__name__) if any(m.name in vars(cls) for cls in own)]
+    if not overridden:
+        return None
+    return (
+        f"[core] dataset_manager_class is {custom.__module__}.{custom.__qualname__}, which overrides the fixed "
+        f"DatasetManager.{', '.join(overridden)}: its own code would run instead of the fix, a producer without it "
+        "beside fixed schedulers. Nothing was patched: drop the override (a subclass that overrides no fixed member "
+        "inherits the fix), or leave dataset_manager_class unset"
+    )
 
 
 def _target_file(name: str) -> str | None:
@@ -164,13 +185,14 @@ def _classify_file(name: str) -> ModuleState | None:
 def _judge(name: str, found, fixed_sha256) -> ModuleState:
     """Target ``name``'s state from ``found(member) -> (present, sha256|None, text)`` and ``fixed_sha256(member)``."""
     version = airflow_version()
-    if version not in SUPPORTED_AIRFLOW_VERSIONS:
+    release = release_of(version)
+    if release is None:
         return ModuleState(
             name,
             REFUSED,
             f"Airflow {version} is not a supported release (expected one of "
-            f"{SUPPORTED_AIRFLOW_VERSIONS[0]} to {SUPPORTED_AIRFLOW_VERSIONS[-1]}); nothing was "
-            "patched: install a supported Airflow or a release of this package that supports yours",
+            f"{SUPPORTED_AIRFLOW_VERSIONS[0]} to {SUPPORTED_AIRFLOW_VERSIONS[-1]}, or a local build of one); nothing "
+            "was patched: install a supported Airflow or a release of this package that supports yours",
         )
     try:
         from airflow import settings
@@ -200,14 +222,15 @@ def _judge(name: str, found, fixed_sha256) -> ModuleState:
             kinds.add(PATCHABLE)
         else:
             expected = "absent" if member.original_sha256 is None else f"sha256 {member.original_sha256[:12]}"
-            return ModuleState(
-                name,
-                REFUSED,
-                f"{member.qualname} is not the Airflow {version} original (found {found_text}, "
-                f"expected {expected}); it was changed by another patch, plugin or a custom build. "
-                "Nothing was patched: remove the other change, or use a pristine Airflow, then "
-                "check with 'airflow-dataset-race-fix status'",
-            )
+            changed = f"{member.qualname} is not the Airflow {release} original (found {found_text}, expected {expected})"
+            if version == release:
+                return ModuleState(
+                    name,
+                    REFUSED,
+                    f"{changed}; it was changed by another patch, plugin or a custom build. Nothing was patched: "
+                    "remove the other change, or use a pristine Airflow, then check with 'airflow-dataset-race-fix status'",
+                )
+            return ModuleState(name, REFUSED, _local_build_refusal(version, changed))
     if kinds == {SOURCE_PATCHED}:
         return ModuleState(name, SOURCE_PATCHED, "the installed source already has the fix")
     if kinds == {PATCHABLE}:
@@ -217,6 +240,20 @@ def _judge(name: str, found, fixed_sha256) -> ModuleState:
         REFUSED,
         "the installed source is half patched (some members fixed, some original); "
         "run 'airflow-dataset-race-fix check' and re-apply or revert the source patches",
+    )
+
+
+def _local_build_refusal(version: str, changed: str) -> str:
+    composer = (
+        " Cloud Composer's build carries its own partial fix of the race (apache/airflow#62501's: the event "
+        "committed in its own session, a guarded upsert); this package cannot replace it safely."
+        if "composer" in version.partition("+")[2].lower()
+        else ""
+    )
+    return (
+        f"Airflow {version} is a local build: {changed}, so the build changed it.{composer} A member that is not "
+        "byte-identical to the release's is never replaced: nothing was patched, the build's own code runs. "
+        "What still works here, read-only: 'airflow-dataset-race-fix audit', 'explain' and the Dataset runs page"
     )
 
 

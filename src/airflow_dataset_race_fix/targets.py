@@ -34,6 +34,13 @@ SUPPORTED_AIRFLOW_VERSIONS = (
 )
 
 
+def release_of(version: str | None) -> str | None:
+    """The supported release ``version`` is, or is a local build of (``2.10.5+astro.3``: 2.10.5); else None.
+    A local build is judged by its targeted members, like the release: byte-identical ones are patched."""
+    release = (version or "").partition("+")[0]
+    return release if release in SUPPORTED_AIRFLOW_VERSIONS else None
+
+
 # The fixed producer upserts with ON CONFLICT DO UPDATE, which SQLite has since 3.24.0
 # (Airflow 2.10 itself accepts 3.15.0). On an older library every producer would fail.
 MIN_SQLITE_VERSION = (3, 24, 0)

@@ -63,7 +63,7 @@ def run(args) -> int:
 
 def collect(import_targets: bool = True) -> dict:
     from airflow_dataset_race_fix import BOOTSTRAP_DIR, activation, bootstrap
-    from airflow_dataset_race_fix.targets import SUPPORTED_AIRFLOW_VERSIONS, TARGET_MODULES
+    from airflow_dataset_race_fix.targets import SUPPORTED_AIRFLOW_VERSIONS, TARGET_MODULES, release_of
 
     # Importing Airflow logs (our own warnings too) to stdout; keep stdout for the report.
     import_errors: dict[str, str] = {}
@@ -80,7 +80,8 @@ def collect(import_targets: bool = True) -> dict:
     from airflow_dataset_race_fix import runtime
 
     version = runtime.airflow_version()
-    supported = version in SUPPORTED_AIRFLOW_VERSIONS
+    release = release_of(version)
+    supported = release is not None
     shim = _shim_report(BOOTSTRAP_DIR, activation, bootstrap)
     if plugin_error:
         shim["notes"].append(f"loading Airflow's plugins failed: {plugin_error}")
@@ -96,6 +97,7 @@ def collect(import_targets: bool = True) -> dict:
         "airflow": {
             "version": version,
             "supported": supported,
+            "local_build_of": release if supported and release != version else None,
             "supported_versions": list(SUPPORTED_AIRFLOW_VERSIONS),
         },
         "shim": shim,
@@ -227,8 +229,10 @@ def _why_inactive(shim: dict) -> str:
 def render(report: dict) -> str:
     airflow, shim = report["airflow"], report["shim"]
     supported = "supported" if airflow["supported"] else (
-        f"NOT supported; supported: {', '.join(airflow['supported_versions'])}"
+        f"NOT supported; supported: {', '.join(airflow['supported_versions'])}, and local builds of them"
     )
+    if airflow["local_build_of"]:
+        supported = f"a local build of {airflow['local_build_of']}: judged by its targeted members"
     loaded = (
         f"yes, via {', '.join(shim['routes_in_this_process'])}" if shim["loaded_in_this_process"] else "no"
     )
