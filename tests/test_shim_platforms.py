@@ -176,3 +176,90 @@ print("INHERITS", type(dataset_manager).__name__, type(dataset_manager).register
     proc = run_python(code, env)
     assert result(proc)["states"] == ALL_PATCHED and "INHERITS Inheriting True" in proc.stdout
     assert run_status(env).returncode == 0
+
+
+# --- tools that put their own sitecustomize first ---------------------------------------------
+
+# Current releases (issue 48); both need Python 3.10. Their exporters and network calls off.
+INSTRUMENTATION = ("opentelemetry-distro==0.66b1", "opentelemetry-instrumentation==0.66b1", "ddtrace==4.16.0")
+QUIET_TOOLS = {
+    "OTEL_TRACES_EXPORTER": "none", "OTEL_METRICS_EXPORTER": "none", "OTEL_LOGS_EXPORTER": "none",
+    "DD_TRACE_ENABLED": "false", "DD_INSTRUMENTATION_TELEMETRY_ENABLED": "false",
+    "DD_REMOTE_CONFIGURATION_ENABLED": "false", "DD_CRASHTRACKING_ENABLED": "false",
+}
+# What each Airflow component does as it starts (airflow.jobs.job.Job, 'tasks run'): the listeners' on_starting.
+COMPONENT_STARTS = IMPORT_TARGETS + """
+from airflow.listeners.listener import get_listener_manager
+get_listener_manager().hook.on_starting(component=None)
+get_listener_manager().hook.on_starting(component=None)
+"""
+
+
+@pytest.fixture(scope="module")
+def instrumented(tmp_path_factory):
+    """A virtualenv with opentelemetry-instrument and ddtrace-run that sees this one's packages; its bin/."""
+    import sys
+    import sysconfig
+
+    if sys.version_info < (3, 10):
+        pytest.skip("opentelemetry-distro 0.66b1 and ddtrace 4.16.0 need Python 3.10")
+    venv = tmp_path_factory.mktemp("instrumented") / "venv"
+    subprocess.run([PYTHON, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = str(venv / "bin" / "python")
+    site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    with open(os.path.join(site, "00-adrf-test-link.pth"), "w") as f:  # after the venv's own packages
+        f.write(f"import site; site.addsitedir({sysconfig.get_paths()['purelib']!r})\n")
+    install = subprocess.run([PYTHON, "-m", "pip", "--python", python, "install", "-q", *INSTRUMENTATION],
+                             capture_output=True, text=True, timeout=600)
+    assert install.returncode == 0, output(install)[-3000:]
+    return str(venv / "bin")
+
+
+def _our_lines(proc, level: str) -> list[str]:
+    return [line for line in output(proc).splitlines() if level in line and "airflow-dataset-race-fix" in line]
+
+
+def test_opentelemetry_instrument_displaces_the_pythonpath_route_and_the_process_says_so(instrumented):
+    tool = [os.path.join(instrumented, "opentelemetry-instrument"), os.path.join(instrumented, "python")]
+    env = shim_env(**QUIET_TOOLS)
+    proc = subprocess.run([*tool, "-c", COMPONENT_STARTS], env=env, capture_output=True, text=True, timeout=180)
+    assert result(proc)["states"] == {name: "patchable" for name in TARGETS} and result(proc)["routes"] == []
+    (warning,) = _our_lines(proc, "WARNING")
+    assert "the fix is NOT in place in this process: displaced: its directory is on PYTHONPATH" in warning
+    assert "opentelemetry/instrumentation/auto_instrumentation/sitecustomize.py ran instead" in warning
+    assert "'airflow-dataset-race-fix shim install-pth'" in warning
+    status = subprocess.run([*tool, "-m", "airflow_dataset_race_fix", "status"], env=env, capture_output=True,
+                            text=True, timeout=180)
+    assert status.returncode == 1 and "the shim is displaced" in status.stdout, output(status)
+
+
+def test_the_pth_route_survives_opentelemetry_instrument(instrumented):
+    tool = [os.path.join(instrumented, "opentelemetry-instrument"), os.path.join(instrumented, "python")]
+    adrf = [os.path.join(instrumented, "python"), "-m", "airflow_dataset_race_fix", "shim"]
+    assert subprocess.run([*adrf, "install-pth"], env=child_env(), capture_output=True).returncode == 0
+    try:
+        env = child_env(**QUIET_TOOLS)
+        proc = subprocess.run([*tool, "-c", COMPONENT_STARTS], env=env, capture_output=True, text=True, timeout=180)
+        report = result(proc)
+        assert report["states"] == ALL_PATCHED and report["routes"] == ["pth"]
+        assert _our_lines(proc, "WARNING") == [] and len(_our_lines(proc, "INFO")) == 2, output(proc)[-3000:]
+        status = subprocess.run([*tool, "-m", "airflow_dataset_race_fix", "status"], env=env, capture_output=True,
+                                text=True, timeout=180)
+        assert status.returncode == 0, output(status)
+    finally:
+        subprocess.run([*adrf, "remove-pth"], env=child_env(), capture_output=True)
+
+
+@pytest.mark.parametrize("order", ["ddtrace-run-first", "ours-first"])
+def test_ddtrace_run_chains_in_both_orders(instrumented, order):
+    python = os.path.join(instrumented, "python")
+    code = IMPORT_TARGETS.replace("_report()", "_report(ddtrace='ddtrace.bootstrap' in str(sys.modules))")
+    if order == "ddtrace-run-first":  # ddtrace-run puts its directory in front of ours
+        command, env = [os.path.join(instrumented, "ddtrace-run"), python], shim_env(**QUIET_TOOLS)
+    else:
+        ddtrace_dir = subprocess.run([python, "-c", "import ddtrace.bootstrap, os; print(os.path.dirname("
+                                      "ddtrace.bootstrap.__file__))"], capture_output=True, text=True).stdout.strip()
+        command, env = [python], shim_env(ddtrace_dir, **QUIET_TOOLS)
+    report = result(subprocess.run([*command, "-c", code], env=env, capture_output=True, text=True, timeout=180))
+    assert report["states"] == ALL_PATCHED and report["routes"] == ["sitecustomize"] and report["ddtrace"]

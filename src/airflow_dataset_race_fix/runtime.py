@@ -61,6 +61,17 @@ _refusal: ModuleState | None = None
 _announced: set[str] = set()  # targets whose "fix in place" line is logged
 _warned = False  # the refusal's WARNING
 _warned_half_source = False
+_said_not_started = False  # announce_process()'s line for a process without the shim
+
+
+def _forget_reports() -> None:
+    """A forked child (LocalExecutor's task, a task runner's raw task) logs to its own task log: it says it again."""
+    global _warned, _said_not_started
+    _announced.clear()
+    _warned = _said_not_started = False
+
+
+os.register_at_fork(after_in_child=_forget_reports)
 
 # 'airflow' CLI commands that run for a while; every other one logs "fix in place" at DEBUG.
 LONG_RUNNING_COMMANDS = (
@@ -392,6 +403,42 @@ def report(state: ModuleState, strict: bool = False) -> None:
         how,
         airflow_version(),
     )
+
+
+def why_not_started() -> tuple[int, str] | None:
+    """Why the shim did not start in this process, and how loudly to say it; None when it started."""
+    from airflow_dataset_race_fix import BOOTSTRAP_DIR, bootstrap
+
+    if bootstrap.started:
+        return None
+    if bootstrap.env_flag(bootstrap.ENV_DISABLED):
+        return _announce_level(), f"disabled by {bootstrap.ENV_DISABLED}"
+    ours = os.path.realpath(BOOTSTRAP_DIR)
+    on_path = any(e and os.path.realpath(e) == ours for e in os.environ.get("PYTHONPATH", "").split(os.pathsep))
+    if on_path and not (sys.flags.no_site or sys.flags.ignore_environment):
+        hiding = getattr(sys.modules.get("sitecustomize"), "__file__", None) or "no sitecustomize"
+        return logging.WARNING, (
+            f"displaced: its directory is on PYTHONPATH, but {hiding} ran instead of its sitecustomize (a tool put "
+            "its own first and does not chain to ours, as opentelemetry-instrument does); the .pth route survives "
+            "that: 'airflow-dataset-race-fix shim install-pth' (docs/activation.md)"
+        )
+    return _announce_level(), "no route turned the shim on in this process (docs/activation.md)"
+
+
+def announce_process() -> None:
+    """Say once per process that imported a target (a forked task is a process of its own, with its own log)
+    whether its code is fixed, and if not, why. Called by the plugin's listener as each Airflow
+    component or task starts; reads nothing but this interpreter."""
+    global _said_not_started
+    imported = [name for name in TARGET_MODULES if name in sys.modules]
+    why = why_not_started() if imported else None
+    if why is None:
+        for name in imported:
+            report(module_state(name))
+    elif not _said_not_started:
+        _said_not_started = True
+        log.log(why[0], "airflow-dataset-race-fix: the fix is NOT in place in this process: %s (Airflow %s)",
+                why[1], airflow_version())
 
 
 def _warn_half_source(states: list[ModuleState]) -> None:

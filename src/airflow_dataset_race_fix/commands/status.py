@@ -159,7 +159,9 @@ def _shim_report(bootstrap_dir: str, activation, bootstrap) -> dict:
         hiding = getattr(sys.modules.get("sitecustomize"), "__file__", None)
         notes.append(
             "the bootstrap directory is on PYTHONPATH but its sitecustomize did not run in this process"
-            + (f": {hiding} was imported instead (put the bootstrap directory first)" if hiding else "")
+            + (f": {hiding} was imported instead" if hiding else "")
+            + " (put the bootstrap directory first; where a tool puts its own first, as opentelemetry-instrument "
+            "does, use the .pth route: 'airflow-dataset-race-fix shim install-pth')"
         )
     if bootstrap.disabled:
         notes.append(f"disabled by {bootstrap.ENV_DISABLED}")
@@ -218,6 +220,11 @@ def _why_inactive(shim: dict) -> str:
     if shim["disabled"]:
         return "the shim is disabled by AIRFLOW_DATASET_RACE_FIX_DISABLED"
     if not shim["loaded_in_this_process"]:
+        from airflow_dataset_race_fix import runtime
+
+        why = runtime.why_not_started()
+        if why and why[1].startswith("displaced"):
+            return f"the shim is {why[1]}"
         return (
             "the shim is not active in this environment: put the bootstrap directory on PYTHONPATH, "
             "run 'airflow-dataset-race-fix shim install-pth', import airflow_dataset_race_fix.auto in "
