@@ -16,8 +16,10 @@ import subprocess
 
 import pytest
 from shim_children import (
+    ALL_PATCHED,
+    IMPORT_TARGETS,
     PYTHON,
-    REPORT_CODE,
+    TARGETS,
     airflow_shadow,
     child_env,
     output,
@@ -27,20 +29,12 @@ from shim_children import (
     shim_env,
 )
 
-from airflow_dataset_race_fix import BOOTSTRAP_DIR
-
 from conftest import AIRFLOW_VERSION
 from matrix import ON_SQLITE_ONLY
 
 pytestmark = ON_SQLITE_ONLY
 
-TARGETS = ("airflow.datasets.manager", "airflow.jobs.scheduler_job_runner")
-ALL_PATCHED = {name: "patched" for name in TARGETS}
 ALL_REFUSED = {name: "refused" for name in TARGETS}
-IMPORT_TARGETS = REPORT_CODE + """
-import airflow.datasets.manager, airflow.jobs.scheduler_job_runner
-_report()
-"""
 
 
 def _rewrite(path: str, old: str, new: str) -> None:
