@@ -74,17 +74,10 @@ def _forget_reports() -> None:
 os.register_at_fork(after_in_child=_forget_reports)
 
 # 'airflow' CLI commands that run for a while; every other one logs "fix in place" at DEBUG.
-LONG_RUNNING_COMMANDS = (
-    ("scheduler",),
-    ("triggerer",),
-    ("webserver",),
-    ("dag-processor",),
-    ("standalone",),
-    ("celery", "worker"),
-    ("tasks", "run"),
-    ("tasks", "test"),
-    ("dags", "test"),
-)
+LONG_RUNNING_COMMANDS = tuple(tuple(command.split()) for command in (
+    "scheduler", "triggerer", "webserver", "dag-processor", "standalone", "celery worker", "tasks run", "tasks test",
+    "dags test",
+))
 
 
 def airflow_version() -> str | None:
@@ -134,10 +127,9 @@ def _classify(module: ModuleType) -> ModuleState:
 def _custom_manager_bypass(module: ModuleType) -> str | None:
     """Why the instance of ``[core] dataset_manager_class`` that Airflow uses would run its own code instead of
     the fixed members, or None (the stock class, or a subclass that inherits every fixed member)."""
-    base, custom = getattr(module, "DatasetManager", None), type(getattr(module, "dataset_manager", None))
-    if base is None or custom is base or custom is type(None):
-        return None
-    own = custom.__mro__[: custom.__mro__.index(base)] if base in custom.__mro__ else custom.__mro__
+    custom = type(getattr(module, "dataset_manager", None))
+    mro, base = custom.__mro__, getattr(module, "DatasetManager", None)
+    own = mro[: mro.index(base)] if base in mro else mro[:-1]  # a class not derived from it: all but object
     overridden = [m.name for m in members_of(module.__name__) if any(m.name in vars(cls) for cls in own)]
     if not overridden:
         return None
@@ -199,9 +191,7 @@ def _judge(name: str, found, fixed_sha256) -> ModuleState:
     release = release_of(version)
     if release is None:
         return ModuleState(
-            name,
-            REFUSED,
-            f"Airflow {version} is not a supported release (expected one of "
+            name, REFUSED, f"Airflow {version} is not a supported release (expected one of "
             f"{SUPPORTED_AIRFLOW_VERSIONS[0]} to {SUPPORTED_AIRFLOW_VERSIONS[-1]}, or a local build of one); nothing "
             "was patched: install a supported Airflow or a release of this package that supports yours",
         )
@@ -220,9 +210,7 @@ def _judge(name: str, found, fixed_sha256) -> ModuleState:
             fixed_sha = fixed_sha256(member)
         except Exception as err:  # the fix cannot be loaded against this Airflow: never patch
             return ModuleState(
-                name,
-                REFUSED,
-                f"the fixed {member.qualname} cannot be loaded ({type(err).__name__}: {err}); "
+                name, REFUSED, f"the fixed {member.qualname} cannot be loaded ({type(err).__name__}: {err}); "
                 "nothing was patched: report this with 'airflow-dataset-race-fix status --json'",
             )
         if found_sha is not None and found_sha == fixed_sha:
@@ -236,10 +224,9 @@ def _judge(name: str, found, fixed_sha256) -> ModuleState:
             changed = f"{member.qualname} is not the Airflow {release} original (found {found_text}, expected {expected})"
             if version == release:
                 return ModuleState(
-                    name,
-                    REFUSED,
-                    f"{changed}; it was changed by another patch, plugin or a custom build. Nothing was patched: "
-                    "remove the other change, or use a pristine Airflow, then check with 'airflow-dataset-race-fix status'",
+                    name, REFUSED, f"{changed}; it was changed by another patch, plugin or a custom build. Nothing "
+                    "was patched: remove the other change, or use a pristine Airflow, then check with "
+                    "'airflow-dataset-race-fix status'",
                 )
             return ModuleState(name, REFUSED, _local_build_refusal(version, changed))
     if kinds == {SOURCE_PATCHED}:
@@ -247,24 +234,19 @@ def _judge(name: str, found, fixed_sha256) -> ModuleState:
     if kinds == {PATCHABLE}:
         return ModuleState(name, PATCHABLE, "original Airflow code, not patched in this process")
     return ModuleState(
-        name,
-        REFUSED,
-        "the installed source is half patched (some members fixed, some original); "
+        name, REFUSED, "the installed source is half patched (some members fixed, some original); "
         "run 'airflow-dataset-race-fix check' and re-apply or revert the source patches",
     )
 
 
 def _local_build_refusal(version: str, changed: str) -> str:
-    composer = (
-        " Cloud Composer's build carries its own partial fix of the race (apache/airflow#62501's: the event "
-        "committed in its own session, a guarded upsert); this package cannot replace it safely."
-        if "composer" in version.partition("+")[2].lower()
-        else ""
-    )
+    composer = "composer" in version.partition("+")[2].lower()
+    own_fix = (" Cloud Composer's build carries its own partial fix of the race (apache/airflow#62501's: the event "
+               "committed in its own session, a guarded upsert); this package cannot replace it safely.")
     return (
-        f"Airflow {version} is a local build: {changed}, so the build changed it.{composer} A member that is not "
-        "byte-identical to the release's is never replaced: nothing was patched, the build's own code runs. "
-        "What still works here, read-only: 'airflow-dataset-race-fix audit', 'explain' and the Dataset runs page"
+        f"Airflow {version} is a local build: {changed}, so the build changed it.{own_fix if composer else ''} A member "
+        "that is not byte-identical to the release's is never replaced: nothing was patched, the build's own code "
+        "runs. What still works here, read-only: 'airflow-dataset-race-fix audit', 'explain' and the Dataset runs page"
     )
 
 
@@ -312,11 +294,8 @@ def _refused_state(name: str) -> ModuleState:
     assert _refusal is not None
     if name == _refusal.module:
         return _refusal
-    return ModuleState(
-        name,
-        REFUSED,
-        f"not patched, because the fix is all or nothing and {_refusal.module} was refused: {_refusal.detail}",
-    )
+    detail = f"not patched, because the fix is all or nothing and {_refusal.module} was refused: {_refusal.detail}"
+    return ModuleState(name, REFUSED, detail)
 
 
 def module_state(module_name: str) -> ModuleState:
@@ -380,12 +359,8 @@ def report(state: ModuleState, strict: bool = False) -> None:
             )
         if not _warned:
             _warned = True
-            log.warning(
-                "airflow-dataset-race-fix: the fix is NOT in place: no target module is patched in this process, "
-                "because %s was refused: %s",
-                refusal.module,
-                refusal.detail,
-            )
+            log.warning("airflow-dataset-race-fix: the fix is NOT in place: no target module is patched in this "
+                        "process, because %s was refused: %s", refusal.module, refusal.detail)
         return
     if state.state not in (PATCHED, SOURCE_PATCHED):
         return
@@ -396,26 +371,19 @@ def report(state: ModuleState, strict: bool = False) -> None:
     # One line per target, each as it is fixed: a worker never imports the scheduler, and a
     # scheduler's log then says that its own code is fixed.
     _announced.add(state.module)
-    log.log(
-        _announce_level(),
-        "airflow-dataset-race-fix: fix in place (%s: %s; Airflow %s)",
-        state.module,
-        how,
-        airflow_version(),
-    )
+    log.log(_announce_level(), "airflow-dataset-race-fix: fix in place (%s: %s; Airflow %s)", state.module, how,
+            airflow_version())
 
 
 def why_not_started() -> tuple[int, str] | None:
     """Why the shim did not start in this process, and how loudly to say it; None when it started."""
-    from airflow_dataset_race_fix import BOOTSTRAP_DIR, bootstrap
+    from airflow_dataset_race_fix import activation, bootstrap
 
     if bootstrap.started:
         return None
     if bootstrap.env_flag(bootstrap.ENV_DISABLED):
         return _announce_level(), f"disabled by {bootstrap.ENV_DISABLED}"
-    ours = os.path.realpath(BOOTSTRAP_DIR)
-    on_path = any(e and os.path.realpath(e) == ours for e in os.environ.get("PYTHONPATH", "").split(os.pathsep))
-    if on_path and not (sys.flags.no_site or sys.flags.ignore_environment):
+    if activation.pythonpath_entries() and not (sys.flags.no_site or sys.flags.ignore_environment):
         hiding = getattr(sys.modules.get("sitecustomize"), "__file__", None) or "no sitecustomize"
         return logging.WARNING, (
             f"displaced: its directory is on PYTHONPATH, but {hiding} ran instead of its sitecustomize (a tool put "
@@ -433,7 +401,7 @@ def announce_process() -> None:
     imported = [name for name in TARGET_MODULES if name in sys.modules]
     why = why_not_started() if imported else None
     if why is None:
-        for name in imported:
+        for name in (name for name in imported if name not in _announced):
             report(module_state(name))
     elif not _said_not_started:
         _said_not_started = True
@@ -452,9 +420,7 @@ def _warn_half_source(states: list[ModuleState]) -> None:
     log.warning(
         "airflow-dataset-race-fix: the source patches are half applied in this installation (%s has the fix, "
         "%s does not); the shim fixes the rest in this process, but a process without the shim runs half "
-        "fixed: run 'airflow-dataset-race-fix apply' (or 'revert')",
-        ", ".join(fixed_by_source),
-        ", ".join(stock),
+        "fixed: run 'airflow-dataset-race-fix apply' (or 'revert')", ", ".join(fixed_by_source), ", ".join(stock),
     )
 
 

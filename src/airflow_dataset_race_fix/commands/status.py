@@ -42,13 +42,9 @@ def register(subparsers) -> None:
         epilog="Exit code: 0 when the fix is active for every target module, 1 when it is not.",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON document")
-    parser.add_argument(
-        "--no-import",
-        action="store_true",
-        help="do not import Airflow (a quick check, e.g. in an image build): with a route turned on (the "
-        "plugin's opt-in read from the environment or airflow.cfg), targets show as waiting for import; "
-        "fingerprints are not checked",
-    )
+    parser.add_argument("--no-import", action="store_true", help="do not import Airflow (a quick check, e.g. in an "
+                        "image build): with a route turned on (the plugin's opt-in read from the environment or "
+                        "airflow.cfg), targets show as waiting for import; fingerprints are not checked")
     parser.set_defaults(handler=run)
 
 
@@ -95,10 +91,8 @@ def collect(import_targets: bool = True) -> dict:
     )
     return {
         "airflow": {
-            "version": version,
-            "supported": supported,
+            "version": version, "supported": supported, "supported_versions": list(SUPPORTED_AIRFLOW_VERSIONS),
             "local_build_of": release if supported and release != version else None,
-            "supported_versions": list(SUPPORTED_AIRFLOW_VERSIONS),
         },
         "shim": shim,
         "targets": targets,
@@ -194,12 +188,9 @@ def _target_report(name: str, import_error: str | None, shim: dict, runtime) -> 
         status = REFUSED if import_error.startswith("RefusedError") else IMPORT_FAILED
         return {"module": name, "status": status, "detail": import_error}
     state = runtime.module_state(name)
-    if state.state == runtime.PATCHED:
-        return {"module": name, "status": FIXED_BY_SHIM, "detail": state.detail}
-    if state.state == runtime.SOURCE_PATCHED:
-        return {"module": name, "status": FIXED_BY_SOURCE, "detail": state.detail}
-    if state.state == runtime.REFUSED:
-        return {"module": name, "status": REFUSED, "detail": state.detail}
+    status = {runtime.PATCHED: FIXED_BY_SHIM, runtime.SOURCE_PATCHED: FIXED_BY_SOURCE, runtime.REFUSED: REFUSED}
+    if state.state in status:
+        return {"module": name, "status": status[state.state], "detail": state.detail}
     why = _why_inactive(shim)
     if state.state == runtime.PENDING:
         from airflow_dataset_race_fix.bootstrap import ROUTE_LOCAL_SETTINGS, ROUTE_PLUGIN

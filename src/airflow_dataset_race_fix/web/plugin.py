@@ -9,23 +9,24 @@ listener makes each component and task process say whether its code is fixed.
 
 from __future__ import annotations
 
+import sys
+
 from airflow.listeners import hookimpl
 from airflow.plugins_manager import AirflowPlugin
 
 PLUGIN_NAME = "airflow_dataset_race_fix_ui"
 
 
-class ProcessReport:
-    """Listener: each component and each task process says once, in its own log (a task's: the task log),
-    whether its code is fixed, and if not, why (runtime.announce_process)."""
+# This module is the plugin's listener: each component as it starts (a Job, 'tasks run') and each
+# task process (in its own task log) says once whether its code is fixed, and if not, why.
+@hookimpl
+def on_starting(component) -> None:
+    _announce()
 
-    @hookimpl
-    def on_starting(self, component) -> None:
-        _announce()
 
-    @hookimpl
-    def on_task_instance_running(self, previous_state, task_instance) -> None:
-        _announce()
+@hookimpl
+def on_task_instance_running(previous_state, task_instance) -> None:
+    _announce()
 
 
 def _announce() -> None:
@@ -38,7 +39,7 @@ class DatasetRunsPlugin(AirflowPlugin):
     """Browse > Dataset runs: why each dataset-triggered DAG runs next, or waits."""
 
     name = PLUGIN_NAME
-    listeners = [ProcessReport()]
+    listeners = [sys.modules[__name__]]
 
     @property
     def appbuilder_views(self):  # the webserver's question; imports Flask AppBuilder only then
