@@ -42,6 +42,15 @@ def _report(**extra):
     )), flush=True)
 """
 
+TARGETS = ("airflow.datasets.manager", "airflow.jobs.scheduler_job_runner")
+ALL_PATCHED = {name: "patched" for name in TARGETS}
+ALL_ORIGINAL = {name: "patchable" for name in TARGETS}
+# Child code that imports both targets and reports.
+IMPORT_TARGETS = REPORT_CODE + """
+import airflow.datasets.manager, airflow.jobs.scheduler_job_runner
+_report()
+"""
+
 
 def child_env(
     pythonpath: Iterable[str] = (),

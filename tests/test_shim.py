@@ -17,7 +17,11 @@ import sysconfig
 
 import pytest
 from shim_children import (
+    ALL_ORIGINAL,
+    ALL_PATCHED,
+    IMPORT_TARGETS,
     INFO_LINE,
+    TARGETS,
     PYTHON,
     assert_fixed_once,
     REPORT_CODE,
@@ -42,14 +46,6 @@ from matrix import ON_SQLITE_ONLY
 
 pytestmark = ON_SQLITE_ONLY
 
-TARGETS = ("airflow.datasets.manager", "airflow.jobs.scheduler_job_runner")
-ALL_PATCHED = {name: "patched" for name in TARGETS}
-ALL_ORIGINAL = {name: "patchable" for name in TARGETS}
-
-IMPORT_TARGETS = REPORT_CODE + """
-import airflow.datasets.manager, airflow.jobs.scheduler_job_runner
-_report()
-"""
 
 # A user's sitecustomize that pins Airflow's reported version to an unsupported one
 # before any target module is imported.

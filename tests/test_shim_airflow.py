@@ -402,6 +402,30 @@ def test_tasks_run_on_a_managed_route_runs_the_fixed_producer(world, route):
     assert world.probe(f"state({key})")["queue_created_at"] > "2026", "the fixed producer moved the row forward"
 
 
+@ROUTES_ENV
+@pytest.mark.parametrize("variant,date", [("fixed", "2026-07-01"), ("disabled", "2026-07-02")])
+def test_a_producer_task_s_own_log_says_whether_its_code_is_fixed(world, variant, date):
+    """The task runs in a process forked from 'tasks run --local' (as under the LocalExecutor): its
+    log, the one an operator reads in the UI, says once whether its code is fixed, and if not, why."""
+    run_id = f"adrf_task_log_{variant}"
+    world.airflow("dags", "trigger", "adrf_shim_producer", "--run-id", run_id, "--exec-date", date, shim=False)
+
+    world.airflow("tasks", "run", "adrf_shim_producer", "emit", run_id, "--local", disabled=variant == "disabled")
+
+    import glob
+
+    (path,) = glob.glob(os.path.join(world.airflow_env["AIRFLOW_HOME"], "**", f"run_id={run_id}", "task_id=emit",
+                                     "attempt=*.log"), recursive=True)
+    with open(path) as f:
+        task_log = f.read()
+    if variant == "fixed":
+        assert assert_fixed_once(task_log) == ["airflow.datasets.manager"]
+    else:
+        assert count(task_log, INFO_LINE) == 0
+        assert count(task_log, "INFO - airflow-dataset-race-fix: the fix is NOT in place in this process: disabled "
+                               "by AIRFLOW_DATASET_RACE_FIX_DISABLED") == 1, task_log[-3000:]
+
+
 @ROUTES_SERVERS_ENV
 @pytest.mark.parametrize("route,date", [(LOCAL_SETTINGS_ROUTE, "2026-05-01"), (PLUGIN_ROUTE, "2026-05-02")])
 def test_tasks_test_on_a_managed_route_has_the_fix_before_the_task_runs(world, route, date):

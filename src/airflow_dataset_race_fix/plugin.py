@@ -1,20 +1,9 @@
 """
-The ``airflow.plugins`` entry point: the shim turned on by Airflow's plugin manager.
-
-For platforms where PYTHONPATH, a ``.pth`` file and ``airflow_local_settings.py`` are out
-of reach (docs/activation.md, "Managed platforms"). Installing the package changes nothing:
-only ``[dataset_race_fix] enable_via_plugin = True`` makes loading the plugins start the
-shim and register a plugin; importing this module does nothing (Airflow's ``getattr`` of
-``plugin`` does).
-
-Airflow loads plugins lazily, usually after the target modules are imported, so the shim
-judges and patches them at once. Two things differ from the earlier routes:
-
-- Plugins first loaded while a targeted member is running (``register_dataset_change``'s
-  listener hook, in a program that had not loaded them): patching then would run the rest
-  of that call half fixed, so nothing is patched in that process, as for any refusal.
-- Strict mode raises a refusal as ``SystemExit``: the plugin manager swallows a plugin's
-  exceptions, and the targets are already imported, so no later import would fail.
+The ``airflow.plugins`` entry point that turns the shim on, only with ``[dataset_race_fix]
+enable_via_plugin = True`` (docs/activation.md, "Managed platforms"); importing this module does
+nothing (Airflow's ``getattr`` of ``plugin`` does). Airflow loads plugins after the targets are
+imported, so the shim patches them at once, unless a targeted member is running then (half fixed:
+refused). Strict mode raises ``SystemExit``: the plugin manager swallows a plugin's exceptions.
 """
 
 from __future__ import annotations
@@ -121,9 +110,7 @@ def _failed(bootstrap, err: Exception) -> None:
     bootstrap.errors.append(f"plugin: {type(err).__name__}: {err}")
     logging.getLogger("airflow_dataset_race_fix").warning(
         "airflow-dataset-race-fix: the plugin route failed (%s: %s); this process carries on without the fix",
-        type(err).__name__,
-        err,
-        exc_info=True,
+        type(err).__name__, err, exc_info=True,
     )
 
 

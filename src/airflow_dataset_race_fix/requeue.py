@@ -71,14 +71,12 @@ def ensure_fix_active() -> str:
     nothing about the deployment. Run where the scheduler runs (same environment, same
     shim route), so that "active here" stands for "active in the scheduler".
     """
-    import importlib
-
     from airflow_dataset_race_fix import runtime
+    from airflow_dataset_race_fix.diagnostics import fix_active_here
 
-    importlib.import_module(SCHEDULER_MODULE)  # the shim's post-import hook patches it here
+    if fix_active_here():  # imports the scheduler module: the shim's post-import hook patches it here
+        return runtime.module_state(SCHEDULER_MODULE).state
     state = runtime.module_state(SCHEDULER_MODULE)
-    if state.state in (runtime.PATCHED, runtime.SOURCE_PATCHED):
-        return state.state
     raise RequeueRefused(
         f"refusing to requeue: the fix is not active in this interpreter ({SCHEDULER_MODULE}: "
         f"{state.state}{', ' + state.detail if state.detail else ''}). Requeued events reach their "

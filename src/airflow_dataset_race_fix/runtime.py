@@ -26,6 +26,7 @@ from airflow_dataset_race_fix.targets import (
     environment_problem,
     fingerprint,
     members_of,
+    release_of,
 )
 
 log = logging.getLogger("airflow_dataset_race_fix")
@@ -60,19 +61,23 @@ _refusal: ModuleState | None = None
 _announced: set[str] = set()  # targets whose "fix in place" line is logged
 _warned = False  # the refusal's WARNING
 _warned_half_source = False
+_said_not_started = False  # announce_process()'s line for a process without the shim
+
+
+def _forget_reports() -> None:
+    """A forked child (LocalExecutor's task, a task runner's raw task) logs to its own task log: it says it again."""
+    global _warned, _said_not_started
+    _announced.clear()
+    _warned = _said_not_started = False
+
+
+os.register_at_fork(after_in_child=_forget_reports)
 
 # 'airflow' CLI commands that run for a while; every other one logs "fix in place" at DEBUG.
-LONG_RUNNING_COMMANDS = (
-    ("scheduler",),
-    ("triggerer",),
-    ("webserver",),
-    ("dag-processor",),
-    ("standalone",),
-    ("celery", "worker"),
-    ("tasks", "run"),
-    ("tasks", "test"),
-    ("dags", "test"),
-)
+LONG_RUNNING_COMMANDS = tuple(tuple(command.split()) for command in (
+    "scheduler", "triggerer", "webserver", "dag-processor", "standalone", "celery worker", "tasks run", "tasks test",
+    "dags test",
+))
 
 
 def airflow_version() -> str | None:
@@ -114,7 +119,26 @@ def _classify(module: ModuleType) -> ModuleState:
             return True, None, f"a replacement whose source cannot be read ({current!r})"
         return True, sha, f"sha256 {sha[:12]}"
 
-    return _judge(module.__name__, found, lambda member: fingerprint(_fixed_attribute(member)))
+    state = _judge(module.__name__, found, lambda member: fingerprint(_fixed_attribute(member)))
+    bypass = _custom_manager_bypass(module) if state.state != REFUSED else None
+    return ModuleState(module.__name__, REFUSED, bypass) if bypass else state
+
+
+def _custom_manager_bypass(module: ModuleType) -> str | None:
+    """Why the instance of ``[core] dataset_manager_class`` that Airflow uses would run its own code instead of
+    the fixed members, or None (the stock class, or a subclass that inherits every fixed member)."""
+    custom = type(getattr(module, "dataset_manager", None))
+    mro, base = custom.__mro__, getattr(module, "DatasetManager", None)
+    own = mro[: mro.index(base)] if base in mro else mro[:-1]  # a class not derived from it: all but object
+    overridden = [m.name for m in members_of(module.__name__) if any(m.name in vars(cls) for cls in own)]
+    if not overridden:
+        return None
+    return (
+        f"[core] dataset_manager_class is {custom.__module__}.{custom.__qualname__}, which overrides the fixed "
+        f"DatasetManager.{', '.join(overridden)}: its own code would run instead of the fix, a producer without it "
+        "beside fixed schedulers. Nothing was patched: drop the override (a subclass that overrides no fixed member "
+        "inherits the fix), or leave dataset_manager_class unset"
+    )
 
 
 def _target_file(name: str) -> str | None:
@@ -164,13 +188,12 @@ def _classify_file(name: str) -> ModuleState | None:
 def _judge(name: str, found, fixed_sha256) -> ModuleState:
     """Target ``name``'s state from ``found(member) -> (present, sha256|None, text)`` and ``fixed_sha256(member)``."""
     version = airflow_version()
-    if version not in SUPPORTED_AIRFLOW_VERSIONS:
+    release = release_of(version)
+    if release is None:
         return ModuleState(
-            name,
-            REFUSED,
-            f"Airflow {version} is not a supported release (expected one of "
-            f"{SUPPORTED_AIRFLOW_VERSIONS[0]} to {SUPPORTED_AIRFLOW_VERSIONS[-1]}); nothing was "
-            "patched: install a supported Airflow or a release of this package that supports yours",
+            name, REFUSED, f"Airflow {version} is not a supported release (expected one of "
+            f"{SUPPORTED_AIRFLOW_VERSIONS[0]} to {SUPPORTED_AIRFLOW_VERSIONS[-1]}, or a local build of one); nothing "
+            "was patched: install a supported Airflow or a release of this package that supports yours",
         )
     try:
         from airflow import settings
@@ -187,9 +210,7 @@ def _judge(name: str, found, fixed_sha256) -> ModuleState:
             fixed_sha = fixed_sha256(member)
         except Exception as err:  # the fix cannot be loaded against this Airflow: never patch
             return ModuleState(
-                name,
-                REFUSED,
-                f"the fixed {member.qualname} cannot be loaded ({type(err).__name__}: {err}); "
+                name, REFUSED, f"the fixed {member.qualname} cannot be loaded ({type(err).__name__}: {err}); "
                 "nothing was patched: report this with 'airflow-dataset-race-fix status --json'",
             )
         if found_sha is not None and found_sha == fixed_sha:
@@ -200,23 +221,32 @@ def _judge(name: str, found, fixed_sha256) -> ModuleState:
             kinds.add(PATCHABLE)
         else:
             expected = "absent" if member.original_sha256 is None else f"sha256 {member.original_sha256[:12]}"
-            return ModuleState(
-                name,
-                REFUSED,
-                f"{member.qualname} is not the Airflow {version} original (found {found_text}, "
-                f"expected {expected}); it was changed by another patch, plugin or a custom build. "
-                "Nothing was patched: remove the other change, or use a pristine Airflow, then "
-                "check with 'airflow-dataset-race-fix status'",
-            )
+            changed = f"{member.qualname} is not the Airflow {release} original (found {found_text}, expected {expected})"
+            if version == release:
+                return ModuleState(
+                    name, REFUSED, f"{changed}; it was changed by another patch, plugin or a custom build. Nothing "
+                    "was patched: remove the other change, or use a pristine Airflow, then check with "
+                    "'airflow-dataset-race-fix status'",
+                )
+            return ModuleState(name, REFUSED, _local_build_refusal(version, changed))
     if kinds == {SOURCE_PATCHED}:
         return ModuleState(name, SOURCE_PATCHED, "the installed source already has the fix")
     if kinds == {PATCHABLE}:
         return ModuleState(name, PATCHABLE, "original Airflow code, not patched in this process")
     return ModuleState(
-        name,
-        REFUSED,
-        "the installed source is half patched (some members fixed, some original); "
+        name, REFUSED, "the installed source is half patched (some members fixed, some original); "
         "run 'airflow-dataset-race-fix check' and re-apply or revert the source patches",
+    )
+
+
+def _local_build_refusal(version: str, changed: str) -> str:
+    composer = "composer" in version.partition("+")[2].lower()
+    own_fix = (" Cloud Composer's build carries its own partial fix of the race (apache/airflow#62501's: the event "
+               "committed in its own session, a guarded upsert); this package cannot replace it safely.")
+    return (
+        f"Airflow {version} is a local build: {changed}, so the build changed it.{own_fix if composer else ''} A member "
+        "that is not byte-identical to the release's is never replaced: nothing was patched, the build's own code "
+        "runs. What still works here, read-only: 'airflow-dataset-race-fix audit', 'explain' and the Dataset runs page"
     )
 
 
@@ -264,11 +294,8 @@ def _refused_state(name: str) -> ModuleState:
     assert _refusal is not None
     if name == _refusal.module:
         return _refusal
-    return ModuleState(
-        name,
-        REFUSED,
-        f"not patched, because the fix is all or nothing and {_refusal.module} was refused: {_refusal.detail}",
-    )
+    detail = f"not patched, because the fix is all or nothing and {_refusal.module} was refused: {_refusal.detail}"
+    return ModuleState(name, REFUSED, detail)
 
 
 def module_state(module_name: str) -> ModuleState:
@@ -332,12 +359,8 @@ def report(state: ModuleState, strict: bool = False) -> None:
             )
         if not _warned:
             _warned = True
-            log.warning(
-                "airflow-dataset-race-fix: the fix is NOT in place: no target module is patched in this process, "
-                "because %s was refused: %s",
-                refusal.module,
-                refusal.detail,
-            )
+            log.warning("airflow-dataset-race-fix: the fix is NOT in place: no target module is patched in this "
+                        "process, because %s was refused: %s", refusal.module, refusal.detail)
         return
     if state.state not in (PATCHED, SOURCE_PATCHED):
         return
@@ -348,13 +371,42 @@ def report(state: ModuleState, strict: bool = False) -> None:
     # One line per target, each as it is fixed: a worker never imports the scheduler, and a
     # scheduler's log then says that its own code is fixed.
     _announced.add(state.module)
-    log.log(
-        _announce_level(),
-        "airflow-dataset-race-fix: fix in place (%s: %s; Airflow %s)",
-        state.module,
-        how,
-        airflow_version(),
-    )
+    log.log(_announce_level(), "airflow-dataset-race-fix: fix in place (%s: %s; Airflow %s)", state.module, how,
+            airflow_version())
+
+
+def why_not_started() -> tuple[int, str] | None:
+    """Why the shim did not start in this process, and how loudly to say it; None when it started."""
+    from airflow_dataset_race_fix import activation, bootstrap
+
+    if bootstrap.started:
+        return None
+    if bootstrap.env_flag(bootstrap.ENV_DISABLED):
+        return _announce_level(), f"disabled by {bootstrap.ENV_DISABLED}"
+    if activation.pythonpath_entries() and not (sys.flags.no_site or sys.flags.ignore_environment):
+        hiding = getattr(sys.modules.get("sitecustomize"), "__file__", None) or "no sitecustomize"
+        return logging.WARNING, (
+            f"displaced: its directory is on PYTHONPATH, but {hiding} ran instead of its sitecustomize (a tool put "
+            "its own first and does not chain to ours, as opentelemetry-instrument does); the .pth route survives "
+            "that: 'airflow-dataset-race-fix shim install-pth' (docs/activation.md)"
+        )
+    return _announce_level(), "no route turned the shim on in this process (docs/activation.md)"
+
+
+def announce_process() -> None:
+    """Say once per process that imported a target (a forked task is a process of its own, with its own log)
+    whether its code is fixed, and if not, why. Called by the plugin's listener as each Airflow
+    component or task starts; reads nothing but this interpreter."""
+    global _said_not_started
+    imported = [name for name in TARGET_MODULES if name in sys.modules]
+    why = why_not_started() if imported else None
+    if why is None:
+        for name in (name for name in imported if name not in _announced):
+            report(module_state(name))
+    elif not _said_not_started:
+        _said_not_started = True
+        log.log(why[0], "airflow-dataset-race-fix: the fix is NOT in place in this process: %s (Airflow %s)",
+                why[1], airflow_version())
 
 
 def _warn_half_source(states: list[ModuleState]) -> None:
@@ -368,9 +420,7 @@ def _warn_half_source(states: list[ModuleState]) -> None:
     log.warning(
         "airflow-dataset-race-fix: the source patches are half applied in this installation (%s has the fix, "
         "%s does not); the shim fixes the rest in this process, but a process without the shim runs half "
-        "fixed: run 'airflow-dataset-race-fix apply' (or 'revert')",
-        ", ".join(fixed_by_source),
-        ", ".join(stock),
+        "fixed: run 'airflow-dataset-race-fix apply' (or 'revert')", ", ".join(fixed_by_source), ", ".join(stock),
     )
 
 

@@ -34,6 +34,13 @@ SUPPORTED_AIRFLOW_VERSIONS = (
 )
 
 
+def release_of(version: str | None) -> str | None:
+    """The supported release ``version`` is, or is a local build of (``2.10.5+astro.3``: 2.10.5); else None.
+    A local build is judged by its targeted members, like the release: byte-identical ones are patched."""
+    release = (version or "").partition("+")[0]
+    return release if release in SUPPORTED_AIRFLOW_VERSIONS else None
+
+
 # The fixed producer upserts with ON CONFLICT DO UPDATE, which SQLite has since 3.24.0
 # (Airflow 2.10 itself accepts 3.15.0). On an older library every producer would fail.
 MIN_SQLITE_VERSION = (3, 24, 0)
@@ -70,67 +77,39 @@ class Member:
 
 _MANAGER = ("airflow.datasets.manager", "DatasetManager")
 _SCHEDULER = ("airflow.jobs.scheduler_job_runner", "SchedulerJobRunner")
-# (owner, member, fingerprint of the pristine member: None for a member the fix adds)
+# Fingerprints of the pristine members the fix replaces; every other member is one the fix adds.
+_ORIGINAL_SHA256 = {
+    "register_dataset_change": "002d718a4a06b2ad7957c1cba24b72330cbad78d07f128feb5e542586f83b770",
+    "_slow_path_queue_dagruns": "662cf9d25910de89a8da74ed2285e170eec7586234e0451c25bb8637f37a106a",
+    "_postgres_queue_dagruns": "8d5f0ab805811c8a4f8ab4fc4b089a7ef9b60e127d41cde823dc486a525a784e",
+    "_create_dagruns_for_dags": "0fba323d00304d90e3fdce7cb5efbd3818bc094c1a2ae4b0fb3a9243bf880881",
+    "_create_dag_runs_dataset_triggered": "ec956aa0e0cf165798c17c1e9c1db02142430e8f90f9955cef46b9efc0cce846",
+}
+# Each owner's members, in the order of the fix's source (and of the patches' hunks).
+_MEMBER_NAMES = {
+    _MANAGER: """
+    register_dataset_change _slow_path_queue_dagruns _postgres_queue_dagruns _defer_queue_dagruns
+    _stamp_at_commit _listen_for_commit _write_at_commit _forget_rolled_back_queue_rows
+    _forget_ended_queue_rows _database_clock _database_now _send _utc_text _stamp_events_and_date_queue_rows
+    _postgres_stamp_events_and_date_queue_rows _stamp_events _take_queue_rows _queue_keys_joined_first
+    _upsert_queue_dagruns _date_queue_rows_after_their_events _upsert_queue_rows_not_held
+    _postgres_upsert_queue_rows _postgres_row_in_list _upsert_queue_rows_taken_first
+    _sqlite_upsert_queue_rows _dataset_race_fix_settings _dataset_race_fix_setting
+    """,
+    _SCHEDULER: """
+    _create_dagruns_for_dags _dataset_manager _DatasetFloors _DatasetRunChoice _DatasetDecisionState
+    _dags_with_unqueued_dataset_events _dags_with_new_unqueued_events _runnable_dataset_dags
+    _dags_with_stranded_dataset_events _follow_dataset_event_ids _find_consumers_of_late_events
+    _read_dataset_windows_once _net_references _latest_dataset_run_date _stranded_events_slice
+    _decide_dataset_triggered_runs _dataset_statement _read_dataset_decision_state
+    _runs_and_datasets_statement _postgres_runs_and_datasets_statement _events_not_consumed_statement
+    _dataset_floors _remember_dataset_reads _checked_dataset_floors _select_dataset_events
+    _choose_dataset_run _dataset_triggered_run _create_dag_runs_dataset_triggered
+    _delete_dataset_queue_rows_as_read
+    """,
+}
 MEMBERS = tuple(
-    Member(*owner, name, original_sha256)
-    for owner, name, original_sha256 in (
-        (_MANAGER, "register_dataset_change", "002d718a4a06b2ad7957c1cba24b72330cbad78d07f128feb5e542586f83b770"),
-        (_MANAGER, "_slow_path_queue_dagruns", "662cf9d25910de89a8da74ed2285e170eec7586234e0451c25bb8637f37a106a"),
-        (_MANAGER, "_postgres_queue_dagruns", "8d5f0ab805811c8a4f8ab4fc4b089a7ef9b60e127d41cde823dc486a525a784e"),
-        (_MANAGER, "_defer_queue_dagruns", None),
-        (_MANAGER, "_stamp_at_commit", None),
-        (_MANAGER, "_listen_for_commit", None),
-        (_MANAGER, "_write_at_commit", None),
-        (_MANAGER, "_forget_rolled_back_queue_rows", None),
-        (_MANAGER, "_forget_ended_queue_rows", None),
-        (_MANAGER, "_database_clock", None),
-        (_MANAGER, "_database_now", None),
-        (_MANAGER, "_send", None),
-        (_MANAGER, "_utc_text", None),
-        (_MANAGER, "_stamp_events_and_date_queue_rows", None),
-        (_MANAGER, "_postgres_stamp_events_and_date_queue_rows", None),
-        (_MANAGER, "_stamp_events", None),
-        (_MANAGER, "_take_queue_rows", None),
-        (_MANAGER, "_queue_keys_joined_first", None),
-        (_MANAGER, "_upsert_queue_dagruns", None),
-        (_MANAGER, "_date_queue_rows_after_their_events", None),
-        (_MANAGER, "_upsert_queue_rows_not_held", None),
-        (_MANAGER, "_postgres_upsert_queue_rows", None),
-        (_MANAGER, "_postgres_row_in_list", None),
-        (_MANAGER, "_upsert_queue_rows_taken_first", None),
-        (_MANAGER, "_sqlite_upsert_queue_rows", None),
-        (_MANAGER, "_dataset_race_fix_settings", None),
-        (_MANAGER, "_dataset_race_fix_setting", None),
-        (_SCHEDULER, "_create_dagruns_for_dags", "0fba323d00304d90e3fdce7cb5efbd3818bc094c1a2ae4b0fb3a9243bf880881"),
-        (_SCHEDULER, "_dataset_manager", None),
-        (_SCHEDULER, "_DatasetFloors", None),
-        (_SCHEDULER, "_DatasetRunChoice", None),
-        (_SCHEDULER, "_DatasetDecisionState", None),
-        (_SCHEDULER, "_dags_with_unqueued_dataset_events", None),
-        (_SCHEDULER, "_dags_with_new_unqueued_events", None),
-        (_SCHEDULER, "_runnable_dataset_dags", None),
-        (_SCHEDULER, "_dags_with_stranded_dataset_events", None),
-        (_SCHEDULER, "_follow_dataset_event_ids", None),
-        (_SCHEDULER, "_find_consumers_of_late_events", None),
-        (_SCHEDULER, "_read_dataset_windows_once", None),
-        (_SCHEDULER, "_net_references", None),
-        (_SCHEDULER, "_latest_dataset_run_date", None),
-        (_SCHEDULER, "_stranded_events_slice", None),
-        (_SCHEDULER, "_decide_dataset_triggered_runs", None),
-        (_SCHEDULER, "_dataset_statement", None),
-        (_SCHEDULER, "_read_dataset_decision_state", None),
-        (_SCHEDULER, "_runs_and_datasets_statement", None),
-        (_SCHEDULER, "_postgres_runs_and_datasets_statement", None),
-        (_SCHEDULER, "_events_not_consumed_statement", None),
-        (_SCHEDULER, "_dataset_floors", None),
-        (_SCHEDULER, "_remember_dataset_reads", None),
-        (_SCHEDULER, "_checked_dataset_floors", None),
-        (_SCHEDULER, "_select_dataset_events", None),
-        (_SCHEDULER, "_choose_dataset_run", None),
-        (_SCHEDULER, "_dataset_triggered_run", None),
-        (_SCHEDULER, "_create_dag_runs_dataset_triggered", "ec956aa0e0cf165798c17c1e9c1db02142430e8f90f9955cef46b9efc0cce846"),
-        (_SCHEDULER, "_delete_dataset_queue_rows_as_read", None),
-    )
+    Member(*owner, name, _ORIGINAL_SHA256.get(name)) for owner, names in _MEMBER_NAMES.items() for name in names.split()
 )
 
 TARGET_MODULES = tuple(dict.fromkeys(m.module for m in MEMBERS))

@@ -33,44 +33,22 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "audit",
         help="find lost, doubled, empty and out-of-order dataset-triggered runs; --requeue recovers lost events",
-        description=(
-            "Audit dataset-triggered scheduling in an Airflow 2.10/2.11 metadata database. "
-            "Read-only unless --requeue --yes. Exit status: 0 clean, 1 findings, 2 bad input."
-        ),
+        description="Audit dataset-triggered scheduling in an Airflow 2.10/2.11 metadata database. "
+        "Read-only unless --requeue --yes. Exit status: 0 clean, 1 findings, 2 bad input.",
     )
-    parser.add_argument("--db-url", metavar="URL", help="SQLAlchemy URL (default: Airflow's sql_alchemy_conn)")
-    parser.add_argument(
-        "--dag-id",
-        action="append",
-        metavar="DAG_ID",
-        help="only this consuming DAG (repeatable; shell wildcards * ? [] allowed)",
-    )
-    parser.add_argument(
-        "--since",
-        metavar="WHEN",
-        help="only events and runs from WHEN: an ISO date/time (UTC unless it says otherwise) "
-        "or a duration back from now such as 90m, 12h, 7d",
-    )
-    parser.add_argument("--json", action="store_true", help="print the report as JSON")
-    parser.add_argument(
-        "--limit",
-        type=int,
-        metavar="N",
-        help=f"list at most N items per section (default {TABLE_LIMIT}; all with --json)",
-    )
-    parser.add_argument(
-        "--progress",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="progress on stderr while scanning (default: when stderr is a terminal)",
-    )
-    parser.add_argument(
-        "--requeue",
-        action="store_true",
-        help="give each DAG with stranded events a queue row that makes the fixed scheduler "
-        "consume them (dry run unless --yes; refused unless the fix is active here)",
-    )
-    parser.add_argument("--yes", action="store_true", help="with --requeue: write the queue rows")
+    add = parser.add_argument
+    add("--db-url", metavar="URL", help="SQLAlchemy URL (default: Airflow's sql_alchemy_conn)")
+    add("--dag-id", action="append", metavar="DAG_ID",
+        help="only this consuming DAG (repeatable; shell wildcards * ? [] allowed)")
+    add("--since", metavar="WHEN", help="only events and runs from WHEN: an ISO date/time (UTC unless it says "
+        "otherwise) or a duration back from now such as 90m, 12h, 7d")
+    add("--json", action="store_true", help="print the report as JSON")
+    add("--limit", type=int, metavar="N", help=f"list at most N items per section (default {TABLE_LIMIT}; all with --json)")
+    add("--progress", action=argparse.BooleanOptionalAction, default=None,
+        help="progress on stderr while scanning (default: when stderr is a terminal)")
+    add("--requeue", action="store_true", help="give each DAG with stranded events a queue row that makes the fixed "
+        "scheduler consume them (dry run unless --yes; refused unless the fix is active here)")
+    add("--yes", action="store_true", help="with --requeue: write the queue rows")
     parser.set_defaults(handler=run)
 
 
@@ -315,11 +293,8 @@ def _as_json(result, where, since, dag_ids, seconds, args, writes, written) -> d
         **result.as_dict(),
     }
     if args.requeue:
-        data["requeue"] = {
-            "mode": "applied" if written is not None else "dry-run",
-            "written": written,
-            "rows": [asdict(w) for w in writes],
-        }
+        mode = "applied" if written is not None else "dry-run"
+        data["requeue"] = {"mode": mode, "written": written, "rows": [asdict(w) for w in writes]}
     return data
 
 

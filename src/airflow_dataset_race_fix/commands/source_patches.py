@@ -10,6 +10,7 @@ Exit codes: 0 done (or nothing to do; ``check``: the patches are applied), 1 ref
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from pathlib import Path
 
@@ -17,16 +18,16 @@ from airflow_dataset_race_fix import cli
 
 
 def register(subparsers) -> None:
-    for name, handler, text in (
-        ("apply", _apply, "apply the source patches to the installed Airflow (all or nothing)"),
-        ("revert", _revert, "restore the pristine Airflow files"),
-        ("check", _check, "report whether the source patches are applied (exit 0 if they are)"),
+    for name, text in (
+        ("apply", "apply the source patches to the installed Airflow (all or nothing)"),
+        ("revert", "restore the pristine Airflow files"),
+        ("check", "report whether the source patches are applied (exit 0 if they are)"),
     ):
         parser = subparsers.add_parser(name, help=text, description=text)
         if name != "check":
             parser.add_argument("--dry-run", action="store_true", help="check everything, write nothing")
         _add_locations(parser)
-        parser.set_defaults(handler=handler)
+        parser.set_defaults(handler=_check if name == "check" else functools.partial(_change, name))
 
     generate = subparsers.add_parser(
         "generate-patches",
@@ -48,18 +49,13 @@ def register(subparsers) -> None:
 def _add_locations(parser: argparse.ArgumentParser) -> None:
     from airflow_dataset_race_fix.source_patches import locations
 
-    parser.add_argument(
-        "--site-packages",
-        type=Path,
-        help="the site-packages holding Airflow (default: the one this Python imports airflow from)",
-    )
+    parser.add_argument("--site-packages", type=Path,
+                        help="the site-packages holding Airflow (default: the one this Python imports airflow from)")
     # The default of this installation, not only the rule: from a wheel it is the copy in the
     # package, which no operator would guess from "the source tree's patches/".
     here = locations.default_patches_dir()
     parser.add_argument(
-        "--patches-dir",
-        type=Path,
-        help="directory with the series, its patch files and verified-releases (default: $ADRF_PATCHES_DIR, "
+        "--patches-dir", type=Path, help="directory with the series, its patch files and verified-releases (default: $ADRF_PATCHES_DIR, "
         "else the patches/ of the source tree this package runs from, else the copy a wheel installs in "
         "the package; here: "
         + (str(here).replace("%", "%%") if here else "none found") + ")",
@@ -85,22 +81,10 @@ def _locations(args) -> tuple[Path, Path]:
     return site_packages.resolve(), patches_dir.resolve()
 
 
-def _report(outcome) -> int:
-    print(outcome.message)
-    for path in outcome.changed:
-        print(f"  {path}")
-    for warning in outcome.warnings:
-        print(f"warning: {warning}", file=sys.stderr)
-    return 0
-
-
 def _waiting(command: str, site_packages: Path):
     def say() -> None:
-        print(
-            f"airflow-dataset-race-fix {command}: waiting for another apply or revert in {site_packages} to finish",
-            file=sys.stderr,
-            flush=True,
-        )
+        message = f"airflow-dataset-race-fix {command}: waiting for another apply or revert in {site_packages} to finish"
+        print(message, file=sys.stderr, flush=True)
 
     return say
 
@@ -120,28 +104,25 @@ def _configured_database() -> str | None:
         return None
 
 
-def _apply(args) -> int:
+def _change(command: str, args) -> int:
+    """``apply`` or ``revert``: what changed, or why nothing did."""
     from airflow_dataset_race_fix.source_patches import applier
-
-    site_packages, patches_dir = _locations(args)
     from airflow_dataset_race_fix.targets import environment_problem
 
-    if problem := environment_problem(_configured_database()):
-        return _refused("apply", problem)
-    try:
-        return _report(applier.apply(site_packages, patches_dir, args.dry_run, _waiting("apply", site_packages)))
-    except applier.Refused as err:
-        return _refused("apply", err)
-
-
-def _revert(args) -> int:
-    from airflow_dataset_race_fix.source_patches import applier
-
     site_packages, patches_dir = _locations(args)
+    if command == "apply" and (problem := environment_problem(_configured_database())):
+        return _refused(command, problem)
     try:
-        return _report(applier.revert(site_packages, patches_dir, args.dry_run, _waiting("revert", site_packages)))
+        operation = applier.apply if command == "apply" else applier.revert
+        outcome = operation(site_packages, patches_dir, args.dry_run, _waiting(command, site_packages))
     except applier.Refused as err:
-        return _refused("revert", err)
+        return _refused(command, err)
+    print(outcome.message)
+    for path in outcome.changed:
+        print(f"  {path}")
+    for warning in outcome.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    return 0
 
 
 def _check(args) -> int:

@@ -42,13 +42,9 @@ def register(subparsers) -> None:
         epilog="Exit code: 0 when the fix is active for every target module, 1 when it is not.",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON document")
-    parser.add_argument(
-        "--no-import",
-        action="store_true",
-        help="do not import Airflow (a quick check, e.g. in an image build): with a route turned on (the "
-        "plugin's opt-in read from the environment or airflow.cfg), targets show as waiting for import; "
-        "fingerprints are not checked",
-    )
+    parser.add_argument("--no-import", action="store_true", help="do not import Airflow (a quick check, e.g. in an "
+                        "image build): with a route turned on (the plugin's opt-in read from the environment or "
+                        "airflow.cfg), targets show as waiting for import; fingerprints are not checked")
     parser.set_defaults(handler=run)
 
 
@@ -63,7 +59,7 @@ def run(args) -> int:
 
 def collect(import_targets: bool = True) -> dict:
     from airflow_dataset_race_fix import BOOTSTRAP_DIR, activation, bootstrap
-    from airflow_dataset_race_fix.targets import SUPPORTED_AIRFLOW_VERSIONS, TARGET_MODULES
+    from airflow_dataset_race_fix.targets import SUPPORTED_AIRFLOW_VERSIONS, TARGET_MODULES, release_of
 
     # Importing Airflow logs (our own warnings too) to stdout; keep stdout for the report.
     import_errors: dict[str, str] = {}
@@ -80,7 +76,8 @@ def collect(import_targets: bool = True) -> dict:
     from airflow_dataset_race_fix import runtime
 
     version = runtime.airflow_version()
-    supported = version in SUPPORTED_AIRFLOW_VERSIONS
+    release = release_of(version)
+    supported = release is not None
     shim = _shim_report(BOOTSTRAP_DIR, activation, bootstrap)
     if plugin_error:
         shim["notes"].append(f"loading Airflow's plugins failed: {plugin_error}")
@@ -94,9 +91,8 @@ def collect(import_targets: bool = True) -> dict:
     )
     return {
         "airflow": {
-            "version": version,
-            "supported": supported,
-            "supported_versions": list(SUPPORTED_AIRFLOW_VERSIONS),
+            "version": version, "supported": supported, "supported_versions": list(SUPPORTED_AIRFLOW_VERSIONS),
+            "local_build_of": release if supported and release != version else None,
         },
         "shim": shim,
         "targets": targets,
@@ -157,7 +153,9 @@ def _shim_report(bootstrap_dir: str, activation, bootstrap) -> dict:
         hiding = getattr(sys.modules.get("sitecustomize"), "__file__", None)
         notes.append(
             "the bootstrap directory is on PYTHONPATH but its sitecustomize did not run in this process"
-            + (f": {hiding} was imported instead (put the bootstrap directory first)" if hiding else "")
+            + (f": {hiding} was imported instead" if hiding else "")
+            + " (put the bootstrap directory first; where a tool puts its own first, as opentelemetry-instrument "
+            "does, use the .pth route: 'airflow-dataset-race-fix shim install-pth')"
         )
     if bootstrap.disabled:
         notes.append(f"disabled by {bootstrap.ENV_DISABLED}")
@@ -190,12 +188,9 @@ def _target_report(name: str, import_error: str | None, shim: dict, runtime) -> 
         status = REFUSED if import_error.startswith("RefusedError") else IMPORT_FAILED
         return {"module": name, "status": status, "detail": import_error}
     state = runtime.module_state(name)
-    if state.state == runtime.PATCHED:
-        return {"module": name, "status": FIXED_BY_SHIM, "detail": state.detail}
-    if state.state == runtime.SOURCE_PATCHED:
-        return {"module": name, "status": FIXED_BY_SOURCE, "detail": state.detail}
-    if state.state == runtime.REFUSED:
-        return {"module": name, "status": REFUSED, "detail": state.detail}
+    status = {runtime.PATCHED: FIXED_BY_SHIM, runtime.SOURCE_PATCHED: FIXED_BY_SOURCE, runtime.REFUSED: REFUSED}
+    if state.state in status:
+        return {"module": name, "status": status[state.state], "detail": state.detail}
     why = _why_inactive(shim)
     if state.state == runtime.PENDING:
         from airflow_dataset_race_fix.bootstrap import ROUTE_LOCAL_SETTINGS, ROUTE_PLUGIN
@@ -216,6 +211,11 @@ def _why_inactive(shim: dict) -> str:
     if shim["disabled"]:
         return "the shim is disabled by AIRFLOW_DATASET_RACE_FIX_DISABLED"
     if not shim["loaded_in_this_process"]:
+        from airflow_dataset_race_fix import runtime
+
+        why = runtime.why_not_started()
+        if why and why[1].startswith("displaced"):
+            return f"the shim is {why[1]}"
         return (
             "the shim is not active in this environment: put the bootstrap directory on PYTHONPATH, "
             "run 'airflow-dataset-race-fix shim install-pth', import airflow_dataset_race_fix.auto in "
@@ -227,8 +227,10 @@ def _why_inactive(shim: dict) -> str:
 def render(report: dict) -> str:
     airflow, shim = report["airflow"], report["shim"]
     supported = "supported" if airflow["supported"] else (
-        f"NOT supported; supported: {', '.join(airflow['supported_versions'])}"
+        f"NOT supported; supported: {', '.join(airflow['supported_versions'])}, and local builds of them"
     )
+    if airflow["local_build_of"]:
+        supported = f"a local build of {airflow['local_build_of']}: judged by its targeted members"
     loaded = (
         f"yes, via {', '.join(shim['routes_in_this_process'])}" if shim["loaded_in_this_process"] else "no"
     )

@@ -11,6 +11,7 @@ when the database comes from Airflow's configuration, and SQLite is opened read-
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import sys
@@ -18,15 +19,8 @@ import warnings
 from urllib.parse import quote
 
 REQUIRED_TABLES = (
-    "alembic_version",
-    "dag",
-    "dag_run",
-    "dag_schedule_dataset_reference",
-    "dagrun_dataset_event",
-    "dataset",
-    "dataset_dag_run_queue",
-    "dataset_event",
-    "serialized_dag",
+    "alembic_version", "dag", "dag_run", "dag_schedule_dataset_reference", "dagrun_dataset_event", "dataset",
+    "dataset_dag_run_queue", "dataset_event", "serialized_dag",
 )
 # Alembic heads of the schemas the audit reads: 2.10.0-2.10.2, and 2.10.3-2.11.x (2.11 added no migration).
 SUPPORTED_REVISIONS = {"22ed7efa9da2": "2.10.0", "5f2621c13b39": "2.10.3"}
@@ -200,22 +194,17 @@ def first_line(err: BaseException) -> str:
     return text.splitlines()[0] if text else type(err).__name__
 
 
-class snapshot:
+@contextlib.contextmanager
+def snapshot(engine):
     """A session reading one snapshot (REPEATABLE READ where the backend has it), closed after."""
+    from sqlalchemy.orm import Session
 
-    def __init__(self, engine) -> None:
-        self.engine = engine
-
-    def __enter__(self):
-        from sqlalchemy.orm import Session
-
-        self.connection = self.engine.connect()
-        if self.engine.dialect.name in ("postgresql", "mysql"):
-            self.connection = self.connection.execution_options(isolation_level="REPEATABLE READ")
-        self.session = Session(bind=self.connection)
-        return self.session
-
-    def __exit__(self, *exc) -> None:
-        self.session.rollback()  # read-only: nothing to commit
-        self.session.close()
-        self.connection.close()
+    with engine.connect() as connection:
+        if engine.dialect.name in ("postgresql", "mysql"):
+            connection = connection.execution_options(isolation_level="REPEATABLE READ")
+        session = Session(bind=connection)
+        try:
+            yield session
+        finally:
+            session.rollback()  # read-only: nothing to commit
+            session.close()

@@ -59,18 +59,21 @@ def _fixed_code():
         return query
 
     function = inspect.unwrap(vars(DagModel)["dags_needing_dagruns"].__func__)
-    needing = types.FunctionType(
-        function.__code__,
-        {**function.__globals__, "with_row_locks": no_row_locks},
-        function.__name__,
-        function.__defaults__,
-        function.__closure__,
-    )
+    globals_without_locks = {**function.__globals__, "with_row_locks": no_row_locks}
+    needing = types.FunctionType(function.__code__, globals_without_locks, function.__name__, function.__defaults__,
+                                 function.__closure__)
     return runner_class, FixedManager, lambda session: needing(DagModel, session=session)
 
 
 def _iso(value: datetime | None) -> str | None:
     return value.astimezone(timezone.utc).isoformat() if value is not None else None
+
+
+def dataset_uris(session: Session, ids) -> dict[int, str]:
+    """The URIs of the datasets with these ids."""
+    from airflow.models.dataset import DatasetModel
+
+    return dict(session.execute(select(DatasetModel.id, DatasetModel.uri).where(DatasetModel.id.in_(ids))).all())
 
 
 def _event(event, uris: dict[int, str]) -> dict[str, Any]:
@@ -148,6 +151,27 @@ class LoopSelection:
         self.swept = {dm.dag_id for dm in swept}
 
 
+# Why a run that the decision makes is not created by the next loop, by reason code.
+_NOT_THIS_LOOP = {
+    "no_slot": "this loop's {slots} DAG slots ([scheduler] max_dagruns_to_create_per_loop) go to DAGs that come "
+    "first; a later loop takes it",
+    "not_queued": "its events have no queue row and lie beyond the sweep's reach ([dataset_race_fix] "
+    "event_lookback_seconds): 'audit --requeue' gives them one",
+}
+
+
+def when_it_runs(dag_id: str, loop: LoopSelection, by_net: bool = False) -> tuple[str | None, str | None]:
+    """When the run the decision makes for ``dag_id`` is created ("net", "next loop", "next sweep"),
+    or the reason code why not (``_NOT_THIS_LOOP``)."""
+    if by_net:
+        return "net", None
+    if dag_id in loop.info and dag_id in loop.picked:
+        return "next loop", None
+    if dag_id in loop.swept:
+        return "next sweep", None
+    return None, "no_slot" if dag_id in loop.info else "not_queued"
+
+
 def explain(
     session: Session, dag_id: str, *, runs: int = 10, loop: LoopSelection | None = None, events_per_run: int | None = None
 ) -> dict[str, Any]:
@@ -177,10 +201,6 @@ def explain(
             "explain answers for DAGs scheduled on datasets"
         )
 
-    picked = loop.picked
-    queue_ready = dag_id in loop.info
-    by_queue = queue_ready and dag_id in picked
-    by_sweep = dag_id in loop.swept
     # Decided as the loop decides it; a DAG the loop would not pick is decided as if it
     # were (its queue dates, if any, and otherwise no date beyond its events').
     info = dict(loop.info)
@@ -196,7 +216,7 @@ def explain(
     by_net = False
     if late_found:
         (with_net,), _ = runner._decide_dataset_triggered_runs([dag_model], info, session)
-        by_net = with_net.get("run") is not None and not (decision.get("run") and (by_queue or by_sweep))
+        by_net = with_net.get("run") is not None and not (decision.get("run") and when_it_runs(dag_id, loop)[0])
         if by_net or not decision.get("run"):
             decision = with_net
 
@@ -211,7 +231,7 @@ def explain(
         ).all()
     )
     dataset_ids |= queued.keys()
-    uris = dict(session.execute(select(DatasetModel.id, DatasetModel.uri).where(DatasetModel.id.in_(dataset_ids))).all())
+    uris = dataset_uris(session, dataset_ids)
     events = decision.get("events") or []
     deferred = decision.get("deferred") or []
     tree = condition_tree(dag.timetable.dataset_condition, {uris[e.dataset_id] for e in events if e.dataset_id in uris})
@@ -252,28 +272,9 @@ def explain(
     run = decision.get("run")
     when = None
     if run is not None and not reasons:
-        if by_net:
-            when = "net"
-        elif by_queue:
-            when = "next loop"
-        elif by_sweep:
-            when = "next sweep"
-        elif queue_ready:
-            reasons.append(
-                {
-                    "code": "no_slot",
-                    "message": f"this loop's {len(picked)} DAG slots ([scheduler] max_dagruns_to_create_per_loop) "
-                    "go to DAGs that come first; a later loop takes it",
-                }
-            )
-        else:
-            reasons.append(
-                {
-                    "code": "not_queued",
-                    "message": "its events have no queue row and lie beyond the sweep's reach "
-                    "([dataset_race_fix] event_lookback_seconds): 'audit --requeue' gives them one",
-                }
-            )
+        when, code = when_it_runs(dag_id, loop, by_net)
+        if code is not None:
+            reasons.append({"code": code, "message": _NOT_THIS_LOOP[code].format(slots=len(loop.picked))})
     verdict = {
         "creates_run": when is not None,
         "when": when,
@@ -430,12 +431,8 @@ def _last_runs(
             .order_by(DatasetEvent.timestamp)
         ):
             events_of[run_id].append(event)
-    uris = dict(uris)
     missing = {e.dataset_id for evs in events_of.values() for e in evs} - uris.keys()
-    if missing:
-        from airflow.models.dataset import DatasetModel
-
-        uris.update(session.execute(select(DatasetModel.id, DatasetModel.uri).where(DatasetModel.id.in_(missing))).all())
+    uris = {**uris, **dataset_uris(session, missing)} if missing else uris
     doubled = {f.event_id for f in found.doubled if f.dag_id == dag_id}
     out_of_order = {f.run_id for f in found.out_of_order if f.dag_id == dag_id}
     result = []

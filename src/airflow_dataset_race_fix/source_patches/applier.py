@@ -381,11 +381,7 @@ def _write_backups(inspection: Inspection) -> None:
         patched = record_digest(t.patched)
         entry = previous.get(t.path, {})
         earlier = [d for d in (entry.get("patched"), *entry.get("earlier", ())) if d and d != patched]
-        manifest["files"][t.path] = {
-            "pristine": t.expected,
-            "patched": patched,
-            "earlier": list(dict.fromkeys(earlier)),
-        }
+        manifest["files"][t.path] = {"pristine": t.expected, "patched": patched, "earlier": list(dict.fromkeys(earlier))}
         step_point()
     atomic_write(root / MANIFEST, json.dumps(manifest, indent=2).encode() + b"\n")
 
@@ -501,11 +497,8 @@ def _revert(site_packages: Path, patches_dir: Path, dry_run: bool) -> Outcome:
     _write_backups(inspection)
     warnings = _swap(inspection, "revert", [(t, t.pristine) for t in to_restore])
     _remove_backups(inspection)
-    return Outcome(
-        f"{_finishing(inspection)}reverted: apache-airflow {inspection.version} in {site_packages} is pristine",
-        changed,
-        warnings,
-    )
+    message = f"{_finishing(inspection)}reverted: apache-airflow {inspection.version} in {site_packages} is pristine"
+    return Outcome(message, changed, warnings)
 
 
 def _remove_backups(inspection: Inspection) -> None:

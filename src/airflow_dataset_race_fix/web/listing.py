@@ -34,7 +34,7 @@ def rows(session: Session, dag_ids: list[str], loop) -> list[dict[str, Any]]:
     from airflow.timetables.simple import DatasetTriggeredTimetable
     from airflow.utils.state import DagRunState
 
-    from airflow_dataset_race_fix.diagnostics.explain import _EPOCH, _reasons, condition_tree
+    from airflow_dataset_race_fix.diagnostics.explain import _EPOCH, _reasons, condition_tree, when_it_runs
 
     models: dict[str, Any] = {}
     active: dict[str, int] = {}
@@ -72,20 +72,11 @@ def rows(session: Session, dag_ids: list[str], loop) -> list[dict[str, Any]]:
         codes = [r["code"] for r in _reasons(dag_model, active.get(dag_id, 0), decision, tree, deferred)]
         when = None
         if decision.get("run") is not None and not codes:  # as explain() sets ``when``
-            if dag_id in loop.info and dag_id in loop.picked:
-                when = "next loop"
-            elif dag_id in loop.swept:
-                when = "next sweep"
-            else:
-                codes.append("no_slot" if dag_id in loop.info else "not_queued")
+            when, code = when_it_runs(dag_id, loop)
+            codes += [code] if code else []
         found[dag_id] = {
-            "dag_id": dag_id,
-            "verdict": VERDICTS.get(when, "waits"),
-            "reasons": codes,
-            "pending": len(events),
-            "deferred": len(deferred),
-            "findings": {},
-            "paused": bool(dag_model.is_paused),
+            "dag_id": dag_id, "verdict": VERDICTS.get(when, "waits"), "reasons": codes, "pending": len(events),
+            "deferred": len(deferred), "findings": {}, "paused": bool(dag_model.is_paused),
             "_late": [e.timestamp for e in decision.get("late") or []],
         }
     return [found[dag_id] for dag_id in dag_ids]
@@ -96,7 +87,7 @@ _URI_CACHE_KEY = "_adrf_dataset_uris"
 
 def _uris_with_events(session: Session, events: list) -> set[str]:
     """The URIs of the datasets that have events among ``events`` (the condition's ``met``)."""
-    from airflow.models.dataset import DatasetModel
+    from airflow_dataset_race_fix.diagnostics.explain import dataset_uris
 
     ids = {e.dataset_id for e in events}
     if not ids:
@@ -104,7 +95,7 @@ def _uris_with_events(session: Session, events: list) -> set[str]:
     cache: dict[int, str] = session.info.setdefault(_URI_CACHE_KEY, {})
     missing = sorted(ids - cache.keys())
     if missing:
-        cache.update(session.execute(select(DatasetModel.id, DatasetModel.uri).where(DatasetModel.id.in_(missing))).all())
+        cache.update(dataset_uris(session, missing))
     return {cache[i] for i in ids if i in cache}
 
 

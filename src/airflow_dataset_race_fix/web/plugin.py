@@ -3,24 +3,48 @@ The ``airflow.plugins`` entry point ``airflow_dataset_race_fix_ui``: the web pag
 
 Every Airflow process that loads plugins loads this module; only the webserver asks for the
 page (``appbuilder_views``), and only then is Flask AppBuilder's view imported. The page
-reads; nothing here turns the fix on (``airflow_dataset_race_fix.plugin`` is that opt-in).
+reads; nothing here turns the fix on (``airflow_dataset_race_fix.plugin`` is that opt-in). Its
+listener makes each component and task process say whether its code is fixed.
 """
 
 from __future__ import annotations
 
+import sys
+
+from airflow.listeners import hookimpl
 from airflow.plugins_manager import AirflowPlugin
 
 PLUGIN_NAME = "airflow_dataset_race_fix_ui"
+
+
+# This module is the plugin's listener: each component as it starts (a Job, 'tasks run') and each
+# task process (in its own task log) says once whether its code is fixed, and if not, why.
+@hookimpl
+def on_starting(component) -> None:
+    _announce()
+
+
+@hookimpl
+def on_task_instance_running(previous_state, task_instance) -> None:
+    _announce()
+
+
+def _announce() -> None:
+    from airflow_dataset_race_fix import runtime
+
+    runtime.announce_process()
 
 
 class DatasetRunsPlugin(AirflowPlugin):
     """Browse > Dataset runs: why each dataset-triggered DAG runs next, or waits."""
 
     name = PLUGIN_NAME
+    listeners = [sys.modules[__name__]]
 
     @property
     def appbuilder_views(self):  # the webserver's question; imports Flask AppBuilder only then
         if "_views" not in vars(self):
+            _announce()  # each webserver worker: it serves the REST API that posts dataset events
             from airflow_dataset_race_fix.web.views import DatasetRunsView
 
             self._views = [{"name": "Dataset runs", "category": "Browse", "view": DatasetRunsView()}]

@@ -20,6 +20,8 @@ from flask_appbuilder import BaseView, expose
 
 from airflow.www.auth import has_access_view
 
+from airflow_dataset_race_fix.diagnostics import fix_active_here
+
 PAGE_SIZE = 50
 # Events of one kind (pending; each run's) on the DAG page and in its JSON; the rest through 'more'
 EVENTS_SHOWN = 100
@@ -75,12 +77,6 @@ def _permitted(dag_ids: list[str], access: _Access) -> list[str]:
     return [dag_id for dag_id in dag_ids if dag_id in access.dag_ids]
 
 
-def _fix_active() -> bool:
-    from airflow_dataset_race_fix.diagnostics import fix_active_here
-
-    return fix_active_here()
-
-
 def _withhold(found: dict[str, Any], access: _Access) -> dict[str, Any]:
     """
     ``found`` without what Airflow would not show this user: dataset events (ids, dates, ``extra``)
@@ -105,12 +101,18 @@ def _withhold(found: dict[str, Any], access: _Access) -> dict[str, Any]:
             run["events"] = []
     events = found["pending_events"] + found["deferred_events"] + [e for run in found["runs"] for e in run["events"]]
     events += [d["newest_event"] for d in found["datasets"] if d["newest_event"]]
-    for event in events:
-        if event["source_dag_id"] is not None and event["source_dag_id"] not in access.dag_ids:
-            event["source_dag_id"] = event["source_run_id"] = event["source_task_id"] = None
-            withheld["producers"] = "the producer's DAG, run and task ids of DAGs your role may not read"
+    if _hide_producers(events, access):
+        withheld["producers"] = "the producer's DAG, run and task ids of DAGs your role may not read"
     found["withheld"] = withheld
     return found
+
+
+def _hide_producers(events: list[dict[str, Any]], access: _Access) -> bool:
+    """Blank the producer's ids of events from DAGs this user may not read; whether any was."""
+    hidden = [e for e in events if e["source_dag_id"] is not None and e["source_dag_id"] not in access.dag_ids]
+    for event in hidden:
+        event["source_dag_id"] = event["source_run_id"] = event["source_task_id"] = None
+    return bool(hidden)
 
 
 def _capped(found: dict[str, Any], dag_id: str) -> dict[str, Any]:
@@ -180,15 +182,8 @@ class DatasetRunsView(BaseView):
         for row in rows:
             row.pop("_late", None)
         return self.render_template(
-            "dataset_race_fix/dags.html",
-            rows=rows,
-            total=total,
-            page=page,
-            pages=max(1, -(-total // PAGE_SIZE)),
-            text_filter=text_filter,
-            verdict_filter=verdict_filter,
-            sort=sort,
-            fix_active=_fix_active(),
+            "dataset_race_fix/dags.html", rows=rows, total=total, page=page, pages=max(1, -(-total // PAGE_SIZE)),
+            text_filter=text_filter, verdict_filter=verdict_filter, sort=sort, fix_active=fix_active_here(),
         )
 
     def _explained(self, dag_id: str, access: _Access) -> dict[str, Any]:
@@ -202,7 +197,7 @@ class DatasetRunsView(BaseView):
                 found = explain(session, dag_id, runs=runs, events_per_run=EVENTS_SHOWN)
             except ExplainError as err:
                 abort(404, description=str(err))
-        found["fix"] = {"active_in_this_process": _fix_active()}
+        found["fix"] = {"active_in_this_process": fix_active_here()}
         return _capped(_withhold(found, access), dag_id)
 
     @expose("/dag/<string:dag_id>")
@@ -223,9 +218,9 @@ class DatasetRunsView(BaseView):
     def events(self, dag_id: str):
         """The rest of a list of events (JSON): ``of=pending|deferred&offset=N``, or ``run_id=R&after=ID``."""
         from airflow.models.dagrun import DagRun
-        from airflow.models.dataset import DatasetEvent, DatasetModel, association_table
+        from airflow.models.dataset import DatasetEvent, association_table
 
-        from airflow_dataset_race_fix.diagnostics.explain import ExplainError, _event, explain
+        from airflow_dataset_race_fix.diagnostics.explain import ExplainError, _event, dataset_uris, explain
 
         access = _Access()
         if not _permitted([dag_id], access):
@@ -262,14 +257,10 @@ class DatasetRunsView(BaseView):
                 more = len(ids) > EVENTS_SHOWN
                 ids = ids[:EVENTS_SHOWN]
                 rows = session.scalars(select(DatasetEvent).where(DatasetEvent.id.in_(ids)).order_by(DatasetEvent.id)).all()
-                uris = dict(session.execute(
-                    select(DatasetModel.id, DatasetModel.uri).where(DatasetModel.id.in_({e.dataset_id for e in rows}))
-                ).all())
+                uris = dataset_uris(session, {e.dataset_id for e in rows})
                 events = [_event(e, uris) for e in rows]
                 next_args = {"run_id": run_id, "after": ids[-1] if ids else after}
-        for event in events:
-            if event["source_dag_id"] is not None and event["source_dag_id"] not in access.dag_ids:
-                event["source_dag_id"] = event["source_run_id"] = event["source_task_id"] = None
+        _hide_producers(events, access)
         from flask import url_for
 
         body = {"dag_id": dag_id, "events": events,
