@@ -90,11 +90,9 @@ _MEMBER_NAMES = {
     _MANAGER: """
     register_dataset_change _slow_path_queue_dagruns _postgres_queue_dagruns _defer_queue_dagruns
     _stamp_at_commit _listen_for_commit _write_at_commit _forget_rolled_back_queue_rows
-    _forget_ended_queue_rows _database_clock _database_now _send _utc_text _stamp_events_and_date_queue_rows
-    _postgres_stamp_events_and_date_queue_rows _stamp_events _take_queue_rows _queue_keys_joined_first
-    _upsert_queue_dagruns _date_queue_rows_after_their_events _upsert_queue_rows_not_held
-    _postgres_upsert_queue_rows _postgres_row_in_list _upsert_queue_rows_taken_first
-    _sqlite_upsert_queue_rows _dataset_race_fix_settings _dataset_race_fix_setting
+    _forget_ended_queue_rows _database_clock _database_now _send _stamp_events_and_date_queue_rows
+    _take_queue_rows _queue_keys_joined_first _postgres_upsert_queue_rows _row_in_list
+    _upsert_queue_rows_taken_first _sqlite_upsert_queue_rows _dataset_race_fix_settings _dataset_race_fix_setting
     """,
     _SCHEDULER: """
     _create_dagruns_for_dags _dataset_manager _DatasetFloors _DatasetRunChoice _DatasetDecisionState
