@@ -64,7 +64,7 @@ def test_a_clock_behind_the_latest_run_reads_in_full_from_the_run_before_the_clo
 def test_nothing_is_read_below_the_oldest_run_db_clean_left():
     # issue 47 item 4: the runs below it were deleted with their consumption records
     assert floors([1], T, newest={1: T - S}, oldest=T).floors == {1: T}
-    # a late commit the net found, or a queue row, reads below it: neither comes from a deleted run
+    # a late commit the net found (never below the oldest run either), or a queue row, reads below it
     assert floors([1, 2], T, newest={1: T - S}, found_late={1: T - 60 * S}, oldest=T - 30 * S).floors == {
         1: T - 60 * S, 2: T - 30 * S
     }

@@ -317,44 +317,51 @@ class SchedulerJobRunner:
             return
         # the clock read after the look: every event seen committed before it
         slow_before = manager._database_now(session) - latency
-        late = net.setdefault("late", [])  # checked at most 50 a loop (a probe per consumer each), 100 000 kept
-        late += [row.id for row in appeared if row.timestamp < slow_before][: 100_000 - len(late)]
+        late = net.setdefault("late", [])  # checked at most 50 a look (their consumers' probes), 100 000 kept
+        late += [tuple(row) for row in appeared if row.timestamp < slow_before][: 100_000 - len(late)]
         checked, net["late"] = late[:50], late[50:]
         if checked:
             self._find_consumers_of_late_events(net, checked, session)
 
-    def _find_consumers_of_late_events(self, net: dict[str, Any], event_ids: list[int], session: Session) -> None:
+    def _find_consumers_of_late_events(
+        self, net: dict[str, Any], events: list[tuple[Any, ...]], session: Session
+    ) -> None:
         """
-        Found: each late event's consumers (DAGs with a dataset-triggered run) that have not consumed it and whose next
-        read may start above it (it lies at or below their latest run, or below what this process remembers).
+        Found: each late event's (``id, dataset_id, timestamp``) consumers (DAGs with a dataset-triggered run) that have
+        not consumed it and whose next read may start above it (it lies at or below their latest run, or below what
+        this process remembers), not below their oldest run (``db clean`` may have deleted the run that consumed it
+        since it appeared). Two reads, each a probe per consumer of an event, not per consumer and link.
         """
-        from sqlalchemy import bindparam, true
+        from sqlalchemy import true
 
         from airflow.models.dataset import association_table
 
         reference = DagScheduleDatasetReference
-        latest_run = self._latest_dataset_run_date(reference.dag_id)
-        consumed = (
-            select(association_table.c.event_id)
-            .join(DagRun, DagRun.id == association_table.c.dag_run_id)
-            .where(association_table.c.event_id == DatasetEvent.id, DagRun.dag_id == reference.dag_id)
-            .exists()
-        )
-        unconsumed = self._dataset_statement(
-            ("late events' consumers",),
-            lambda: select(reference.dag_id, DatasetEvent.dataset_id, DatasetEvent.timestamp, latest_run)
-            .join(reference, reference.dataset_id == DatasetEvent.dataset_id)
+        latest_run, oldest_run = (self._latest_dataset_run_date(reference.dag_id, oldest) for oldest in (False, True))
+        consumers_of: dict[int, list[tuple[str, Any, Any]]] = defaultdict(list)
+        for dag_id, dataset_id, latest, oldest in session.execute(
+            select(reference.dag_id, reference.dataset_id, latest_run, oldest_run)
             .join(DagModel, DagModel.dag_id == reference.dag_id)
-            .where(DatasetEvent.id.in_(bindparam("ids", expanding=True)), DagModel.is_active == true())
-            .where(latest_run.is_not(None), ~consumed),
+            .where(reference.dataset_id.in_({event[1] for event in events}), DagModel.is_active == true())
+        ):
+            if latest is not None:
+                consumers_of[dataset_id].append((dag_id, latest, oldest))
+        consumed = set(
+            session.execute(
+                select(association_table.c.event_id, DagRun.dag_id)
+                .join(DagRun, DagRun.id == association_table.c.dag_run_id)
+                .where(association_table.c.event_id.in_([event[0] for event in events]))
+            ).all()
         )
         checked: dict[tuple[str, int], tuple[Any, ...]] = self.__dict__.get("_dataset_race_fix_checked", {})
         found: dict[str, dict[int, datetime]] = net["found"]
-        for dag_id, dataset_id, stamp, latest in session.execute(unconsumed, {"ids": event_ids}):
-            remembered = checked.get((dag_id, dataset_id), (None, None, None))[2]
-            if stamp <= latest or (remembered is not None and stamp < remembered):
-                stamps = found.setdefault(dag_id, {})
-                stamps[dataset_id] = min(stamps.get(dataset_id, stamp), stamp)
+        for event_id, dataset_id, stamp in events:
+            for dag_id, latest, oldest in consumers_of[dataset_id]:
+                remembered = checked.get((dag_id, dataset_id), (None, None, None))[2]
+                below = stamp <= latest or (remembered and stamp < remembered)
+                if (event_id, dag_id) not in consumed and below and stamp >= oldest:
+                    stamps = found.setdefault(dag_id, {})
+                    stamps[dataset_id] = min(stamps.get(dataset_id, stamp), stamp)
 
     def _read_dataset_windows_once(
         self, net: dict[str, Any], only: set[str] | None, session: Session, at_once: bool = False
