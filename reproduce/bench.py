@@ -874,34 +874,34 @@ def bench_fanout(variants: Variants, consumers: int, datasets: int, events: int,
             session.commit()
     _log(f"  {consumers} consumers x {datasets} datasets, {events} events each, {consumers * events * datasets} links "
          f"({time.monotonic() - started:.0f} s to write)")
-    times: dict[str, dict[str, list[float]]] = {}
-    net_share: dict[str, float] = {}
-    for variant in VARIANTS:
+    runners, laps, net_seconds = {}, {v: [] for v in VARIANTS}, [0.0]
+    for variant in VARIANTS:  # one scheduler process each, started together
         variants.use(variant)
-        runner, net_seconds = new_scheduler_runner(), [0.0]
-        if variant == "fixed":  # the net's own time, from inside the loop
-            net = runner._dags_with_stranded_dataset_events
+        runners[variant] = new_scheduler_runner()
+    net = runners["fixed"]._dags_with_stranded_dataset_events
 
-            def timed_net(*args: Any, _net: Callable = net, **kwargs: Any) -> Any:
+    def timed_net(*args: Any, **kwargs: Any) -> Any:  # the net's own time, from inside the loop
+        began = time.perf_counter()
+        try:
+            return net(*args, **kwargs)
+        finally:
+            net_seconds[0] += time.perf_counter() - began
+
+    runners["fixed"]._dags_with_stranded_dataset_events = timed_net
+    for block in range(0, 2 * loops + 1, 10):  # ten loops of each in turn, ABBA, so that load drifts on both
+        for variant in VARIANTS if block % 20 == 0 else VARIANTS[::-1]:
+            variants.use(variant)
+            for _ in range(min(10, 2 * loops + 1 - block)):
+                session = settings.Session.session_factory()
                 began = time.perf_counter()
-                try:
-                    return _net(*args, **kwargs)
-                finally:
-                    net_seconds[0] += time.perf_counter() - began
-
-            runner._dags_with_stranded_dataset_events = timed_net
-        laps = []
-        for _ in range(2 * loops + 1):
-            session = settings.Session.session_factory()
-            began = time.perf_counter()
-            error = scheduler_pass(runner, session)
-            laps.append(time.perf_counter() - began)
-            session.close()
-            if error:
-                notes.append(f"fan-out, {variant}: a loop failed: {error}")
-        times[variant] = {"first": laps[:1], "restarted": laps[1 : loops + 1], "running": laps[loops + 1 :]}
-        net_share[variant] = net_seconds[0] / sum(laps)
+                error = scheduler_pass(runners[variant], session)
+                laps[variant].append(time.perf_counter() - began)
+                session.close()
+                if error:
+                    notes.append(f"fan-out, {variant}: a loop failed: {error}")
     variants.use("stock")
+    times = {v: {"first": t[:1], "restarted": t[1 : loops + 1], "running": t[loops + 1 :]} for v, t in laps.items()}
+    net_share = {"fixed": net_seconds[0] / sum(laps["fixed"])}
     label = f"fan-out {consumers} x {datasets} datasets, {events} events each"
     rows = []
     for phase, what in (("first", "first loop"), ("restarted", "just started"), ("running", "running on")):
