@@ -241,7 +241,8 @@ class SchedulerJobRunner:
                 .where(DagModel.dag_id.in_(chunk), DagModel.is_active == true())
             ):
                 present.add(dag_id)
-                if not is_paused and not has_import_errors and active_runs.get(dag_id, 0) < (max_active_runs or 0):
+                room = max_active_runs is None or active_runs.get(dag_id, 0) < max_active_runs
+                if room and not is_paused and not has_import_errors:
                     can_run.append(dag_id)
         found = self.__dict__.get("_dataset_race_fix_net", {}).get("found", {})
         for gone in set(dag_ids) - present:
@@ -291,7 +292,8 @@ class SchedulerJobRunner:
         if high is None:  # a new process: the last ids not there yet may still commit
             high = session.scalar(select(func.max(DatasetEvent.id))) or 0
             there = set(session.scalars(select(DatasetEvent.id).where(DatasetEvent.id > high - 10_000)))
-            missing.update(dict.fromkeys(set(range(max(high - 10_000, 0) + 1, high)) - there, looked_at))
+            # (from the oldest there: ids below it were deleted, by db clean say, or belong to an old rollback)
+            missing.update(dict.fromkeys(set(range(min(there, default=high), high)) - there, looked_at))
             net["high"] = high
             return
         # At most 5 000 new and 1 000 missing ids a loop: a backlog is read in the loops after.
