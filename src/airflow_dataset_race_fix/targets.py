@@ -106,6 +106,7 @@ MEMBERS = tuple(
         (_SCHEDULER, "_DatasetFloors", None),
         (_SCHEDULER, "_DatasetRunChoice", None),
         (_SCHEDULER, "_DatasetDecisionState", None),
+        (_SCHEDULER, "_DatasetEventRead", None),
         (_SCHEDULER, "_dags_with_unqueued_dataset_events", None),
         (_SCHEDULER, "_dags_with_new_unqueued_events", None),
         (_SCHEDULER, "_runnable_dataset_dags", None),
@@ -124,8 +125,11 @@ MEMBERS = tuple(
         (_SCHEDULER, "_checked_dataset_floors", None),
         (_SCHEDULER, "_select_dataset_events", None),
         (_SCHEDULER, "_choose_dataset_run", None),
+        (_SCHEDULER, "_events_for_timetable", None),
+        (_SCHEDULER, "_dataset_events_by_id", None),
         (_SCHEDULER, "_dataset_triggered_run", None),
         (_SCHEDULER, "_create_dag_runs_dataset_triggered", "ec956aa0e0cf165798c17c1e9c1db02142430e8f90f9955cef46b9efc0cce846"),
+        (_SCHEDULER, "_link_consumed_events", None),
         (_SCHEDULER, "_delete_dataset_queue_rows_as_read", None),
     )
 )
