@@ -8,6 +8,8 @@ the scheduler here on SQLite ("Expression tree is too large").
 
 from __future__ import annotations
 
+import threading
+from collections import Counter
 from datetime import timedelta
 
 from sqlalchemy import event, func, insert, select, update
@@ -157,7 +159,8 @@ def test_a_first_run_over_many_events_takes_each_in_few_statements_as_airflow_da
         statements: list[str] = []
 
         def record(conn, cursor, statement, parameters, context, executemany):
-            statements.append(statement)
+            if threading.current_thread().name == f"actor-{s.name}":  # the scheduler's, not the lock monitor's
+                statements.append(statement)
 
         event.listen(settings.engine, "before_cursor_execute", record)
         try:
@@ -166,7 +169,7 @@ def test_a_first_run_over_many_events_takes_each_in_few_statements_as_airflow_da
         finally:
             event.remove(settings.engine, "before_cursor_execute", record)
         links = [text for text in statements if text.lstrip().upper().startswith("INSERT INTO DAGRUN_DATASET_EVENT")]
-        assert len(statements) < 100, len(statements)
+        assert len(statements) < 100, Counter(text[:100] for text in statements).most_common(3)  # Airflow: 25 000+
         assert len(links) == 3 and max(text.count("(") for text in links) == 10_000 + 1, len(links)
         with create_session() as session:
             run = session.scalar(select(DagRun).where(DagRun.dag_id == dag_id))
