@@ -806,7 +806,8 @@ class SchedulerJobRunner:
                 params = {"dag_id": dag_id, "runs_floor": floors.runs_floor}
                 for i, (floor, ids) in enumerate(sorted(by_floor.items())):
                     params.update({f"ids_{i}": ids, f"floor_{i}": floor})
-            dataset_events += [self._DatasetEventRead(*row) for row in session.execute(chosen, params)]
+            # On the connection: the ORM's result layer doubled the time of 200 000 rows (issue 49).
+            dataset_events += [self._DatasetEventRead(*row) for row in session.connection().execute(chosen, params)]
         return dataset_events
 
     @classmethod
