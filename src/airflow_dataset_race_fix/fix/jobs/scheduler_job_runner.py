@@ -877,12 +877,12 @@ class SchedulerJobRunner:
 
     @staticmethod
     def _dataset_events_by_id(event_ids: list[int], session: Session) -> list[DatasetEvent]:
-        """Airflow's objects of the events ``event_ids``, in that order (500 a statement)."""
+        """Airflow's objects of the events ``event_ids``, in that order, but those deleted since (500 a statement)."""
         by_id: dict[int, DatasetEvent] = {}
         for start in range(0, len(event_ids), 500):
             chunk = select(DatasetEvent).where(DatasetEvent.id.in_(event_ids[start : start + 500]))
             by_id.update((event.id, event) for event in session.scalars(chunk))
-        return [by_id[event_id] for event_id in event_ids]
+        return [by_id[event_id] for event_id in event_ids if event_id in by_id]
 
     def _dataset_triggered_run(
         self,
