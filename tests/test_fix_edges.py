@@ -126,3 +126,46 @@ def test_and_condition_is_judged_on_events_not_on_stale_queue_rows(variant_fixed
         assert w.report().violations() == {}
     finally:
         w.close()
+
+
+def test_a_timetable_that_reads_events_its_own_way_gets_airflows_objects(variant_fixed):
+    """
+    Run creation reads events as columns (issue 49). A timetable that overrides Airflow's ``data_interval_for_events``
+    gets Airflow's DatasetEvent objects, in the decision's order; Airflow's own and DatasetOrTimeSchedule (whose
+    run_id takes no event) get the columns, each with its producer run set.
+    """
+    from airflow.timetables.datasets import DatasetOrTimeSchedule
+    from airflow.timetables.simple import DatasetTriggeredTimetable
+    from airflow.timetables.trigger import CronTriggerTimetable
+
+    from airflow_dataset_race_fix.fix.jobs.scheduler_job_runner import SchedulerJobRunner as Runner
+
+    class OwnInterval(DatasetTriggeredTimetable):
+        def data_interval_for_events(self, logical_date, events):
+            return super().data_interval_for_events(logical_date, events)
+
+    w = World("own_timetable")
+    try:
+        a = w.dataset("a")
+        w.consumer("d", [a])
+        p = w.producer("P")
+        for second in (1, 2):
+            w.clock.at(second), w.emit(p, a)
+        p.finish()
+        with create_session() as session:
+            ids = sorted(
+                session.scalars(
+                    select(DatasetEvent.id).join(DatasetModel, DatasetModel.id == DatasetEvent.dataset_id)
+                    .where(DatasetModel.uri == a.uri)
+                ),
+                reverse=True,
+            )
+            reads = [Runner._DatasetEventRead(event_id, 0, None, "producer", "gone") for event_id in ids]
+            own = Runner._events_for_timetable(OwnInterval(a), reads, session)
+            assert [(type(e), e.id) for e in own] == [(DatasetEvent, event_id) for event_id in ids]
+            either = DatasetOrTimeSchedule(timetable=CronTriggerTimetable("@daily", timezone="UTC"), datasets=a)
+            for timetable in (DatasetTriggeredTimetable(a), either):
+                assert Runner._events_for_timetable(timetable, reads, session) is reads
+                assert [e.source_dag_run for e in reads] == [None, None]
+    finally:
+        w.close()

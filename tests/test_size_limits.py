@@ -1,6 +1,6 @@
 """
-Statement sizes at scale, on every backend: 10 000 queue rows for one DAG, and one dataset
-with 10 000 consuming DAGs. Every statement of the fix whose size follows the number of
+Statement sizes at scale, on every backend: 10 000 queue rows for one DAG, one dataset
+with 10 000 consuming DAGs, and a first run over 25 000 events. Every statement of the fix whose size follows the number of
 rows, datasets or DAGs is chunked, so it stays inside SQLite's expression depth (1 000)
 and bound variables (999 before 3.32), and MySQL's packet size. The previous fix crashed
 the scheduler here on SQLite ("Expression tree is too large").
@@ -8,14 +8,27 @@ the scheduler here on SQLite ("Expression tree is too large").
 
 from __future__ import annotations
 
+import threading
+from collections import Counter
 from datetime import timedelta
 
-from sqlalchemy import func, select, update
+from sqlalchemy import event, func, insert, select, update
+
+from airflow import settings
 
 from airflow.datasets import DatasetAny
 from airflow.models.dag import DagModel
 from airflow.models.dagrun import DagRun
-from airflow.models.dataset import DagScheduleDatasetReference, DatasetDagRunQueue, DatasetEvent, DatasetModel
+from airflow.models.dataset import (
+    DagScheduleDatasetReference,
+    DatasetDagRunQueue,
+    DatasetEvent,
+    DatasetModel,
+    association_table,
+)
+from airflow.models.serialized_dag import SerializedDagModel
+from airflow.utils.state import DagRunState
+from airflow.utils.types import DagRunType
 from airflow.utils.session import create_session
 
 from airflow_dataset_race_fix.diagnostics import invariant
@@ -102,5 +115,75 @@ def test_one_dataset_with_ten_thousand_consuming_dags(variant_fixed):
             report = invariant.check(session, ready + held[:100])
         assert report.violations() == {}
         assert report.total("consumed") == len(ready)
+    finally:
+        w.close()
+
+
+BULK = 25_000  # three link statements of at most 10 000 rows
+
+
+def test_a_first_run_over_many_events_takes_each_in_few_statements_as_airflow_dates_them(variant_fixed):
+    """
+    A new DAG's first run over 25 001 events (issue 49): each consumed once, its data interval and run_id those of
+    Airflow's own functions over the same events, in a bounded number of statements (Airflow's path read each event's
+    producer run: a statement an event) with the links at most 10 000 rows a statement.
+    """
+    w = World("bulkrun", step_timeout=LOOP_TIMEOUT)
+    try:
+        a = w.dataset("a")
+        dag_id = w.consumer("d", a)
+        p, s = w.producer("P"), w.scheduler()
+        start = w.clock.at(1)
+        producer = f"{w.prefix}_producer"
+        # Producer runs whose intervals reach beyond the events' stamps; a run of another DAG with the same run_id
+        # and a wider interval (matched on both keys, or the interval is wrong); events of a run that is gone and
+        # events with no producer (the REST API's), dated by their own stamps.
+        with create_session() as session:
+            session.execute(insert(DagRun), [
+                {"dag_id": dag, "run_id": f"run_{i}", "run_type": DagRunType.MANUAL, "state": DagRunState.SUCCESS,
+                 "execution_date": start - timedelta(hours=i + 1, days=days), "external_trigger": True,
+                 "data_interval_start": start - timedelta(hours=i + 2, days=days),
+                 "data_interval_end": start - timedelta(hours=i + 1, days=days) - timedelta(minutes=hours_later)}
+                for dag, days, hours_later in ((producer, 0, 0), (f"{w.prefix}_other", 3, -600))
+                for i in range(20)
+            ])
+            dataset_id = session.scalar(select(DatasetModel.id).where(DatasetModel.uri == a.uri))
+            sources = [(None, None), (producer, "gone")] + [(producer, f"run_{i}") for i in range(20)]
+            session.execute(insert(DatasetEvent), [
+                {"dataset_id": dataset_id, "timestamp": start - timedelta(seconds=800 * (BULK - i) / BULK), "extra": {},
+                 "source_dag_id": sources[i % len(sources)][0], "source_run_id": sources[i % len(sources)][1]}
+                for i in range(BULK)
+            ])
+        w.clock.at(2), w.emit(p, a), p.finish()
+        w.clock.at(3)
+        statements: list[str] = []
+
+        def record(conn, cursor, statement, parameters, context, executemany):
+            if threading.current_thread().name == f"actor-{s.name}":  # the scheduler's, not the lock monitor's
+                statements.append(statement)
+
+        event.listen(settings.engine, "before_cursor_execute", record)
+        try:
+            assert w.loop(s) == DONE
+            s.finish()
+        finally:
+            event.remove(settings.engine, "before_cursor_execute", record)
+        links = [text for text in statements if text.lstrip().upper().startswith("INSERT INTO DAGRUN_DATASET_EVENT")]
+        assert len(statements) < 100, Counter(text[:100] for text in statements).most_common(3)  # Airflow: 25 000+
+        assert len(links) == 3 and max(text.count("(") for text in links) == 10_000 + 1, len(links)
+        with create_session() as session:
+            run = session.scalar(select(DagRun).where(DagRun.dag_id == dag_id))
+            linked = session.scalars(select(association_table.c.event_id).where(association_table.c.dag_run_id == run.id))
+            events = session.scalars(select(DatasetEvent).where(DatasetEvent.dataset_id == dataset_id)).all()
+            assert sorted(linked) == sorted(e.id for e in events) and len(events) == BULK + 1
+            dag = SerializedDagModel.get_dag(dag_id, session=session)
+            expected = dag.timetable.data_interval_for_events(run.execution_date, events)
+            assert (run.data_interval_start, run.data_interval_end) == tuple(expected)
+            assert expected.start == start - timedelta(hours=21) and expected.end == max(e.timestamp for e in events)
+            assert run.run_id == dag.timetable.generate_run_id(
+                run_type=DagRunType.DATASET_TRIGGERED, logical_date=run.execution_date, data_interval=expected,
+                events=events,
+            )
+        assert w.report().violations() == {}
     finally:
         w.close()

@@ -232,8 +232,10 @@ def explain(
     )
     dataset_ids |= queued.keys()
     uris = dataset_uris(session, dataset_ids)
-    events = decision.get("events") or []
-    deferred = decision.get("deferred") or []
+    # The decision reads the columns it decides by; an event is shown as Airflow's whole row (its ``extra``).
+    events, deferred = (
+        runner._dataset_events_by_id([e.id for e in decision.get(key) or []], session) for key in ("events", "deferred")
+    )
     tree = condition_tree(dag.timetable.dataset_condition, {uris[e.dataset_id] for e in events if e.dataset_id in uris})
 
     datasets = []
