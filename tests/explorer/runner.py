@@ -345,9 +345,8 @@ class Executor:
 
     def operate(self, step: Step, session) -> None:
         """The operator's step on the DAGs whose name starts with ``step.dataset``."""
-        from sqlalchemy import func, update
+        from sqlalchemy import update
 
-        from airflow.models.dag import DagModel
         from airflow.utils.state import DagRunState
 
         dag_ids = [d for name, d in self.dag_ids.items() if name.startswith(step.dataset)]
