@@ -73,6 +73,18 @@ ISSUE_47 = {  # item: (DAGs, steps, max_dagruns_to_create_per_loop, tick, what t
 }
 
 
+def test_the_model_holds_issue_47s_interleavings():
+    """Operator and clock steps are enumerated, one interleaving per trace; the issue's lists are in the spaces."""
+    from explorer.explore import programs
+    from explorer.model import Space
+
+    spaces = {p.name: Space(p) for p in programs("postgres")}
+    for program, item in (("starved-victim", "3-starved-victim"), ("clock-step", "5-clock-step")):
+        words = [tuple(spaces[program].expand(w)) for w in spaces[program]]
+        assert len(words) == len(set(words)) == spaces[program].count()
+        assert tuple(ISSUE_47[item][1].split()) in words
+
+
 @pytest.mark.parametrize("item", sorted(ISSUE_47))
 def test_issue_47_interleavings_the_fix_does_no_worse(explorer_settings, item):
     from explorer.explore import compare, run_pair
