@@ -3,7 +3,7 @@ Run one schedule on a fresh ``World`` (real database), on the variant in place (
 fixed: the caller applies or removes the fix), and collect what the oracle needs.
 
 Time is virtual and frozen: every step runs at its own instant (``TICK`` apart), a stall
-moves the clock by ``stall`` seconds. Python's clock is the world's ``Clock``; on a
+moves the clock by ``stall`` seconds, a clock step by its own (back too). Python's clock is the world's ``Clock``; on a
 server the fix's database clock (``DatasetManager._database_clock``) is replaced by that
 same instant as a literal, so stamps follow the schedule, not the machine's speed (SQLite's
 clock is Python's). No step sleeps.
