@@ -6,6 +6,8 @@ Issue 33's interleaving explorer (tests/explorer, docs/explorer.md) in the test 
   interleaving where the fix does worse than stock, printing each as a replayable step list;
 - the quiet-DAG interleaving of issue 30, replayed as the explorer writes it: the fix must
   consume the stalled producer's event (stock does), on the servers, where busy rows exist;
+- issue 47's items 3-5 as the explorer writes them (starved-victim, db-clean, clock-step): on
+  f61ec50 the fix did worse than stock in each (docs/explorer.md); now nothing;
 - the oracle can fail: on stock, a stale queue row (S1) loses events, and the explorer sees it;
 - the model: one interleaving per trace, and the quiet-DAG steps are in the busy-row space.
 """
@@ -54,6 +56,45 @@ def test_the_quiet_dag_interleaving_consumes_the_stalled_event(explorer_settings
     assert stock.consumed["d"]["P1"] == 1
     assert fixed.consumed["d"].get("P1") == 1, f"the fix leaves P1's event unconsumed: {fixed.summary()}"
     assert compare(stock, fixed)[0] == []
+
+
+ISSUE_47 = {  # item: (DAGs, steps, max_dagruns_to_create_per_loop, tick, what the fix did on f61ec50)
+    "3-starved-victim": (
+        (("h1", "a/1"), ("h2", "a/1"), ("h3", "a/1"), ("v", "b")),
+        "Q0:a R0:b S.loop S.loop S.loop S.loop D.full:h D.pause:h Q1:a D.unpause:h D.pause:v Q2:b D.unpause:v S.loop S.loop",
+        1, 0.01, "starved Q2 (v)",
+    ),
+    "4-db-clean": ((("d", "a"),), "Q1:a S.loop Q2:a S.loop Q3:a S.loop D.clean:d", None, 1.5, "doubled Q1, Q2 (d)"),
+    "5-clock-step": (
+        (("d", "a"),),
+        "Q1:a S.loop clock+1200 Q2:a S.loop clock-1200 D.pause:d Q3:a clock+960 D.unpause:d Q4:a S.loop",
+        None, 0.01, "lost Q3 (d)",
+    ),
+}
+
+
+def test_the_model_holds_issue_47s_interleavings():
+    """Operator and clock steps are enumerated, one interleaving per trace; the issue's lists are in the spaces."""
+    from explorer.explore import programs
+    from explorer.model import Space
+
+    spaces = {p.name: Space(p) for p in programs("postgres")}
+    for program, item in (("starved-victim", "3-starved-victim"), ("clock-step", "5-clock-step")):
+        words = [tuple(spaces[program].expand(w)) for w in spaces[program]]
+        assert len(words) == len(set(words)) == spaces[program].count()
+        assert tuple(ISSUE_47[item][1].split()) in words
+
+
+@pytest.mark.parametrize("item", sorted(ISSUE_47))
+def test_issue_47_interleavings_the_fix_does_no_worse(explorer_settings, item):
+    from explorer.explore import compare, run_pair
+
+    dags, steps, per_loop, tick, before = ISSUE_47[item]
+    stock, fixed = run_pair(dags, steps.split(), per_loop, tick)
+    print(f"\nstock: {stock.summary()}\nfixed: {fixed.summary()}\n(f61ec50: {before})")
+    assert compare(stock, fixed)[0] == [], f"the fix does worse than stock: {fixed.summary()}"
+    consumed = {txn: n for dag in fixed.consumed.values() for txn, n in dag.items()}
+    assert {"3-starved-victim": consumed.get("Q2"), "4-db-clean": consumed.get("Q1"), "5-clock-step": consumed.get("Q3")}[item] == 1
 
 
 def test_the_oracle_sees_stocks_own_loss(explorer_settings):

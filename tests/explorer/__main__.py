@@ -27,7 +27,9 @@ def main(argv: list[str]) -> int:
     ex.add_argument("--no-minimize", action="store_true")
     rp = sub.add_parser("replay")
     rp.add_argument("--backend", default="sqlite", choices=("sqlite", "postgres", "mysql"))
-    rp.add_argument("--dags", default="d=a", help="DAGs: name=schedule, comma-separated (a, a|b, a&b)")
+    rp.add_argument("--dags", default="d=a", help="DAGs: name=schedule[/max_active_runs], comma-separated (a, a|b, a&b/1)")
+    rp.add_argument("--per-loop", type=int, default=None, help="max_dagruns_to_create_per_loop")
+    rp.add_argument("--tick", type=float, default=0.01, help="seconds from one step to the next")
     rp.add_argument("steps")
     args = parser.parse_args(argv)
 
@@ -48,8 +50,10 @@ def main(argv: list[str]) -> int:
 
         if args.command == "replay":
             dags = tuple(tuple(d.split("=", 1)) for d in args.dags.split(","))
-            steps = args.steps.replace("+", " ").split()
-            stock, fixed = xp.run_pair(dags, steps)
+            from .model import tokens
+
+            steps = tokens(args.steps)
+            stock, fixed = xp.run_pair(dags, steps, args.per_loop, args.tick)
             worse, both = xp.compare(stock, fixed)
             print(f"steps:  {' '.join(steps)}")
             print(f"stock:  {stock.summary()}   executed: {' '.join(stock.executed)}")

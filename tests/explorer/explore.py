@@ -5,7 +5,10 @@ the fix, the oracle comparing them, and a greedy minimizer for what fails.
 The oracle, per interleaving (``compare``): after the steps, quiet loops and a restarted
 scheduler's loops (``runner.drain``), every committed event is consumed exactly once by
 each DAG scheduled on its dataset (or still queued for it), no run is empty or out of
-order, no queue row lingers, no producer transaction fails and no loop errs. A failure of
+order, no queue row lingers, no producer transaction fails and no loop errs; an event a
+``db clean`` deleted the run of counts as consumed (consumed again: *doubled*); a DAG paused
+or at ``max_active_runs`` at the end loses nothing (its events wait); an event stock's running
+scheduler consumed that the fix's left to the restarted scheduler is *starved*. A failure of
 the fix that stock does not show is *worse*; one that stock shows too is *both*.
 """
 
@@ -17,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .model import Program, Space, Txn, format_schedule, parse_schedule
-from .runner import Outcome, run_schedule
+from .runner import TICK, Outcome, run_schedule
 
 STALL = 1.5  # seconds: past commit_latency_seconds = 1
 COMPARED_VIOLATIONS = ("empty_runs", "out_of_order", "lingering")
@@ -38,6 +41,12 @@ def compare(stock: Outcome, fixed: Outcome) -> tuple[list[str], list[str]]:
     for kind in COMPARED_VIOLATIONS:
         if fixed.violations.get(kind, 0):
             sort(f"{kind} {fixed.violations[kind]}", stock.violations.get(kind, 0) >= fixed.violations[kind])
+    for dag, txns in fixed.after_restart.items():
+        for txn in txns:
+            if stock.consumed.get(dag, {}).get(txn) and txn not in stock.after_restart.get(dag, []):
+                worse.append(f"starved {txn} ({dag}): consumed only by the restarted scheduler")
+    for dag, txns in fixed.unswept.items():  # the fix's own promise: stock has no sweep
+        worse += [f"starved {txn} ({dag}): left by the sweep of a DAG that can run" for txn in txns]
     for txn, res in fixed.txns.items():
         if res.error:
             stock_res = stock.txns.get(txn)
@@ -67,11 +76,14 @@ class Finding:
     fixed: str
     index: int  # how many interleavings had run when it was found (1-based)
     minimal: list[str] | None = None
+    per_loop: int | None = None
+    tick: float = TICK
 
     def replay(self, backend: str) -> str:
         dags = ",".join(f"{n}={s}" for n, s in self.dags)
         steps = format_schedule(parse_schedule(" ".join(self.minimal or self.steps)))
-        return f"python -m tests.explorer replay --backend {backend} --dags '{dags}' '{steps}'"
+        options = (f" --per-loop {self.per_loop}" if self.per_loop else "") + (f" --tick {self.tick}" if self.tick != TICK else "")
+        return f"python -m tests.explorer replay --backend {backend}{options} --dags '{dags}' '{steps}'"
 
 
 @dataclass
@@ -153,6 +165,44 @@ def programs(backend: str) -> list[Program]:
             prefix=("Q0:a", "S.loop"),
             backends=("postgres",),
         ),
+        Program(
+            "late-commit-paced",  # the net's pacing: loops in which it does not look at the ids
+            one,
+            (Txn("P1", "a", open=True, stall=True), Txn("Q1", "a")),
+            loops=(("S", 3),),
+            blind=2,
+            prefix=("Q0:a", "S.loop"),
+            budget=10,
+        ),
+        Program(
+            "db-clean",  # issue 47 item 4: db clean of dag_run between runs; nothing consumed again
+            one,
+            (Txn("Q2", "a"), Txn("Q3", "a")),
+            loops=(("S", 2),),
+            prefix=("Q1:a", "S.loop"),
+            operator=("D.clean:d",),
+            tick=1.5,  # steps further apart than commit_latency_seconds: see docs/explorer.md
+            budget=8,
+        ),
+        Program(
+            "clock-step",  # issue 47 item 5: the clock 20 min ahead for a run, back, a pause of 16 min
+            one,
+            (Txn("Q3", "a"), Txn("Q4", "a")),
+            loops=(("S", 1),),
+            prefix=("Q1:a", "S.loop", "clock+1200", "Q2:a", "S.loop", "clock-1200"),
+            operator=("D.pause:d", "clock+960", "D.unpause:d"),
+            budget=10,
+        ),
+        Program(
+            "starved-victim",  # issue 47 item 3: DAGs at max_active_runs with unqueued events, and a victim
+            (("h1", "a/1"), ("h2", "a/1"), ("h3", "a/1"), ("v", "b")),
+            (Txn("Q2", "b"),),
+            loops=(("S", 2),),
+            prefix=("Q0:a", "R0:b", "S.loop", "S.loop", "S.loop", "S.loop", "D.full:h", "D.pause:h", "Q1:a", "D.unpause:h"),
+            operator=("D.pause:v", "D.unpause:v"),  # the victim's event without a queue row: the sweep's
+            per_loop=1,  # three held DAGs fill twice max_dagruns_to_create_per_loop and one more
+            budget=10,
+        ),
     ]
 
 
@@ -165,12 +215,12 @@ def _set_fix(on: bool) -> None:
         assert {s.state for s in states} == {"patched"}, states
 
 
-def run_pair(dags, steps: list[str]) -> tuple[Outcome, Outcome]:
+def run_pair(dags, steps: list[str], per_loop: int | None = None, tick: float = TICK) -> tuple[Outcome, Outcome]:
     _set_fix(False)
     try:
-        stock = run_schedule(dags, steps, "stock", STALL)
+        stock = run_schedule(dags, steps, "stock", STALL, per_loop, tick)
         _set_fix(True)
-        fixed = run_schedule(dags, steps, "fixed", STALL)
+        fixed = run_schedule(dags, steps, "fixed", STALL, per_loop, tick)
     finally:
         _set_fix(False)
     return stock, fixed
@@ -200,7 +250,7 @@ def _smaller(steps: list[str]):
     for txn in txns:
         yield [t for t, s in zip(tokens, parsed) if s.txn != txn]
     for i, s in enumerate(parsed):
-        if s.kind == "loop":
+        if s.kind in ("loop", "blind"):
             yield tokens[:i] + tokens[i + 1 :]
         if s.kind == "q":
             yield tokens[:i] + tokens[i + 3 :]
@@ -223,25 +273,29 @@ def explore(
     for program in programs(backend):
         if backend not in program.backends or (only and program.name not in only):
             continue
-        size, chosen = Space(program).choose(budget, seed)
+        size, chosen = Space(program).choose(min(budget, program.budget or budget), seed)
         result.spaces[program.name] = size
         log(f"{program.describe()}: {size} interleavings, running {len(chosen)} (seed {seed})")
         for steps in chosen:
             result.explored += 1
             result.ran[program.name] = result.ran.get(program.name, 0) + 1
-            stock, fixed = run_pair(program.dags, steps)
+            stock, fixed = run_pair(program.dags, steps, program.per_loop, program.tick)
             worse, both = compare(stock, fixed)
             if stock_failures(stock) and not worse and not both:
                 result.stock_only += 1
             if not worse and not both:
                 continue
-            finding = Finding(program.name, program.dags, steps, worse, both, stock.summary(), fixed.summary(), result.ran[program.name])
+            finding = Finding(
+                program.name, program.dags, steps, worse, both, stock.summary(), fixed.summary(), result.ran[program.name],
+                per_loop=program.per_loop, tick=program.tick,
+            )
             if worse:
                 log(f"  #{finding.index} THE FIX DOES WORSE: {worse}\n    {' '.join(steps)}")
                 if minimize_first and not result.worse:
                     kinds = {w.split()[0] for w in worse}
                     finding.minimal = minimize(
-                        program.dags, steps, lambda c: bool(kinds & {w.split()[0] for w in compare(*run_pair(program.dags, c))[0]})
+                        program.dags, steps,
+                        lambda c: bool(kinds & {w.split()[0] for w in compare(*run_pair(program.dags, c, program.per_loop, program.tick))[0]}),
                     )
                 result.worse.append(finding)
                 if stop_at_first:

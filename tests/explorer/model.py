@@ -15,13 +15,20 @@ A *schedule* is a list of step tokens, the replayable form:
 - ``S.q`` ``S.e`` ``S.c``  the same loop in three parts: up to the event read (the queue is
                       read), up to the queue delete (events read, runs created), the rest (COMMIT)
 - ``S.restart``       the scheduler process restarts (a new runner: no memory)
+- ``S.blind``         a whole loop in which the net does not look at the event ids (its pacing)
+- ``D.pause:h`` ``D.unpause:h``  the operator pauses / unpauses the DAGs whose name starts with h
+- ``D.full:h`` ``D.free:h``  their latest run set running (max_active_runs holds them) / all runs finished
+- ``D.clean:h``       their runs finished and ``airflow db clean --tables dag_run`` (the latest kept)
+- ``clock+N`` ``clock-N``  the clock (Python's and the database's) stepped by N seconds
 
 Independence (two steps of different actors that commute): a stall commutes with every
-step that reads no clock (commits and rollbacks; not a scheduler loop, or its first part:
+step that reads no clock (commits, rollbacks and the operator's ``D.`` steps; not a scheduler loop, or its first part:
 a loop keeps its clock's reading to bound its next read of each DAG's events, and a stall
-moves the clock past ``commit_latency_seconds``); two COMMITs/ROLLBACKs commute
+moves the clock past ``commit_latency_seconds``), and so does a clock step, with which it commutes
+(the moves add up); two COMMITs/ROLLBACKs commute
 (everything they make visible was written before). Everything else is dependent, which is
-conservative. ``reg`` always comes right before its ``stamp`` in enumerated schedules: the
+conservative: a ``D.`` step changes what producers queue and loops decide. Steps of one actor's
+list (the operator's clock steps are in its list) never commute. ``reg`` always comes right before its ``stamp`` in enumerated schedules: the
 registered event is private to its transaction until COMMIT for the fix (the replay
 language still takes them apart).
 """
@@ -67,6 +74,11 @@ class Program:
     prefix: tuple[str, ...] = ()  # fixed warm-up steps before the explored ones
     backends: tuple[str, ...] = ("sqlite", "postgres", "mysql")
     note: str = ""
+    operator: tuple[str, ...] = ()  # the operator's D./clock steps, in order
+    blind: int = 0  # the first loops of each scheduler are S.blind (the net does not look)
+    per_loop: int | None = None  # max_dagruns_to_create_per_loop
+    tick: float = 0.01  # seconds from one step to the next (runner.TICK)
+    budget: int | None = None  # at most this many interleavings (CI's time)
 
     def actor_programs(self) -> dict[str, list[str]]:
         per_actor: dict[str, list[str]] = {}
@@ -75,6 +87,9 @@ class Program:
         for scheduler, count in self.loops:
             parts = ["q", "e", "c"] if self.split else ["loop"]
             per_actor[scheduler] = [f"{scheduler}.{part}" for _ in range(count) for part in parts]
+            per_actor[scheduler][: self.blind] = [f"{scheduler}.blind"] * self.blind
+        if self.operator:
+            per_actor["D"] = list(self.operator)
         return per_actor
 
     @staticmethod
@@ -95,16 +110,23 @@ class Program:
 
 # -- steps --------------------------------------------------------------------------------
 _TOKEN = re.compile(r"^(?P<who>[A-Z][a-z]*\d*)(?:\.(?P<what>[a-z]+))?(?::(?P<ds>[a-z]))?$")
+_CLOCK_STEP = re.compile(r"^clock(?P<by>[+-]\d+)$")
+OPERATOR_KINDS = ("pause", "unpause", "full", "free", "clean")
 
 
 @dataclass(frozen=True)
 class Step:
     actor: str  # producer letter or scheduler name
     txn: str | None  # "P1" for producer steps
-    kind: str  # atomic reg stamp stall commit rollback | loop q e c restart
-    dataset: str | None = None
+    kind: str  # atomic reg stamp stall commit rollback | loop q e c restart blind | D's | clock
+    dataset: str | None = None  # D's steps: the DAGs' name (prefix)
+    seconds: int = 0  # a clock step's
 
     def __str__(self) -> str:
+        if self.kind == "clock":
+            return f"clock{self.seconds:+d}"
+        if self.actor == "D":
+            return f"D.{self.kind}:{self.dataset}"
         if self.txn is None:
             return f"{self.actor}.{self.kind}"
         if self.kind == "atomic":
@@ -113,6 +135,9 @@ class Step:
 
 
 def parse_step(token: str) -> Step:
+    clock = _CLOCK_STEP.match(token.strip())
+    if clock:
+        return Step("clock", None, "clock", seconds=int(clock["by"]))
     m = _TOKEN.match(token.strip())
     if not m:
         raise ValueError(f"not a step: {token!r}")
@@ -128,13 +153,22 @@ def parse_step(token: str) -> Step:
         if what == "reg" and not ds:
             raise ValueError(f"reg needs its dataset: {token!r}")
         return Step(actor, who, what, ds)
-    if what not in ("loop", "q", "e", "c", "restart"):
+    if who == "D":
+        if what not in OPERATOR_KINDS or not ds:
+            raise ValueError(f"an operator step is D.{{{','.join(OPERATOR_KINDS)}}}:<dag>: {token!r}")
+        return Step(who, None, what, ds)
+    if what not in ("loop", "q", "e", "c", "restart", "blind"):
         raise ValueError(f"unknown scheduler step {token!r}")
     return Step(who, None, what)
 
 
 def parse_schedule(text: str) -> list[Step]:
-    return [parse_step(t) for t in text.replace("+", " ").split()]
+    return [parse_step(t) for t in tokens(text)]
+
+
+def tokens(text: str) -> list[str]:
+    """The step tokens of a schedule or of one glued step ("P1.reg:a+P1.stamp"; not "clock+5")."""
+    return [t for t in re.split(r"\s+|\+(?=[A-Z])", text.strip()) if t]
 
 
 def format_schedule(steps) -> str:
@@ -142,12 +176,13 @@ def format_schedule(steps) -> str:
 
 
 # -- independence and enumeration ------------------------------------------------------------
-_CLOCK_READERS = ("atomic", "reg", "stamp", "loop", "q")
+_CLOCK_READERS = ("atomic", "reg", "stamp", "loop", "q", "blind")
+_CLOCK_MOVES = {"stall", "clock"}
 _ENDS = ("commit", "rollback")
 
 
 def _kinds(token: str) -> list[Step]:
-    return [parse_step(t) for t in token.split("+")]
+    return parse_schedule(token)
 
 
 def independent(x: str, y: str) -> bool:
@@ -155,9 +190,9 @@ def independent(x: str, y: str) -> bool:
     if xs[0].actor == ys[0].actor:
         return False
     kx, ky = {s.kind for s in xs}, {s.kind for s in ys}
-    if kx == {"stall"}:
+    if kx <= _CLOCK_MOVES:
         return not (ky & set(_CLOCK_READERS))
-    if ky == {"stall"}:
+    if ky <= _CLOCK_MOVES:
         return not (kx & set(_CLOCK_READERS))
     return kx <= set(_ENDS) and ky <= set(_ENDS)
 
@@ -175,7 +210,8 @@ class Space:
         self.per_actor = per_actor
         tokens = [t for a in self.actors for t in per_actor[a]]
         self._order = {t: i for i, t in enumerate(tokens)}
-        self._indep = {(a, b): independent(a, b) for a in tokens for b in tokens}
+        owner = {t: a for a in self.actors for t in per_actor[a]}
+        self._indep = {(a, b): owner[a] != owner[b] and independent(a, b) for a in tokens for b in tokens}
 
     def __iter__(self) -> Iterator[list[str]]:
         word: list[str] = []
@@ -232,4 +268,4 @@ class Space:
         return size, chosen
 
     def expand(self, word: list[str]) -> list[str]:
-        return list(self.program.prefix) + [t for token in word for t in token.split("+")]
+        return list(self.program.prefix) + [t for token in word for t in tokens(token)]

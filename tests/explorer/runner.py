@@ -3,7 +3,7 @@ Run one schedule on a fresh ``World`` (real database), on the variant in place (
 fixed: the caller applies or removes the fix), and collect what the oracle needs.
 
 Time is virtual and frozen: every step runs at its own instant (``TICK`` apart), a stall
-moves the clock by ``stall`` seconds. Python's clock is the world's ``Clock``; on a
+moves the clock by ``stall`` seconds, a clock step by its own (back too). Python's clock is the world's ``Clock``; on a
 server the fix's database clock (``DatasetManager._database_clock``) is replaced by that
 same instant as a literal, so stamps follow the schedule, not the machine's speed (SQLite's
 clock is Python's). No step sleeps.
@@ -17,14 +17,17 @@ be observed).
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from airflow.datasets import DatasetAll, DatasetAny
+from airflow.models.dag import DagModel
 from airflow.models.dagrun import DagRun
 from airflow.models.dataset import DatasetDagRunQueue, DatasetEvent, DatasetModel, association_table
 from airflow.utils.session import create_session
@@ -38,7 +41,8 @@ TICK = 0.01
 EVENT_READ = ("select dataset_event.id",)
 QUEUE_DELETE = ("delete from dataset_dag_run_queue", "delete q from")
 STAMP = ("update dataset_event",)
-WRITES = {"atomic", "reg", "stamp", "loop", "e", "c"}
+WRITES = {"atomic", "reg", "stamp", "loop", "e", "c", "blind", "pause", "unpause", "full", "free", "clean"}
+NET_LOOK = "AIRFLOW__DATASET_RACE_FIX__NET_LOOK_INTERVAL_SECONDS"
 SCHEDULERS = ("S", "T")  # actor names that are schedulers (T: a second, HA scheduler)
 QUIET_LOOPS = 2
 # After a step that may release a lock, how long a waiting actor gets to wake up before it
@@ -64,6 +68,8 @@ class Outcome:
     # per DAG, per transaction: how many runs consumed its event, and the loop that first did
     consumed: dict[str, dict[str, int]] = field(default_factory=dict)
     needed_net: dict[str, list[str]] = field(default_factory=dict)
+    after_restart: dict[str, list[str]] = field(default_factory=dict)  # consumed only by the restarted scheduler
+    unswept: dict[str, list[str]] = field(default_factory=dict)  # left by the sweep after the quiet loops (_unswept)
     lost: dict[str, list[str]] = field(default_factory=dict)
     doubled: dict[str, list[str]] = field(default_factory=dict)
     violations: dict[str, int] = field(default_factory=dict)
@@ -73,7 +79,7 @@ class Outcome:
 
     def summary(self) -> str:
         bits = []
-        for name in ("lost", "doubled", "needed_net"):
+        for name in ("lost", "doubled", "unswept", "needed_net", "after_restart"):
             value = {k: v for k, v in getattr(self, name).items() if v}
             if value:
                 bits.append(f"{name}={value}")
@@ -126,8 +132,15 @@ class _VirtualClock:
             self.manager._database_clock = self.saved
 
 
+def _dag_spec(spec: str) -> tuple[str, int]:
+    """``a|b/1``: the schedule, and max_active_runs after the slash (default: unbounded)."""
+    schedule, _, most = spec.partition("/")
+    return schedule, int(most or 100_000)
+
+
 class Executor:
-    def __init__(self, dags, tokens: list[str], variant: str, stall: float) -> None:
+    def __init__(self, dags, tokens: list[str], variant: str, stall: float, tick: float = TICK) -> None:
+        self.tick = tick
         self.dags = tuple(dags)
         self.steps = [parse_step(t) for t in tokens]
         self.variant = variant
@@ -137,7 +150,11 @@ class Executor:
         self.clock = _VirtualClock(self.world)
         letters = sorted({s.dataset for s in self.steps if s.dataset} | {c for _, s in self.dags for c in s if c.isalpha()})
         self.datasets = {x: self.world.dataset(x) for x in letters}
-        self.dag_ids = {name: self.world.consumer(name, _schedule_of(spec, self.datasets)) for name, spec in self.dags}
+        self.dag_ids = {
+            name: self.world.consumer(name, _schedule_of(_dag_spec(spec)[0], self.datasets), _dag_spec(spec)[1])
+            for name, spec in self.dags
+        }
+        self.cleaned: dict[str, set[int]] = {d: set() for d in self.dag_ids.values()}  # consumed by runs db clean deleted
         self.dag_datasets = {name: {c for c in spec if c.isalpha()} for name, spec in self.dags}
         self.actors: dict[str, Actor] = {}
         self.loops_done: dict[str, int] = {}
@@ -184,12 +201,12 @@ class Executor:
         return self.out
 
     def submit(self, step: Step) -> None:
-        self.actor(step.actor)
-        self.clock.set(self.clock.now + TICK)
-        if step.kind == "stall":
-            self.clock.set(self.clock.now + self.stall)
+        self.clock.set(self.clock.now + self.tick)
+        if step.kind in ("stall", "clock"):
+            self.clock.set(self.clock.now + (self.stall if step.kind == "stall" else step.seconds))
             self.out.executed.append(str(step))
             return
+        self.actor(step.actor)
         self.seq = getattr(self, "seq", 0) + 1
         self.deferred[step.actor].append((self.seq, step))
         self.settle()
@@ -244,6 +261,8 @@ class Executor:
         actor = self.actors[name]
         if state == DONE:
             self._collect(actor, step)
+            if step is not None and step.kind == "blind":
+                os.environ[NET_LOOK] = "0"
 
     def _collect(self, actor: Actor, step: Step | None) -> None:
         """The finished step's result (or error)."""
@@ -265,7 +284,7 @@ class Executor:
         else:
             if error:
                 self.out.scheduler_errors.append(f"{step}: {error}")
-            if step.kind in ("loop", "c", "e", "q") and actor._step is None:
+            if step.kind in ("loop", "blind", "c", "e", "q") and actor._step is None:
                 actor._pause_patterns.clear()
 
     def perform(self, actor: Actor, step: Step) -> str:
@@ -302,12 +321,16 @@ class Executor:
             if step.kind == "commit":
                 return actor.do(lambda session: session.commit())
             return actor.do(lambda session: session.rollback())
+        if step.actor == "D":
+            return actor.do(lambda session: self.operate(step, session))
         if step.kind == "restart":
             self.actors[step.actor] = self.world.scheduler(step.actor)
             return DONE
         # scheduler loop parts
-        if step.kind in ("loop", "q"):
+        if step.kind in ("loop", "q", "blind"):
             actor._pause_patterns.clear()
+            if step.kind == "blind":  # set back when the loop is done (it may wait for a lock first)
+                os.environ[NET_LOOK] = "100000"
             if step.kind == "q":
                 actor.pause_before(*EVENT_READ)
                 actor.pause_before(*QUEUE_DELETE)
@@ -319,6 +342,39 @@ class Executor:
         if step.kind == "c":
             actor._pause_patterns.clear()
         return actor.resume()
+
+    def operate(self, step: Step, session) -> None:
+        """The operator's step on the DAGs whose name starts with ``step.dataset``."""
+        from sqlalchemy import update
+
+        from airflow.utils.state import DagRunState
+
+        dag_ids = [d for name, d in self.dag_ids.items() if name.startswith(step.dataset)]
+        runs = DagRun.dag_id.in_(dag_ids)
+        if step.kind in ("pause", "unpause"):
+            session.execute(update(DagModel).where(DagModel.dag_id.in_(dag_ids)).values(is_paused=step.kind == "pause"))
+        elif step.kind == "full":  # each DAG's latest run running
+            for dag_id in dag_ids:
+                latest = select(func.max(DagRun.execution_date)).where(DagRun.dag_id == dag_id).scalar_subquery()
+                session.execute(update(DagRun).where(DagRun.dag_id == dag_id, DagRun.execution_date == latest)
+                                .values(state=DagRunState.RUNNING).execution_options(synchronize_session=False))
+        else:  # free, clean: the runs finish (db clean dates a run by its start)
+            session.execute(update(DagRun).where(runs).values(state=DagRunState.SUCCESS).execution_options(synchronize_session=False))
+            session.execute(update(DagRun).where(runs, DagRun.start_date.is_(None)).values(start_date=DagRun.execution_date)
+                            .execution_options(synchronize_session=False))
+        session.commit()
+        if step.kind == "clean":
+            from airflow.utils.db_cleanup import run_cleanup
+
+            newest = session.scalar(select(func.max(DagRun.execution_date)).where(runs))
+            links = select(DagRun.dag_id, association_table.c.event_id).join(association_table, association_table.c.dag_run_id == DagRun.id)
+            before = set(session.execute(links.where(runs)).all())
+            if newest is not None:
+                with contextlib.redirect_stdout(io.StringIO()):  # its report of what it deletes
+                    run_cleanup(clean_before_timestamp=newest, table_names=["dag_run"], confirm=False, skip_archive=True)
+            for dag_id, event_id in before - set(session.execute(links.where(runs)).all()):
+                self.cleaned[dag_id].add(event_id)
+            session.commit()
 
     # -- the end: quiet loops, a restarted scheduler, then the oracle's readings -------------
     def drain(self) -> None:
@@ -333,11 +389,13 @@ class Executor:
         before_net = self._consumption()
         self.submit(Step(scheduler, None, "loop"))
         self.settle(final=True)
+        before_restart = self._consumption()
+        unswept = self._unswept(before_restart)
         self.submit(Step(scheduler, None, "restart"))
         for _ in range(RESTART_LOOPS):
             self.submit(Step(scheduler, None, "loop"))
         self.settle(final=True)
-        self._judge(before_net, self._consumption())
+        self._judge(before_net, before_restart, self._consumption(), unswept)
 
     def _consumption(self) -> dict[str, dict[int, int]]:
         with create_session() as session:
@@ -349,9 +407,57 @@ class Executor:
         counts: dict[str, dict[int, int]] = {d: {} for d in self.dag_ids.values()}
         for dag_id, event_id in rows:
             counts[dag_id][event_id] = counts[dag_id].get(event_id, 0) + 1
+        for dag_id, event_ids in self.cleaned.items():  # what db clean deleted was consumed
+            for event_id in event_ids:
+                counts[dag_id][event_id] = counts[dag_id].get(event_id, 0) + 1
         return counts
 
-    def _judge(self, before: dict, after: dict) -> None:
+    def _queued(self, session) -> set[tuple[str, str]]:
+        return set(
+            session.execute(
+                select(DatasetDagRunQueue.target_dag_id, DatasetModel.uri)
+                .join(DatasetModel, DatasetModel.id == DatasetDagRunQueue.dataset_id)
+                .where(DatasetDagRunQueue.target_dag_id.in_(list(self.dag_ids.values())))
+            ).all()
+        )
+
+    def _held(self, session) -> set[str]:
+        """The DAGs paused or at max_active_runs: their events wait, none is lost."""
+        active = select(func.count()).where(DagRun.dag_id == DagModel.dag_id, DagRun.state.in_(("queued", "running")))
+        return {
+            dag_id
+            for dag_id, paused, most, runs in session.execute(
+                select(DagModel.dag_id, DagModel.is_paused, DagModel.max_active_runs, active.scalar_subquery())
+                .where(DagModel.dag_id.in_(list(self.dag_ids.values())))
+            )
+            if paused or runs >= most
+        }
+
+    def _unswept(self, consumed: dict[str, dict[int, int]]) -> set[tuple[str, int]]:
+        """
+        The sweep's promise (it looks every loop here), read after the quiet loops: no DAG that can run keeps an
+        unconsumed event above its latest run without a queue row. The (dag_id, event_id) that break it.
+        """
+        with create_session() as session:
+            held, queued = self._held(session), self._queued(session)
+            latest = dict(session.execute(
+                select(DagRun.dag_id, func.max(DagRun.execution_date))
+                .where(DagRun.dag_id.in_(list(self.dag_ids.values()))).group_by(DagRun.dag_id)
+            ).all())
+            events = session.execute(
+                select(DatasetEvent.id, DatasetModel.uri, DatasetEvent.timestamp)
+                .join(DatasetModel, DatasetModel.id == DatasetEvent.dataset_id)
+                .where(DatasetModel.uri.startswith(f"race://{self.world.prefix}/"))
+            ).all()
+        return {
+            (dag_id, event_id)
+            for name, dag_id in self.dag_ids.items()
+            for event_id, uri, stamp in events
+            if dag_id not in held and "&" not in dict(self.dags)[name] and uri.rsplit("/", 1)[1] in self.dag_datasets[name]
+            and (dag_id, uri) not in queued and not consumed[dag_id].get(event_id) and stamp > latest.get(dag_id, stamp - timedelta(1))
+        }
+
+    def _judge(self, before: dict, before_restart: dict, after: dict, unswept: set[tuple[str, int]]) -> None:
         with create_session() as session:
             committed = set(
                 session.scalars(
@@ -360,13 +466,7 @@ class Executor:
                     )
                 )
             )
-            queued = set(
-                session.execute(
-                    select(DatasetDagRunQueue.target_dag_id, DatasetModel.uri)
-                    .join(DatasetModel, DatasetModel.id == DatasetDagRunQueue.dataset_id)
-                    .where(DatasetDagRunQueue.target_dag_id.in_(list(self.dag_ids.values())))
-                ).all()
-            )
+            queued, held = self._queued(session), self._held(session)
             report = invariant.check(session, list(self.dag_ids.values()))
         self.out.violations = report.violations()
         for res in self.out.txns.values():
@@ -374,29 +474,38 @@ class Executor:
         for name, dag_id in self.dag_ids.items():
             self.out.consumed[name] = {}
             self.out.lost[name], self.out.doubled[name], self.out.needed_net[name] = [], [], []
+            self.out.after_restart[name], self.out.unswept[name] = [], []
             for txn, res in self.out.txns.items():
                 if not res.committed or res.dataset not in self.dag_datasets[name]:
                     continue
                 n = after[dag_id].get(res.event_id, 0)
                 self.out.consumed[name][txn] = n
-                if n == 0 and (dag_id, self.datasets[res.dataset].uri) not in queued:
+                if n == 0 and (dag_id, self.datasets[res.dataset].uri) not in queued and dag_id not in held:
                     self.out.lost[name].append(txn)
                 if n > 1:
                     self.out.doubled[name].append(txn)
                 if n and not before[dag_id].get(res.event_id):
                     self.out.needed_net[name].append(txn)  # the net's full read, not the quiet loops
+                if n and not before_restart[dag_id].get(res.event_id):
+                    self.out.after_restart[name].append(txn)
+                if (dag_id, res.event_id) in unswept:
+                    self.out.unswept[name].append(txn)
 
     def close(self) -> None:
         self.clock.restore()
         self.world.close()
 
 
-def run_schedule(dags, tokens: list[str], variant: str, stall: float) -> Outcome:
-    ex = Executor(dags, tokens, variant, stall)
+def run_schedule(dags, tokens: list[str], variant: str, stall: float, per_loop: int | None = None, tick: float = TICK) -> Outcome:
+    saved = DagModel.NUM_DAGS_PER_DAGRUN_QUERY  # max_dagruns_to_create_per_loop, read at import
+    DagModel.NUM_DAGS_PER_DAGRUN_QUERY = per_loop or saved
+    ex = Executor(dags, tokens, variant, stall, tick)
     try:
         return ex.run()
     finally:
         ex.close()
+        DagModel.NUM_DAGS_PER_DAGRUN_QUERY = saved
+        os.environ[NET_LOOK] = "0"
 
 
 def settings_env(latency: int = 1) -> dict[str, str]:
