@@ -69,6 +69,10 @@ def test_nothing_is_read_below_the_oldest_run_db_clean_left():
         1: T - 60 * S, 2: T - 30 * S
     }
     assert floors([1], T, queued={1: T - 20 * S}, newest={1: T - S}, oldest=T).floors == {1: T - 30 * S}
+    # a row written after it reads from the latency before the row, not below the oldest run (the explorer's
+    # 'Q1:a S.loop Q2:a S.loop Q3:a D.clean:d', steps 10 ms apart: Q1 was consumed again)
+    assert floors([1], T, queued={1: T + 2 * S}, newest={1: T - S}, oldest=T - S).floors == {1: T - S}
+    assert floors([1], T, queued={1: T + 20 * S}, newest={1: T - S}, oldest=T - S).floors == {1: T - S}
 
 
 def test_what_this_process_checked_raises_the_floor_but_never_above_a_queue_row():

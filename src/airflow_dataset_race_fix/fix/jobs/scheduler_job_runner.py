@@ -883,8 +883,9 @@ class SchedulerJobRunner:
                 floor = kept_from
             else:
                 floor = max(newest - commit_latency, checked.get(dataset_id, kept_from), kept_from)
-            if dataset_id in queued:
-                floor = min(floor, queued[dataset_id] - commit_latency)
+            if dataset_id in queued:  # a row written after the oldest run brings no event from below it (db clean's)
+                row = queued[dataset_id]
+                floor = min(floor, max(row - commit_latency, kept_from if row > kept_from else row - commit_latency))
             if dataset_id in found_late:
                 floor = min(floor, found_late[dataset_id])
             floors[dataset_id] = max(floor, full_floor)
