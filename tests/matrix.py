@@ -16,6 +16,12 @@ stays well inside its 90 minutes (a full 3.11 env took 14-16 min before this pla
   files in the repository; statement sizes, set by the database): the 2.10.4 envs only;
 - the web page (a real webserver and Chromium, about a minute and a half): once per
   release and once per server backend, 2.10.4 on SQLite and 2.11.2 on PostgreSQL;
+- the seven other supported releases (2.10.0-2.10.3, 2.10.5, 2.11.0, 2.11.1): what their
+  code can change, and no more (RELEASE_CHECK_MODULES): the race scenarios (with the shim and,
+  in their -source- envs, with the source patches applied to their files), the shim's tests
+  with real Airflow processes, and install and 'db migrate' from their pins. Their SQL
+  is the same members' (byte-identical: targets.py's fingerprints), so the rest of the SQL
+  tests run on 2.10.4 and 2.11.2 only;
 - the interleaving explorer (tests/test_explorer.py, 2-3 min per env): the 3.11 shim envs of
   2.10.4 on each backend, SQLite for breadth, the servers with a smaller budget (their
   locks); the fix's SQL is the same in both releases' envs, and stock cannot run in the
@@ -35,6 +41,24 @@ MAIN_PYTHON = (3, 11)
 # the quick start's release: README's pins and the envs without an airflow2112 factor
 MAIN_RELEASE = "2.10.4"
 
+# the releases whose envs run every test placed on them; the others run RELEASE_CHECK_MODULES
+FULL_RELEASES = {MAIN_RELEASE, "2.11.2"}
+RELEASE_CHECK_MODULES = {"test_decision_steps.py", "test_scenarios.py", "test_shim.py", "test_shim_airflow.py", "test_install.py"}
+
+
+def place_by_release(items):
+    """Skip, in the envs of the releases outside FULL_RELEASES, the modules outside RELEASE_CHECK_MODULES."""
+    if AIRFLOW_VERSION in FULL_RELEASES:
+        return
+    skip = pytest.mark.skip(reason=f"Airflow {AIRFLOW_VERSION}: its envs run the scenarios, the shim and the install only")
+    for item in items:
+        if item.path.name not in RELEASE_CHECK_MODULES:
+            item.add_marker(skip)
+
+
+ON_FULL_RELEASES_ONLY = pytest.mark.skipif(
+    AIRFLOW_VERSION not in FULL_RELEASES, reason="no release changes it: the 2.10.4 and 2.11.2 envs run it"
+)
 ON_SQLITE_ONLY = pytest.mark.skipif(
     BACKEND != "sqlite",
     reason="backend-independent (processes, files, command line): the SQLite envs run it",
