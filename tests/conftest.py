@@ -30,6 +30,12 @@ def pytest_report_header(config):
     return f"airflow-dataset-race-fix: Airflow {AIRFLOW_VERSION}, backend {BACKEND}, scratch database {_database.name}"
 
 
+def pytest_collection_modifyitems(config, items):
+    from matrix import place_by_release
+
+    place_by_release(items)
+
+
 def pytest_sessionstart(session):
     from reproduce.harness.database import init_airflow_db
 

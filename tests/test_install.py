@@ -25,6 +25,7 @@ import pytest
 from reproduce.harness.database import ScratchDatabase
 
 from conftest import AIRFLOW_VERSION, BACKEND
+from matrix import ON_FULL_RELEASES_ONLY
 
 REPO = Path(__file__).resolve().parents[1]
 PYTHON = f"{sys.version_info.major}.{sys.version_info.minor}"
@@ -80,6 +81,7 @@ def test_airflow_version_and_db_migrate_on_a_fresh_database():
         shutil.rmtree(home, ignore_errors=True)
 
 
+@ON_FULL_RELEASES_ONLY
 def test_a_test_session_leaves_no_airflow_home_behind(tmp_path):
     """conftest's AIRFLOW_HOME (logs, airflow.cfg) goes with the session that made it."""
     env = dict(os.environ, TMPDIR=str(tmp_path))
