@@ -219,7 +219,7 @@ def test_a_restarted_scheduler_finds_a_quiet_dags_late_commit_first(world, monke
     Issue 47 item 2: a late commit that committed while no scheduler ran (no process saw its id
     appear), on a quiet DAG, beside a busy DAG with 20 000 consumed events in its window. A
     restarted scheduler reads each reference's window once, the DAGs whose latest run is oldest
-    first, within 5 % of its time: the quiet DAG's within its first two seconds (loops 0.1 s
+    first, within 3 % of its time: the quiet DAG's within its first two seconds (loops 0.1 s
     apart), whatever the busy one's window holds. Before, the references were read in name order
     at a slice or two of 1 000 events a sweep: the busy DAG's forty first.
     """

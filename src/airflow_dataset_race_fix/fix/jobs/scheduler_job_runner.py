@@ -271,7 +271,7 @@ class SchedulerJobRunner:
         The net under the floor (BUG_REPORT, "The net"): ``{dag_id: oldest such stamp}`` of the DAGs with an event
         below where their next read starts that no run of theirs consumed, kept until the DAG is decided. It follows
         the event ids (what became visible since its last look), in a loop at most every half second; after a start
-        it also reads each reference's window once (what committed while no process looked), within 5 % of the time.
+        it also reads each reference's window once (what committed while no process looked), within 3 % of the time.
         ``net_look_interval_seconds`` 0 (tests, the explorer): a look every loop, and the windows read at once.
         """
         net = self.__dict__.setdefault("_dataset_race_fix_net", {})
@@ -383,14 +383,14 @@ class SchedulerJobRunner:
         After a start (``only``: explain's DAGs; ``at_once``: no pacing): each reference's window, from its latest run
         less ``event_lookback_seconds`` (never below the DAG's oldest run: ``db clean``'s runs are not given back) to
         that run, read through once for events no run of the DAG consumed, the DAGs whose latest run is oldest first (the
-        quiet ones). A step (the references of 50 DAGs, or a slice sized to take about 2 ms) in a loop when the steps
-        so far took less than 5 % of the time since the start: the share of the scheduler's time is bounded, not the
+        quiet ones). A step (the references of 50 DAGs, or a slice sized to take about 1 ms) in a loop when the steps
+        so far took less than 3 % of the time since the start: the share of the scheduler's time is bounded, not the
         pass's length.
         """
         from sqlalchemy import false, true
 
-        now = time.monotonic()  # the credit: 5 % of the time since the last call, at most 50 ms saved up
-        credit = min(net.get("credit", 0.0) + 0.05 * (now - net.get("credit_at", now)), 0.05)
+        now = time.monotonic()  # the credit: 3 % of the time since the last call, at most 50 ms saved up
+        credit = min(net.get("credit", 0.0) + 0.03 * (now - net.get("credit_at", now)), 0.05)
         net["credit_at"] = now
         if only is not None:
             net["windows"], net["pages"] = {}, [sorted(only)]
@@ -424,8 +424,8 @@ class SchedulerJobRunner:
             ).one()
             took = time.monotonic() - slice_started
             credit -= took
-            if took > 0.004 or took < 0.001:  # halve or double, 5 to 1 000 events
-                net["slice_size"] = max(5, size // 2) if took > 0.004 else min(1000, size * 2)
+            if took > 0.001 or took < 0.00025:  # halve or double, 1 to 1 000 events
+                net["slice_size"] = max(1, size // 2) if took > 0.001 else min(1000, size * 2)
             if stranded is not None:
                 stamps = found.setdefault(dag_id, {})
                 stamps[dataset_id] = min(stamps.get(dataset_id, stranded), stranded)
