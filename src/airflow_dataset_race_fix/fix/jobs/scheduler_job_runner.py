@@ -383,7 +383,7 @@ class SchedulerJobRunner:
         After a start (``only``: explain's DAGs; ``at_once``: no pacing): each reference's window, from its latest run
         less ``event_lookback_seconds`` (never below the DAG's oldest run: ``db clean``'s runs are not given back) to
         that run, read through once for events no run of the DAG consumed, the DAGs whose latest run is oldest first (the
-        quiet ones). A step (the references of 50 DAGs, or a slice sized to take about 1 ms) in a loop when the steps
+        quiet ones). A step (the references of 10 DAGs, or a slice sized to take about 1 ms) in a loop when the steps
         so far took less than 3 % of the time since the start: the share of the scheduler's time is bounded, not the
         pass's length.
         """
@@ -401,7 +401,7 @@ class SchedulerJobRunner:
             started = time.monotonic()
             unpaused = select(DagModel.dag_id).where(DagModel.is_paused == false(), DagModel.is_active == true())
             dag_ids = sorted(session.scalars(unpaused))
-            net["windows"], net["pages"] = {}, [dag_ids[i : i + 50] for i in range(0, len(dag_ids), 50)]
+            net["windows"], net["pages"] = {}, [dag_ids[i : i + 10] for i in range(0, len(dag_ids), 10)]
             credit -= time.monotonic() - started
         windows, pages = net["windows"], net["pages"]
         while pages and (at_once or credit > 0):
