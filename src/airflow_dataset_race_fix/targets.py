@@ -95,14 +95,12 @@ _MEMBER_NAMES = {
     _upsert_queue_rows_taken_first _sqlite_upsert_queue_rows _dataset_race_fix_settings _dataset_race_fix_setting
     """,
     _SCHEDULER: """
-    _create_dagruns_for_dags _dataset_manager _DatasetFloors _DatasetRunChoice _DatasetDecisionState _DatasetEventRead
+    _create_dagruns_for_dags _dataset_manager _DatasetFloors _DatasetEventRead _DatasetRunChoice _DatasetDecisionState
     _dags_with_unqueued_dataset_events _dags_with_new_unqueued_events _runnable_dataset_dags
-    _dags_with_stranded_dataset_events _follow_dataset_event_ids _find_consumers_of_late_events
-    _read_dataset_windows_once _net_references _latest_dataset_run_date _stranded_events_slice
-    _decide_dataset_triggered_runs _dataset_statement _read_dataset_decision_state
-    _runs_and_datasets_statement _postgres_runs_and_datasets_statement _events_not_consumed_statement
-    _dataset_floors _remember_dataset_reads _checked_dataset_floors _select_dataset_events
-    _choose_dataset_run _events_for_timetable _dataset_events_by_id _dataset_triggered_run
+    _dags_with_stranded_dataset_events _follow_dataset_event_ids _read_dataset_windows_once _latest_dataset_run_date
+    _stranded_events_slice _decide_dataset_triggered_runs _dataset_statement _read_dataset_decision_state
+    _runs_and_datasets_statement _events_not_consumed_statement _dataset_floors _remember_dataset_reads
+    _checked_dataset_floors _choose_dataset_run _events_for_timetable _dataset_events_by_id
     _create_dag_runs_dataset_triggered _link_consumed_events _delete_dataset_queue_rows_as_read
     """,
 }
