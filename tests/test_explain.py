@@ -400,12 +400,17 @@ def test_a_pending_event_is_no_audit_finding(world):
         w.clock.at(2), w.emit(p, a), p.finish()
     else:
         w.emit(p, a), p.finish()
-        with create_session() as session:  # as if it committed late: dated before the run
-            from airflow.models.dataset import DatasetEvent
+        with create_session() as session:  # as if it committed late: dated before the run, and so is its queue row
+            from airflow.models.dataset import DatasetDagRunQueue, DatasetEvent
 
             newest = session.scalar(select(DatasetEvent.id).order_by(DatasetEvent.id.desc()).limit(1))
             run_date = max(date for date, _ in _runs(d).values())
             session.execute(update(DatasetEvent).where(DatasetEvent.id == newest).values(timestamp=run_date - timedelta(seconds=1)))
+            session.execute(
+                update(DatasetDagRunQueue)
+                .where(DatasetDagRunQueue.target_dag_id == d)
+                .values(created_at=run_date - timedelta(seconds=1))
+            )
     w.clock.stop()
     found = _explain(d)
     assert found["verdict"]["creates_run"] and len(found["pending_events"]) == 1

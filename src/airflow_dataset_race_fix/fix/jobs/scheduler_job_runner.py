@@ -336,8 +336,8 @@ class SchedulerJobRunner:
         """
         from sqlalchemy import false, true
 
-        now = time.monotonic()  # the credit: 3 % of the time since the last call, at most 50 ms saved up
-        credit = min(net.get("credit", 0.0) + 0.03 * (now - net.get("credit_at", now)), 0.05)
+        now = time.monotonic()  # the credit: 3 % of the time since the last call, at most 10 ms saved up
+        credit = min(net.get("credit", 0.0) + 0.03 * (now - net.get("credit_at", now)), 0.01)
         net["credit_at"] = now
         if only is not None:
             net["windows"], net["pages"] = {}, [sorted(only)]
@@ -353,8 +353,9 @@ class SchedulerJobRunner:
         windows, pages = net["windows"], net["pages"]
         reference = DagScheduleDatasetReference
         latest_run, oldest_run = (self._latest_dataset_run_date(reference.dag_id, oldest) for oldest in (False, True))
-        while pages and (at_once or credit > 0):
-            started = time.monotonic()  # the references of 50 DAGs with a dataset-triggered run
+        paged = False
+        while pages and (at_once or (credit > 0 and not paged)):  # a step a loop at most
+            paged, started = True, time.monotonic()  # the references of 10 DAGs with a dataset-triggered run
             windows.update(
                 ((dag_id, dataset_id), (latest, oldest))
                 for dag_id, dataset_id, latest, oldest in session.execute(
@@ -370,7 +371,7 @@ class SchedulerJobRunner:
         order = net.get("window_order", [])
         lookback = timedelta(seconds=self._dataset_manager()._dataset_race_fix_setting("event_lookback_seconds"))
         found: dict[str, dict[int, datetime]] = net["found"]
-        while order and (at_once or credit > 0):
+        while order and (at_once or (credit > 0 and not paged)):
             (dag_id, dataset_id), size = order[0], net.get("slice_size", 50)
             latest, oldest = windows[(dag_id, dataset_id)]
             start = net.get("cursor") or max(latest - lookback, oldest)  # never below db clean's runs
