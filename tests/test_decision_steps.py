@@ -63,7 +63,8 @@ def test_a_clock_behind_the_latest_run_reads_in_full_from_the_run_before_the_clo
 
 def test_nothing_is_read_below_the_oldest_run_db_clean_left():
     # issue 47 item 4: the runs below it were deleted with their consumption records
-    assert floors([1], T, newest={1: T - S}, oldest=T).floors == {1: T}
+    # the latency below the newest consumed event still reads below it (a late commit just below a first run)
+    assert floors([1, 2], T, newest={1: T - S}, oldest=T).floors == {1: T - S - LATENCY, 2: T}
     # a late commit the net found (never below the oldest run either), or a queue row, reads below it
     assert floors([1, 2], T, newest={1: T - S}, found_late={1: T - 60 * S}, oldest=T - 30 * S).floors == {
         1: T - 60 * S, 2: T - 30 * S
@@ -71,8 +72,8 @@ def test_nothing_is_read_below_the_oldest_run_db_clean_left():
     assert floors([1], T, queued={1: T - 20 * S}, newest={1: T - S}, oldest=T).floors == {1: T - 30 * S}
     # a row written after it reads from the latency before the row, not below the oldest run (the explorer's
     # 'Q1:a S.loop Q2:a S.loop Q3:a D.clean:d', steps 10 ms apart: Q1 was consumed again)
-    assert floors([1], T, queued={1: T + 2 * S}, newest={1: T - S}, oldest=T - S).floors == {1: T - S}
-    assert floors([1], T, queued={1: T + 20 * S}, newest={1: T - S}, oldest=T - S).floors == {1: T - S}
+    assert floors([1], T, queued={1: T + 2 * S}, newest={1: T - S}, oldest=T).floors == {1: T - S - LATENCY}
+    assert floors([1], T, queued={1: T}, oldest=T - 0.5 * S).floors == {1: T - 0.5 * S}  # a row after it: not below
 
 
 def test_what_this_process_checked_raises_the_floor_but_never_above_a_queue_row():

@@ -191,6 +191,9 @@ def test_db_clean_of_runs_makes_nothing_be_consumed_again(world, monkeypatch, th
     from airflow.utils.db_cleanup import run_cleanup
 
     monkeypatch.setenv("AIRFLOW__DATASET_RACE_FIX__REQUEUE_INTERVAL_SECONDS", "0")
+    # events of cleaned runs within commit_latency_seconds of the kept run's newest come back (BUG_REPORT, "Deleted
+    # runs"): 1 s, and the runs' events are older than that when the scheduler reads again
+    monkeypatch.setenv(LATENCY, "1")
     w = world
     a = w.dataset("a")
     d = w.consumer("d", [a])
@@ -207,6 +210,7 @@ def test_db_clean_of_runs_makes_nothing_be_consumed_again(world, monkeypatch, th
     tables = ["dag_run", "dataset_event"] if with_events else ["dag_run"]
     run_cleanup(clean_before_timestamp=newest, table_names=tables, dry_run=False, confirm=False, skip_archive=True)
     assert len(_consumed(d)) == 1  # the latest run is kept
+    time.sleep(1.1)
     scheduler = s if then == "the same scheduler" else w.scheduler("restarted")
     for _ in range(5):
         w.loop(scheduler), scheduler.finish()

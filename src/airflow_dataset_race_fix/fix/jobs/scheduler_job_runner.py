@@ -721,8 +721,9 @@ class SchedulerJobRunner:
         full_read = latest_run_date > database_now  # a clock stepped back: read from the run at or before it, as stock
         full_from = (below_clock or database_now) if full_read else latest_run_date
         full_floor = min([full_from, database_now, *queued.values()]) - lookback
-        # db clean's runs lay below the oldest: a queue row or a late commit the net found reads there, nothing else
-        # (a clock behind every run reads below them all: what it stamps lies there)
+        # db clean's runs lay below the oldest: only the latency below the newest consumed event (a late commit just
+        # below a first run), a queue row written before it, or a late commit the net found read there (a clock behind
+        # every run reads below them all: what it stamps lies there)
         kept_from = full_floor if full_read or oldest_run_date is None else max(full_floor, oldest_run_date)
         checked = checked or {}
         floors: dict[int, datetime] = {}
@@ -731,7 +732,7 @@ class SchedulerJobRunner:
             if full_read or newest is None:
                 floor = kept_from
             else:  # what this process checked raises it, never above a queue row's
-                floor = max(newest - commit_latency, checked.get(dataset_id, kept_from), kept_from)
+                floor = max(newest - commit_latency, checked.get(dataset_id, full_floor), full_floor)
             if dataset_id in queued:  # a row written after the oldest run brings no event from below it (db clean's)
                 row = queued[dataset_id]
                 floor = min(floor, max(row - commit_latency, kept_from if row > kept_from else row - commit_latency))
