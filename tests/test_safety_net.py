@@ -192,7 +192,7 @@ def test_db_clean_of_runs_makes_nothing_be_consumed_again(world, monkeypatch, th
 
     monkeypatch.setenv("AIRFLOW__DATASET_RACE_FIX__REQUEUE_INTERVAL_SECONDS", "0")
     # events of cleaned runs within commit_latency_seconds of the kept run's newest come back (BUG_REPORT, "Deleted
-    # runs"): 1 s, and the runs' events are older than that when the scheduler reads again
+    # runs"): 1 s here, and the runs 1.1 s apart
     monkeypatch.setenv(LATENCY, "1")
     w = world
     a = w.dataset("a")
@@ -202,7 +202,7 @@ def test_db_clean_of_runs_makes_nothing_be_consumed_again(world, monkeypatch, th
     for _ in range(3):
         w.emit(p, a), p.finish()
         w.loop(s), s.finish()
-        time.sleep(0.01)
+        time.sleep(1.1)
     assert [len(run) for run in _consumed(d)] == [1, 1, 1]
     with create_session() as session:  # db clean dates runs by their start: they ran
         session.execute(update(DagRun).where(DagRun.dag_id == d).values(start_date=DagRun.execution_date, state="success"))
@@ -210,7 +210,6 @@ def test_db_clean_of_runs_makes_nothing_be_consumed_again(world, monkeypatch, th
     tables = ["dag_run", "dataset_event"] if with_events else ["dag_run"]
     run_cleanup(clean_before_timestamp=newest, table_names=tables, dry_run=False, confirm=False, skip_archive=True)
     assert len(_consumed(d)) == 1  # the latest run is kept
-    time.sleep(1.1)
     scheduler = s if then == "the same scheduler" else w.scheduler("restarted")
     for _ in range(5):
         w.loop(scheduler), scheduler.finish()
