@@ -351,11 +351,11 @@ class SchedulerJobRunner:
             net["windows"], net["pages"] = {}, [dag_ids[i : i + 10] for i in range(0, len(dag_ids), 10)]
             credit -= time.monotonic() - started
         windows, pages = net["windows"], net["pages"]
-        reference = DagScheduleDatasetReference
-        latest_run, oldest_run = (self._latest_dataset_run_date(reference.dag_id, oldest) for oldest in (False, True))
         paged = False
         while pages and (at_once or (credit > 0 and not paged)):  # a step a loop at most
             paged, started = True, time.monotonic()  # the references of 10 DAGs with a dataset-triggered run
+            reference = DagScheduleDatasetReference  # (built only while paging: most loops have no page left)
+            latest_run, oldest_run = (self._latest_dataset_run_date(reference.dag_id, old) for old in (False, True))
             windows.update(
                 ((dag_id, dataset_id), (latest, oldest))
                 for dag_id, dataset_id, latest, oldest in session.execute(
