@@ -337,14 +337,20 @@ def _refuse_all(refused: ModuleState, strict: bool) -> None:
         _states[name] = _refused_state(name)
 
 
-def _announce_level() -> int:
-    """INFO in processes that run for a while, DEBUG in short 'airflow' CLI commands."""
+def command_name() -> str | None:
+    """The long-running 'airflow' command this process runs ('scheduler', 'tasks run', ...), '' for another
+    'airflow' command, None outside the 'airflow' program (a test, a script, gunicorn's workers)."""
     argv = sys.argv or [""]
     program = argv[0] or ""
     if os.path.basename(program) != "airflow" and not program.endswith(os.path.join("airflow", "__main__.py")):
-        return logging.INFO
+        return None
     words = tuple(arg for arg in argv[1:] if not arg.startswith("-"))
-    return logging.INFO if words[:1] in LONG_RUNNING_COMMANDS or words[:2] in LONG_RUNNING_COMMANDS else logging.DEBUG
+    return next((" ".join(c) for c in LONG_RUNNING_COMMANDS if words[: len(c)] == c), "")
+
+
+def _announce_level() -> int:
+    """INFO in processes that run for a while, DEBUG in short 'airflow' CLI commands."""
+    return logging.DEBUG if command_name() == "" else logging.INFO
 
 
 def report(state: ModuleState, strict: bool = False) -> None:
@@ -399,7 +405,7 @@ def announce_process() -> None:
     component or task starts; reads nothing but this interpreter."""
     global _said_not_started
     imported = [name for name in TARGET_MODULES if name in sys.modules]
-    why = why_not_started() if imported else None
+    why = why_not_started() if imported and not process_verdict()[0] else None  # fixed: by the shim or the source
     if why is None:
         for name in (name for name in imported if name not in _announced):
             report(module_state(name))
@@ -407,6 +413,19 @@ def announce_process() -> None:
         _said_not_started = True
         log.log(why[0], "airflow-dataset-race-fix: the fix is NOT in place in this process: %s (Airflow %s)",
                 why[1], airflow_version())
+
+
+def process_verdict() -> tuple[bool, str]:
+    """Whether the targets this process imported run the fixed code, and how, or why not (its mark says it)."""
+    states = [module_state(name) for name in TARGET_MODULES if name in sys.modules]
+    refused = next((s for s in states if s.state == REFUSED), None)
+    if refused is not None:
+        return False, f"refused: {refused.module}: {refused.detail}"
+    why = why_not_started()
+    if all(s.state in (PATCHED, SOURCE_PATCHED) for s in states) and (states or why is None):
+        shim = any(s.state == PATCHED for s in states) or not states  # none imported yet: the shim waits for them
+        return True, "patched by the shim" if shim else "the source patches"
+    return False, why[1] if why else "not patched"
 
 
 def _warn_half_source(states: list[ModuleState]) -> None:

@@ -18,15 +18,28 @@ PLUGIN_NAME = "airflow_dataset_race_fix_ui"
 
 
 # This module is the plugin's listener: each component as it starts (a Job, 'tasks run') and each
-# task process (in its own task log) says once whether its code is fixed, and if not, why.
+# task process (in its own task log) says once whether its code is fixed, and if not, why; the
+# components that schedule, and each producer with its first event, leave a mark (evidence.py).
 @hookimpl
 def on_starting(component) -> None:
     _announce()
+    from airflow_dataset_race_fix import evidence, runtime
+
+    command = runtime.command_name()
+    if command in ("scheduler", "triggerer", "dag-processor") and hasattr(component, "start_date"):
+        evidence.mark_component(command, component.start_date)  # its Job row has the same host and start
 
 
 @hookimpl
 def on_task_instance_running(previous_state, task_instance) -> None:
     _announce()
+
+
+@hookimpl
+def on_dataset_changed(dataset) -> None:
+    from airflow_dataset_race_fix import evidence
+
+    evidence.mark_producer()
 
 
 def _announce() -> None:
@@ -45,6 +58,9 @@ class DatasetRunsPlugin(AirflowPlugin):
     def appbuilder_views(self):  # the webserver's question; imports Flask AppBuilder only then
         if "_views" not in vars(self):
             _announce()  # each webserver worker: it serves the REST API that posts dataset events
+            from airflow_dataset_race_fix import evidence
+
+            evidence.mark_component("webserver")
             from airflow_dataset_race_fix.web.views import DatasetRunsView
 
             self._views = [{"name": "Dataset runs", "category": "Browse", "view": DatasetRunsView()}]

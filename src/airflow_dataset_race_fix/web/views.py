@@ -213,6 +213,23 @@ class DatasetRunsView(BaseView):
     def dag_json(self, dag_id: str):
         return Response(json.dumps(self._explained(dag_id, _Access()), indent=2), mimetype="application/json")
 
+    @expose("/deployment")
+    @has_access_view()
+    def deployment(self):
+        """Which processes ran the fix over the last ``hours`` (``airflow-dataset-race-fix deployment``)."""
+        from datetime import timedelta
+
+        from airflow.utils import timezone
+
+        from airflow_dataset_race_fix.diagnostics import deployment
+
+        hours = min(max(request.args.get("hours", 24.0, type=float), 0.1), 24 * 31.0)
+        with _read_only_session() as session:
+            found = deployment.collect(session, timezone.utcnow() - timedelta(hours=hours))
+        readable = set(_permitted(sorted({r["dag_id"] for r in found["producers"] if r["dag_id"]}), _Access()))
+        found["producers"] = [r for r in found["producers"] if r["dag_id"] is None or r["dag_id"] in readable]
+        return self.render_template("dataset_race_fix/deployment.html", found=found, hours=hours)
+
     @expose("/dag/<string:dag_id>/events")
     @has_access_view()
     def events(self, dag_id: str):

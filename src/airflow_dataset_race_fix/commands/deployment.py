@@ -1,0 +1,54 @@
+"""
+``airflow-dataset-race-fix deployment``: which schedulers, components and producer hosts ran the
+fix over the last hours, and which did not (``diagnostics.deployment``; docs/activation.md,
+"Which processes run the fix"). Read-only, as ``audit`` reads. Exit status: 0 every process seen
+ran the fix, 1 some did not, 2 bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+from datetime import timedelta
+
+from airflow_dataset_race_fix.cli import UsageError, print_result
+from airflow_dataset_race_fix.diagnostics import database
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "deployment", help="which processes of this deployment ran the fix, from the metadata database (read-only)",
+        description="From the marks that processes with this package leave in Airflow's audit log, the job table and "
+        "the dataset events' task instances: every scheduler, component and producer host seen over the last "
+        "hours, and whether it ran the fix. Exit status: 0 all did, 1 some did not, 2 bad input.",
+    )
+    parser.add_argument("--hours", type=float, default=24.0, help="the period to look at (default %(default)s)")
+    parser.add_argument("--db-url", metavar="URL", help="SQLAlchemy URL (default: Airflow's sql_alchemy_conn)")
+    parser.add_argument("--json", action="store_true", help="print one JSON document")
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if not args.hours > 0:
+        raise UsageError("--hours must be more than 0")
+    database.prepare_airflow_import(args.db_url)
+    with contextlib.redirect_stdout(sys.stderr):  # Airflow may log to stdout; stdout is the result's
+        try:
+            from sqlalchemy.exc import SQLAlchemyError
+
+            from airflow.utils import timezone
+
+            from airflow_dataset_race_fix.diagnostics import deployment
+        except ImportError as err:
+            raise UsageError(f"cannot import Airflow here: {database.first_line(err)}") from None
+        database.finish_airflow_library_set_up()
+        engine, where = database.open_database(args.db_url, read_only=True)
+        try:
+            with database.snapshot(engine) as session:
+                found = deployment.collect(session, timezone.utcnow() - timedelta(hours=args.hours))
+        except SQLAlchemyError as err:
+            raise UsageError(f"reading {where} failed: {database.first_line(err)}") from None
+    print_result(json.dumps(found, indent=2, default=str) if args.json else deployment.render(found))
+    return 0 if found["all_fixed"] else 1

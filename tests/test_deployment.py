@@ -1,0 +1,158 @@
+"""
+Which processes of a deployment ran the fix (issue 48, "one place to see it"), on the session's
+database: simulated hosts (``[core] hostname_callable`` per process), each process a real
+``airflow`` command. host-a runs the fix (scheduler and a producer task), host-b has no
+airflow-dataset-race-fix at all (its entry points hidden: no plugin, no shim; a scheduler and a
+producer), host-c has the package with the fix switched off. ``deployment`` names host-b and
+host-c, says why, and exits 1; the marks cost one INSERT in a producer's transaction.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import textwrap
+
+import sys
+
+import pytest
+from shim_children import PYTHON, child_env, output, shim_env
+
+from conftest import AIRFLOW_VERSION
+from matrix import MAIN_PYTHON, MAIN_RELEASE, SOURCE_MODE
+
+# Real processes of the main release through the shim; the SQL it reads, on each backend.
+pytestmark = pytest.mark.skipif(
+    SOURCE_MODE or sys.version_info[:2] != MAIN_PYTHON or AIRFLOW_VERSION != MAIN_RELEASE,
+    reason="airflow2104-{sqlite,postgres,mysql} run it",
+)
+
+AIRFLOW = os.path.join(os.path.dirname(PYTHON), "airflow")
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the session's database settings module
+
+DAGS = '''
+import pendulum
+from airflow import DAG
+from airflow.datasets import Dataset
+from airflow.operators.empty import EmptyOperator
+from airflow.operators.python import PythonOperator
+
+DATASET = Dataset("adrf://deployment/d")
+with DAG("adrf_deployment_producer", start_date=pendulum.datetime(2026, 1, 1, tz="UTC"), schedule=None):
+    PythonOperator(task_id="emit", python_callable=lambda: None, outlets=[DATASET, Dataset("adrf://deployment/e")])
+with DAG("adrf_deployment_consumer", start_date=pendulum.datetime(2026, 1, 1, tz="UTC"), schedule=[DATASET]):
+    EmptyOperator(task_id="noop")
+'''
+
+HOST_MODULE = "import os\n\ndef name():\n    return os.environ['ADRF_HOST']\n"
+
+# A host without this package: Airflow sees no airflow.plugins entry point of ours, and no shim runs.
+WITHOUT_PACKAGE = """
+import sys
+import airflow.utils.entry_points as entry_points
+grouped = entry_points.entry_points_with_dist
+entry_points.entry_points_with_dist = lambda group: iter(()) if group == "airflow.plugins" else grouped(group)
+import airflow.plugins_manager as plugins_manager
+plugins_manager.entry_points_with_dist = entry_points.entry_points_with_dist
+from airflow.__main__ import main
+sys.argv = ["airflow", *sys.argv[1:]]
+main()
+"""
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory):
+    from airflow.models.dag import DagModel
+    from airflow.models.dagbag import DagBag
+    from airflow.models.serialized_dag import SerializedDagModel
+    from airflow.utils.session import create_session
+    from airflow.utils.state import DagRunState
+    from airflow.utils.types import DagRunType
+
+    root = tmp_path_factory.mktemp("deployment")
+    (root / "dags").mkdir()
+    (root / "dags" / "adrf_deployment.py").write_text(textwrap.dedent(DAGS))
+    (root / "adrf_host.py").write_text(HOST_MODULE)
+    dagbag = DagBag(str(root / "dags"), include_examples=False)
+    dagbag.sync_to_db()
+    producer = dagbag.dags["adrf_deployment_producer"]
+    import pendulum
+
+    with create_session() as session:
+        for day, host in enumerate(("host-a", "host-b", "host-c"), start=1):
+            producer.create_dagrun(run_id=f"adrf_deployment_{host}", state=DagRunState.RUNNING,
+                                   execution_date=pendulum.datetime(2026, 2, day, tz="UTC"),
+                                   run_type=DagRunType.MANUAL, session=session)
+        SerializedDagModel.write_dag(producer, session=session)
+    DagModel.get_dagmodel(producer.dag_id).set_is_paused(True)  # the schedulers start none of its tasks
+
+    def airflow(host: str, kind: str, *args: str) -> subprocess.CompletedProcess:
+        extra = {"ADRF_HOST": host, "AIRFLOW__CORE__HOSTNAME_CALLABLE": "adrf_host.name",
+                 "AIRFLOW__CORE__DAGS_FOLDER": str(root / "dags"), "AIRFLOW__CORE__EXECUTOR": "SequentialExecutor",
+                 "AIRFLOW__SCHEDULER__STANDALONE_DAG_PROCESSOR": "True"}
+        if kind == "without-package":
+            command = [PYTHON, "-c", WITHOUT_PACKAGE, *args]
+            env = child_env([str(root), REPO], **extra)
+        else:
+            command = [AIRFLOW, *args]
+            env = shim_env(str(root), REPO, switches={"AIRFLOW_DATASET_RACE_FIX_DISABLED": "1"} if kind == "off" else {},
+                           **extra)
+        proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, f"{host}: {' '.join(args)} failed:\n{output(proc)[-4000:]}"
+        return proc
+
+    airflow("host-a", "fixed", "scheduler", "--num-runs", "1")
+    airflow("host-b", "without-package", "scheduler", "--num-runs", "1")
+    for host, kind in (("host-a", "fixed"), ("host-b", "without-package"), ("host-c", "off")):
+        airflow(host, kind, "tasks", "run", "adrf_deployment_producer", "emit", f"adrf_deployment_{host}", "--local")
+    proc = subprocess.run([PYTHON, "-m", "airflow_dataset_race_fix", "deployment", "--json", "--hours", "1"],
+                          env=child_env([REPO]), capture_output=True, text=True, timeout=300)
+    return proc
+
+
+def _ours(rows: list[dict]) -> dict[str, dict]:
+    return {row["host"]: row for row in rows if row["host"] in ("host-a", "host-b", "host-c")}
+
+
+def test_deployment_names_the_hosts_that_ran_without_the_fix(deployment):
+    assert deployment.returncode == 1, output(deployment)[-3000:]
+    found = json.loads(deployment.stdout)
+    schedulers = _ours(found["components"])
+    assert schedulers["host-a"]["fixed"] is True and schedulers["host-a"]["component"].startswith("scheduler")
+    assert schedulers["host-a"]["why"] == "patched by the shim"
+    assert schedulers["host-b"]["fixed"] is False and schedulers["host-b"]["why"].startswith("no mark")
+    assert "host-c" not in schedulers
+    producers = _ours(found["producers"])
+    assert {host: (row["fixed"], row["events"], row["task_instances"]) for host, row in producers.items()} == {
+        "host-a": (True, 2, 1), "host-b": (False, 2, 1), "host-c": (False, 2, 1)}
+    assert producers["host-b"]["why"].startswith("no mark")
+    assert producers["host-c"]["why"] == "disabled by AIRFLOW_DATASET_RACE_FIX_DISABLED"
+    assert producers["host-a"]["dag_id"] == "adrf_deployment_producer" and producers["host-a"]["task_id"] == "emit"
+
+
+def test_a_producer_marks_once_inside_its_own_transaction(deployment):
+    """One mark a task instance (two outlets, two events), written with the events: the host-a task's."""
+    from sqlalchemy import select
+
+    from airflow.models.log import Log
+    from airflow.utils.session import create_session
+
+    from airflow_dataset_race_fix.evidence import MARK_EVENT
+
+    with create_session() as session:
+        marks = session.execute(select(Log.run_id, Log.task_id, Log.extra).where(
+            Log.event == MARK_EVENT, Log.dag_id == "adrf_deployment_producer")).all()
+    by_run = {run_id: json.loads(extra) for run_id, _, extra in marks}
+    assert sorted(run_id for run_id, _, _ in marks) == ["adrf_deployment_host-a", "adrf_deployment_host-c"]
+    assert by_run["adrf_deployment_host-a"]["host"] == "host-a" and by_run["adrf_deployment_host-a"]["fixed"] is True
+    assert by_run["adrf_deployment_host-c"]["fixed"] is False
+
+
+def test_deployment_text_and_bad_input():
+    proc = subprocess.run([PYTHON, "-m", "airflow_dataset_race_fix", "deployment", "--hours", "0"],
+                          env=child_env([REPO]), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "--hours must be more than 0" in proc.stderr
+    proc = subprocess.run([PYTHON, "-m", "airflow_dataset_race_fix", "deployment", "--hours", "1"],
+                          env=child_env([REPO]), capture_output=True, text=True, timeout=300)
+    assert proc.returncode in (0, 1) and "Components" in proc.stdout and "Producers" in proc.stdout, output(proc)
