@@ -422,3 +422,29 @@ def _login_cookies(base: str, user: str) -> dict[str, str]:
     answer = session.post(f"{base}/login/", data={"username": user, "password": PASSWORD, "csrf_token": token}, timeout=30)
     assert answer.ok and "/login" not in answer.url, (answer.status_code, answer.url)  # not logged in: say so here
     return session.cookies.get_dict()
+
+
+def test_the_deployment_page_names_a_stock_scheduler_and_this_webserver(site):
+    """Issue 48: the page's "Which processes ran the fix". A scheduler without the package (a Job row, no
+    mark) and this webserver's worker (the package, no shim: its mark says why) are NOT fixed."""
+    from airflow.jobs.job import Job
+    from airflow.utils import timezone
+
+    base, _, _ = site
+    with create_session() as session:
+        session.add(Job(job_type="SchedulerJob", hostname="adrf-web-stock-host", state="running",
+                        start_date=timezone.utcnow(), latest_heartbeat=timezone.utcnow()))
+    browser = _login(base, "admin")
+    try:
+        browser.get(f"{base}/dataset-race-fix/")
+        assert browser.attribute(browser.find("#deployment-link"), "href").endswith("/dataset-race-fix/deployment")
+        browser.get(f"{base}/dataset-race-fix/deployment")
+        components = browser.text("#components")
+        stock = next(line for line in components.splitlines() if "adrf-web-stock-host" in line)
+        assert "NOT fixed" in stock and "no mark" in stock, components
+        webserver = [line for line in components.splitlines() if "webserver" in line]
+        assert webserver and all("NOT fixed" in line and "no route turned the shim on" in line for line in webserver)
+        assert browser.find_all("#not-all-fixed")
+        browser.screenshot(SCREENSHOTS / "deployment.png")
+    finally:
+        browser.close()

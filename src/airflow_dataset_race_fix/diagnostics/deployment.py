@@ -69,7 +69,8 @@ def collect(session, since: datetime) -> dict:
         .order_by(TI.hostname, per_task.c.dag_id, per_task.c.task_id)
     ):
         mark = json.loads(extra) if extra else None
-        producers.append({"host": host if dag_id is not None else "(not a task: the REST API or a script)",
+        where = host or ("(no task instance row)" if dag_id is not None else "(not a task: the REST API or a script)")
+        producers.append({"host": where,
                           "dag_id": dag_id, "task_id": task_id, "events": int(events), "task_instances": tasks,
                           "first": first, "last": last, **_verdict(mark if dag_id is not None else {})})
     everything = components + producers
@@ -95,7 +96,7 @@ def render(found: dict) -> str:
     lines.append("Producers (dataset events by the host of the task instance that made them):")
     for row in found["producers"] or [{"none": True}]:
         lines.append("  none seen" if "none" in row else
-                     f"  {_word(row)} {row['host']}: {row['dag_id']}.{row['task_id']}, {row['events']} events of "
+                     f"  {_word(row)} {row['host']}: {row['dag_id'] or ''}.{row['task_id'] or ''}, {row['events']} events of "
                      f"{row['task_instances']} task instances, {row['first']:%Y-%m-%d %H:%M:%S} to "
                      f"{row['last']:%H:%M:%S}: {row['why']}")
     lines.append("Every process seen ran the fix" if found["all_fixed"] else

@@ -58,9 +58,10 @@ class DatasetRunsPlugin(AirflowPlugin):
     def appbuilder_views(self):  # the webserver's question; imports Flask AppBuilder only then
         if "_views" not in vars(self):
             _announce()  # each webserver worker: it serves the REST API that posts dataset events
-            from airflow_dataset_race_fix import evidence
+            from airflow_dataset_race_fix import evidence, runtime
 
-            evidence.mark_component("webserver")
+            if runtime.command_name() != "":  # gunicorn's worker, not a short 'airflow users ...' command
+                evidence.mark_component("webserver")
             from airflow_dataset_race_fix.web.views import DatasetRunsView
 
             self._views = [{"name": "Dataset runs", "category": "Browse", "view": DatasetRunsView()}]
