@@ -19,7 +19,7 @@ import sys
 import pytest
 from shim_children import PYTHON, child_env, output, shim_env
 
-from conftest import AIRFLOW_VERSION
+from conftest import AIRFLOW_VERSION, BACKEND
 from matrix import MAIN_PYTHON, MAIN_RELEASE, SOURCE_MODE
 
 # Real processes of the main release through the shim; the SQL it reads, on each backend.
@@ -156,3 +156,54 @@ def test_deployment_text_and_bad_input():
     proc = subprocess.run([PYTHON, "-m", "airflow_dataset_race_fix", "deployment", "--hours", "1"],
                           env=child_env([REPO]), capture_output=True, text=True, timeout=300)
     assert proc.returncode in (0, 1) and "Components" in proc.stdout and "Producers" in proc.stdout, output(proc)
+
+
+@pytest.mark.skipif(BACKEND == "sqlite", reason="SQLite has one writer: any producer waits for another's COMMIT")
+def test_a_producer_frozen_after_its_mark_holds_up_no_other_producer(variant_fixed):
+    """The lock argument of evidence.py: producer A's mark and event are written (flushed) and A stops
+    before its COMMIT; producer B, another task on the same dataset, marks and commits meanwhile."""
+    import threading
+    import time
+    from types import SimpleNamespace
+
+    from sqlalchemy import select
+
+    from airflow import settings
+    from airflow.datasets import Dataset
+    from airflow.datasets.manager import dataset_manager
+    from airflow.models.dataset import DatasetModel
+    from airflow.models.log import Log
+    from airflow.utils.session import create_session
+
+    from airflow_dataset_race_fix.evidence import MARK_EVENT
+
+    uri = "adrf://deployment/frozen"
+    with create_session() as session:
+        session.add(DatasetModel(uri=uri))
+
+    def task(name: str) -> SimpleNamespace:
+        return SimpleNamespace(dag_id="adrf_deployment_frozen", task_id=name, run_id="r1", map_index=-1, try_number=1)
+
+    frozen = settings.Session.session_factory()
+    dataset_manager.register_dataset_change(task_instance=task("a"), dataset=Dataset(uri), session=frozen)
+    frozen.flush()
+    took: list[float] = []
+
+    def other_producer() -> None:
+        started = time.monotonic()
+        session = settings.Session.session_factory()
+        dataset_manager.register_dataset_change(task_instance=task("b"), dataset=Dataset(uri), session=session)
+        session.commit()
+        session.close()
+        took.append(time.monotonic() - started)
+
+    thread = threading.Thread(target=other_producer)
+    thread.start()
+    thread.join(20)
+    frozen.commit()
+    frozen.close()
+    assert took and took[0] < 5, f"producer B waited for the frozen producer A: {took}"
+    with create_session() as session:
+        marked = session.scalars(select(Log.task_id).where(Log.event == MARK_EVENT,
+                                                             Log.dag_id == "adrf_deployment_frozen")).all()
+    assert sorted(marked) == ["a", "b"]

@@ -5,10 +5,12 @@ command and the page can tell which components and producer hosts ran the fix (d
 
 - A long-running component (scheduler, triggerer, dag-processor, a webserver worker) writes one
   mark as it starts, in a transaction of its own: one small INSERT per process start.
-- A producer writes one mark per task instance (or per process, outside a task) with its first
+- A producer task writes one mark per task instance and process with its first
   dataset event, in the producer's own session: it commits with the event or not at all, and adds
-  one INSERT to that transaction, none elsewhere. A host without this package writes nothing;
-  its events are then named by their task instance's host.
+  one INSERT to that transaction, none elsewhere. A new ``log`` row locks nothing another
+  transaction waits for (PostgreSQL: none; InnoDB: the new row, and the auto-increment only while
+  it is allocated; SQLite holds its one write lock already), so the lock order is unchanged.
+  A host without this package writes nothing; its events are named by their task instance's host.
 """
 
 from __future__ import annotations
@@ -55,21 +57,17 @@ def mark_component(component: str, started=None) -> None:
 
 def mark_producer() -> None:
     """Called by the ``on_dataset_changed`` listener, inside ``register_dataset_change``: add the mark to that
-    call's session (its frame, a few above: pluggy's), once per task instance and process."""
+    call's session (its frame, a few above: pluggy's), once per task instance and process. Events posted
+    outside a task (the REST API) carry no task to name: the webserver workers' marks stand for them."""
     frame = sys._getframe(1)
     while frame is not None and not (frame.f_code.co_name == "register_dataset_change" and "session" in frame.f_locals):
         frame = frame.f_back
-    if frame is None:
+    task_instance = frame.f_locals.get("task_instance") if frame is not None else None
+    if task_instance is None:
         return
-    task_instance = frame.f_locals.get("task_instance")
-    key = (os.getpid(),) + ((task_instance.dag_id, task_instance.task_id, task_instance.run_id,
-                              task_instance.map_index) if task_instance is not None else ())
-    if key in _marked:
-        return
-    _marked.add(key)
-    from airflow.models.log import Log
+    key = (os.getpid(), task_instance.dag_id, task_instance.task_id, task_instance.run_id, task_instance.map_index)
+    if key not in _marked:
+        _marked.add(key)
+        from airflow.models.log import Log
 
-    from airflow_dataset_race_fix.runtime import command_name
-
-    component = "task" if task_instance is not None else (command_name() or "api")
-    frame.f_locals["session"].add(Log(MARK_EVENT, task_instance=task_instance, extra=_mark_extra(component)))
+        frame.f_locals["session"].add(Log(MARK_EVENT, task_instance=task_instance, extra=_mark_extra("task")))

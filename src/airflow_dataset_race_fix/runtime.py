@@ -62,6 +62,7 @@ _announced: set[str] = set()  # targets whose "fix in place" line is logged
 _warned = False  # the refusal's WARNING
 _warned_half_source = False
 _said_not_started = False  # announce_process()'s line for a process without the shim
+_verdict: tuple | None = None  # process_verdict()'s last answer, with what it depends on
 
 
 def _forget_reports() -> None:
@@ -405,18 +406,32 @@ def announce_process() -> None:
     component or task starts; reads nothing but this interpreter."""
     global _said_not_started
     imported = [name for name in TARGET_MODULES if name in sys.modules]
-    why = why_not_started() if imported and not process_verdict()[0] else None  # fixed: by the shim or the source
+    why = why_not_started() if imported else None
+    if why is not None and not _said_not_started:
+        _said_not_started = True
+        if process_verdict()[0]:
+            why = None  # fixed without the shim: the source patches
+        else:
+            log.log(why[0], "airflow-dataset-race-fix: the fix is NOT in place in this process: %s (Airflow %s)",
+                    why[1], airflow_version())
     if why is None:
         for name in (name for name in imported if name not in _announced):
             report(module_state(name))
-    elif not _said_not_started:
-        _said_not_started = True
-        log.log(why[0], "airflow-dataset-race-fix: the fix is NOT in place in this process: %s (Airflow %s)",
-                why[1], airflow_version())
 
 
 def process_verdict() -> tuple[bool, str]:
-    """Whether the targets this process imported run the fixed code, and how, or why not (its mark says it)."""
+    """Whether the targets this process imported run the fixed code, and how, or why not (its mark says it).
+    Remembered until a target is imported, patched or refused here: judging unpatched ones hashes their source."""
+    global _verdict
+    from airflow_dataset_race_fix import bootstrap
+
+    key = (os.getpid(), bootstrap.started, _refusal, tuple((sys.modules.get(n), _states.get(n)) for n in TARGET_MODULES))
+    if _verdict is None or _verdict[0] != key:
+        _verdict = key, _process_verdict()
+    return _verdict[1]
+
+
+def _process_verdict() -> tuple[bool, str]:
     states = [module_state(name) for name in TARGET_MODULES if name in sys.modules]
     refused = next((s for s in states if s.state == REFUSED), None)
     if refused is not None:

@@ -37,7 +37,7 @@ def collect(session, since: datetime) -> dict:
             marks.remove(mark)
         components.append({"component": f"scheduler (job {job_id})", "host": host, "first": started, "last": heartbeat,
                            **_verdict(mark)})
-    for mark in marks:  # the other components', and producers' outside a task (the REST API)
+    for mark in marks:  # the other components' (triggerer, dag-processor, webserver workers)
         components.append({"component": mark["component"], "host": mark["host"], "first": mark["at"],
                            "last": mark["at"], **_verdict(mark)})
 
@@ -80,7 +80,7 @@ def collect(session, since: datetime) -> dict:
 
 def _verdict(mark: dict | None) -> dict:
     if mark == {}:  # events outside a task: their processes' marks are among the components
-        return {"fixed": None, "why": "see the components' marks (api, webserver)"}
+        return {"fixed": None, "why": "see the webserver workers' marks among the components"}
     if mark is None:
         return {"fixed": False, "why": NO_MARK}
     return {"fixed": bool(mark["fixed"]), "why": mark.get("how") or mark.get("why", "")}
