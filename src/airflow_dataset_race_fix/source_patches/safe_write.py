@@ -54,8 +54,6 @@ def locked(directory: Path, shared: bool = False, on_wait=None):
 class NotWritable(OSError):
     def __init__(self, directory: Path, reason: str):
         super().__init__(f"cannot write to {directory} ({reason})")
-        self.directory = directory
-        self.reason = reason
 
 
 @contextlib.contextmanager
