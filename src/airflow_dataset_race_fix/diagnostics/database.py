@@ -73,11 +73,8 @@ def open_database(db_url: str | None, *, read_only: bool):
         source = "[database] sql_alchemy_conn"
         try:
             url = conf.get("database", "sql_alchemy_conn")
-            connect_args = (
-                conf.getimport("database", "sql_alchemy_connect_args")
-                if conf.has_option("database", "sql_alchemy_connect_args")
-                else {}
-            )
+            has_args = conf.has_option("database", "sql_alchemy_connect_args")
+            connect_args = conf.getimport("database", "sql_alchemy_connect_args") if has_args else {}
         except AirflowConfigException as err:
             raise DatabaseError(f"Airflow's configuration: {first_line(err)}") from None
     else:

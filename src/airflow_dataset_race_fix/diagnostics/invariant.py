@@ -411,12 +411,10 @@ class _Scan:
             timestamp = _utc(e.timestamp)
             if e.lost or e.suspected_lost:
                 self._strand(e, timestamp)
-            if e.suspected_lost:
-                finding = EventFinding(e.dag_id, e.event_id, self.uri(e.dataset_id), timestamp)
-                self.lists["suspected_lost"].add((e.dag_id, timestamp, e.event_id), finding)
-            if e.doubled:
-                finding = EventFinding(e.dag_id, e.event_id, self.uri(e.dataset_id), timestamp)
-                self.lists["doubled"].add((e.dag_id, timestamp, e.event_id), finding)
+            for name in ("suspected_lost", "doubled"):
+                if getattr(e, name):
+                    finding = EventFinding(e.dag_id, e.event_id, self.uri(e.dataset_id), timestamp)
+                    self.lists[name].add((e.dag_id, timestamp, e.event_id), finding)
 
     def _strand(self, e, timestamp: datetime) -> None:
         group = self.groups.get((e.dag_id, e.dataset_id))

@@ -370,8 +370,8 @@ def _write_backups(inspection: Inspection) -> None:
             atomic_write(backup, t.pristine)
         patched = record_digest(t.patched)
         entry = previous.get(t.path, {})
-        earlier = [d for d in (entry.get("patched"), *entry.get("earlier", ())) if d and d != patched]
-        manifest["files"][t.path] = {"pristine": t.expected, "patched": patched, "earlier": list(dict.fromkeys(earlier))}
+        earlier = dict.fromkeys(d for d in (entry.get("patched"), *entry.get("earlier", ())) if d and d != patched)
+        manifest["files"][t.path] = {"pristine": t.expected, "patched": patched, "earlier": list(earlier)}
         step_point()
     atomic_write(root / MANIFEST, json.dumps(manifest, indent=2).encode() + b"\n")
 
