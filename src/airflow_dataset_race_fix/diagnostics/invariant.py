@@ -13,6 +13,7 @@ date); queue rows are current state and always examined.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime, timezone
@@ -458,8 +459,8 @@ class _Scan:
         if self.since is not None:  # the run just before ``since``, as the predecessor of the first
             last = _latest_runs(dag_ids).where(DagRun.execution_date < self.since).subquery()
             on_last = and_(DagRun.dag_id == last.c.dag_id, DagRun.execution_date == last.c.latest_run)
-            for dag_id, end in self.session.execute(select(DagRun.dag_id, DagRun.data_interval_end).join(last, on_last)):
-                previous_end[dag_id] = _utc(end)
+            ends = select(DagRun.dag_id, DagRun.data_interval_end).join(last, on_last)
+            previous_end.update((dag_id, _utc(end)) for dag_id, end in self.session.execute(ends))
             intervals = intervals.where(DagRun.execution_date >= self.since)
         for dag_id, run_id, date, start, end in self.session.execute(intervals.execution_options(stream_results=True)):
             before, start = previous_end.get(dag_id), _utc(start)
@@ -650,11 +651,8 @@ def _attach_creating_schedulers(session: Session, runs: list[RunFinding]) -> Non
 
 def schedulers_without_the_fix(runs: list[RunFinding]) -> list[tuple[str, int, int]]:
     """(host, scheduler job id, runs) per job that created an empty or out-of-order run, most runs first."""
-    counts: dict[tuple[str, int], int] = {}
-    for run in runs:
-        if run.creating_job_id is not None:
-            key = (run.creating_host or "unknown host", run.creating_job_id)
-            counts[key] = counts.get(key, 0) + 1
+    jobs = [(r.creating_host or "unknown host", r.creating_job_id) for r in runs if r.creating_job_id is not None]
+    counts = Counter(jobs)
     return sorted(((host, job, n) for (host, job), n in counts.items()), key=lambda t: (-t[2], t[0], t[1]))
 
 
