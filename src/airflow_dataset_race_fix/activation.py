@@ -1,11 +1,7 @@
 """
-How the shim is (or can be) activated: PYTHONPATH, a ``.pth`` file,
-``airflow_local_settings.py``, the plugin's opt-in. For ``status`` and ``shim install-pth``
-/ ``remove-pth``; never at interpreter start.
-
-``site`` runs a ``.pth`` line that starts with ``import`` in every interpreter of that
-site-packages, so the line must be cheap, and silent once this package is gone (``pip
-uninstall`` leaves the file it did not install).
+How the shim is (or can be) activated: PYTHONPATH, a ``.pth`` file, ``airflow_local_settings.py``,
+the plugin's opt-in; for ``status`` and ``shim``, never at interpreter start. ``site`` runs the
+``.pth`` line in every interpreter, so it must be cheap, and silent once this package is gone.
 """
 
 from __future__ import annotations
@@ -14,7 +10,7 @@ import ast
 import os
 import sys
 import sysconfig
-import tempfile
+from pathlib import Path
 
 from airflow_dataset_race_fix import BOOTSTRAP_DIR
 
@@ -50,9 +46,8 @@ def site_directories() -> list[str]:
 
 
 def installed_pth_files() -> list[str]:
-    return [
-        os.path.join(d, PTH_FILENAME) for d in site_directories() if os.path.isfile(os.path.join(d, PTH_FILENAME))
-    ]
+    paths = (os.path.join(d, PTH_FILENAME) for d in site_directories())
+    return [path for path in paths if os.path.isfile(path)]
 
 
 def default_site_directory() -> str:
@@ -68,17 +63,9 @@ def install_pth(site_dir: str | None = None) -> tuple[str, bool]:
         with open(path, encoding="utf-8") as existing:
             if existing.read() == PTH_CONTENT:
                 return path, False
-    # A half-written .pth would be executed by every interpreter starting meanwhile.
-    fd, tmp = tempfile.mkstemp(prefix=".adrf-", suffix=".tmp", dir=site_dir)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            out.write(PTH_CONTENT)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    from airflow_dataset_race_fix.source_patches.safe_write import atomic_write
+
+    atomic_write(Path(path), PTH_CONTENT.encode("utf-8"))  # a half-written .pth would run meanwhile
     return path, True
 
 
@@ -121,8 +108,7 @@ def local_settings_file() -> str | None:
 
 
 def imports_the_fix(path: str) -> bool:
-    """Whether the Python file at ``path`` has ``import airflow_dataset_race_fix.auto`` (or
-    ``from airflow_dataset_race_fix import auto``) in its code, not in a comment."""
+    """Whether the Python file at ``path`` imports ``airflow_dataset_race_fix.auto`` (in code, not a comment)."""
     try:
         with open(path, encoding="utf-8") as source:
             tree = ast.parse(source.read(), path)
@@ -138,9 +124,8 @@ def imports_the_fix(path: str) -> bool:
 
 
 def plugin_opt_in() -> tuple[bool, str]:
-    """Whether ``[dataset_race_fix] enable_via_plugin`` is on, and where that was read: from
-    Airflow's configuration once Airflow is imported, else as Airflow would read it (the
-    environment variable, else airflow.cfg), without importing Airflow."""
+    """Whether ``[dataset_race_fix] enable_via_plugin`` is on, and where that was read: Airflow's
+    configuration once imported, else as Airflow would read it (environment, else airflow.cfg)."""
     from airflow_dataset_race_fix import plugin
 
     if "airflow.configuration" in sys.modules:

@@ -1,16 +1,10 @@
 """
-The start-up shim's logic: register post-import hooks that put the fix in place.
-
-Each route (docs/activation.md, "Routes": ``sitecustomize``, ``pth``, ``import``,
-``airflow_local_settings``, ``plugin``) calls :func:`start` once per interpreter; the
-switches (``AIRFLOW_DATASET_RACE_FIX_DISABLED``, ``_STRICT``) are in docs/settings.md.
-
-Nothing here imports Airflow, and at interpreter start nothing but ``os`` and ``sys``:
-``targets.py`` (which needs ``inspect``) is read only when ``airflow`` is imported. The
-patching (``runtime.py``) runs when a target module is imported, in whichever order, and
-at once for targets already imported. Strict mode makes every later import of a target
-raise too: Airflow's CLI logs and swallows some import errors, and a failed module leaves
-``sys.modules``, so without it the next import would get the stock code.
+The start-up shim's logic: register post-import hooks that put the fix in place. Each route
+(docs/activation.md, "Routes") calls :func:`start`; the switches: docs/settings.md. At
+interpreter start nothing but ``os`` and ``sys`` is imported: ``targets.py`` (``inspect``) when
+``airflow`` is, the patching (``runtime.py``) when a target is. Strict mode makes every later
+import of a target raise too: Airflow's CLI swallows some import errors, and a failed module
+leaves ``sys.modules``, so the next import would get the stock code.
 """
 
 from __future__ import annotations
@@ -45,11 +39,8 @@ def strict() -> bool:
 
 
 def start(route: str) -> None:
-    """Register the hooks once per interpreter (idempotent; honours the disable switch).
-
-    In strict mode this raises :class:`runtime.RefusedError` when a target module that
-    is already imported cannot be patched.
-    """
+    """Register the hooks once per interpreter (idempotent; honours the disable switch). Strict
+    mode raises :class:`runtime.RefusedError` when a target already imported cannot be patched."""
     global started, disabled
     if route not in routes:
         routes.append(route)

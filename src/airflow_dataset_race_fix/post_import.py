@@ -1,15 +1,9 @@
 """
-Post-import hooks: call a function with a module as soon as it is imported.
-
-``when_imported(name, hook)`` calls ``hook(module)`` at once when ``name`` is already in
-``sys.modules``, otherwise right after the module's code has run on its first import
-(wrapt's ``when_imported`` semantics). Hooks run once. A hook that raises makes that
-import raise, so callers decide what is fatal.
-
-It is one small meta-path finder placed first on ``sys.meta_path``: for a watched name
-it asks the other finders for the real spec and wraps its loader, and it answers
-``None`` at once for every other name. Importing this module imports nothing beyond
-``sys``, because the start-up shim imports it in every interpreter.
+Post-import hooks (wrapt's ``when_imported`` semantics): ``hook(module)`` runs once, at once if
+the module is imported, else right after its code first ran; a hook that raises makes that
+import raise. One meta-path finder, first on ``sys.meta_path``, wraps the loader of watched
+names and answers ``None`` at once for the others. Imports nothing beyond ``sys``: the
+start-up shim imports it in every interpreter.
 """
 
 from __future__ import annotations
@@ -101,14 +95,11 @@ class PostImportFinder:
 
     def _find_real_spec(self, fullname: str, path, target):
         for finder in list(sys.meta_path):
-            if finder is self:
-                continue
             find_spec = getattr(finder, "find_spec", None)
-            if find_spec is None:
-                continue
-            spec = find_spec(fullname, path, target)
-            if spec is not None:
-                return spec
+            if finder is not self and find_spec is not None:
+                spec = find_spec(fullname, path, target)
+                if spec is not None:
+                    return spec
         return None
 
 

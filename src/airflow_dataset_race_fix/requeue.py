@@ -1,25 +1,19 @@
 """
-``audit --requeue``: make stranded events reach their consumers through the fixed scheduler.
+``audit --requeue`` (docs/audit.md, "Recovery"): per (DAG, dataset) with stranded events, a
+queue row dated at or before the oldest of them (inserted, or created_at lowered, never
+raised), in one transaction in the scheduler's lock order; no event or run is touched.
 
-What it does for the user: docs/audit.md, "Recovery". Only queue rows are written: per
-(DAG, dataset) with stranded events (``invariant.StrandedGroup``) a row dated at or before
-the oldest of them (inserted, or created_at lowered, never raised), all in one transaction
-in the scheduler's lock order; no event or run is deleted or rewritten.
-
-Why that is enough with the fixed scheduler (``fix/jobs/scheduler_job_runner.py``): the row
-makes the DAG ready the usual way (an AND condition still waits for its partner); the fixed
-scheduler takes the DAG's unconsumed events from ``min(latest run's date, oldest queue row
-read) - lookback``, so the lowered created_at brings in every stranded event, none twice;
-and it deletes queue rows only *as read* (key and created_at), so a row lowered after a
-scheduler read it survives for its next loop (PostgreSQL, MySQL 8: the requeue waits for
-the scheduler's row lock). A concurrent fixed producer may move created_at forward again;
-a second audit then shows what is left. The stock scheduler would take the window ``(run
-before the row, max(created_at)]`` and create a run dated in the past (S6): hence the
-refusal unless the fix is active in this interpreter.
+Why that is enough with the fixed scheduler: it takes a DAG's unconsumed events from
+``min(latest run's date, oldest queue row read) - lookback``, so the lowered created_at brings
+in every stranded event, none twice; and it deletes queue rows only *as read* (key and
+created_at), so a row lowered after a scheduler read it survives for its next loop. The stock
+scheduler would take the window ``(run before the row, max(created_at)]`` and create a run
+dated in the past (S6): hence the refusal unless the fix is active in this interpreter.
 """
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -50,26 +44,17 @@ class QueueWrite:
 
 
 def plan(groups: list[StrandedGroup]) -> list[QueueWrite]:
-    writes = []
-    for g in groups:
-        if g.queued_at is None:
-            action = INSERT
-        elif g.queued_at > g.oldest:
-            action = LOWER
-        else:
-            action = KEEP
-        writes.append(QueueWrite(g.dag_id, g.dataset_id, g.dataset_uri, g.events, g.oldest, g.queued_at, action))
-    return writes
+    return [
+        QueueWrite(g.dag_id, g.dataset_id, g.dataset_uri, g.events, g.oldest, g.queued_at,
+                   INSERT if g.queued_at is None else LOWER if g.queued_at > g.oldest else KEEP)
+        for g in groups
+    ]
 
 
 def ensure_fix_active() -> str:
     """
-    Refuse unless this interpreter runs the fixed scheduler code: imported with the shim
-    active, or Airflow's source already patched.
-
-    We do not call ``apply()`` here: that would always succeed on a supported Airflow and say
-    nothing about the deployment. Run where the scheduler runs (same environment, same
-    shim route), so that "active here" stands for "active in the scheduler".
+    Refuse unless this interpreter runs the fixed scheduler (shim active, or source patched).
+    Not ``apply()``: it would succeed here and say nothing about where the scheduler runs.
     """
     from airflow_dataset_race_fix import runtime
     from airflow_dataset_race_fix.diagnostics import fix_active_here
@@ -113,12 +98,7 @@ def _upsert(dialect: str):
     table = DatasetDagRunQueue.__table__
     keys = [table.c.dataset_id, table.c.target_dag_id]
     if dialect in ("postgresql", "sqlite"):
-        if dialect == "postgresql":
-            from sqlalchemy.dialects.postgresql import insert
-        else:
-            from sqlalchemy.dialects.sqlite import insert
-
-        stmt = insert(table)
+        stmt = importlib.import_module(f"sqlalchemy.dialects.{dialect}").insert(table)
         return stmt.on_conflict_do_update(
             index_elements=keys,
             set_={"created_at": stmt.excluded.created_at},

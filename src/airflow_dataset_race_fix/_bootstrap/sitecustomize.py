@@ -1,14 +1,9 @@
 """
-airflow-dataset-race-fix start-up shim. Boilerplate only: the logic is in
-``airflow_dataset_race_fix.bootstrap``.
-
-With this directory on PYTHONPATH, Python imports this file at start-up. It
-1. imports the sitecustomize that this one hides (the user's or the distribution's), so
-   that one still runs, with this directory taken off ``sys.path`` meanwhile;
-2. registers the post-import hooks that patch Airflow when Airflow is imported (only on
-   the Pythons this package supports: on any other, step 1 alone, silently).
-It never imports Airflow and never raises: a failure is printed on stderr, like site.py
-reports a failing sitecustomize, and the interpreter carries on.
+airflow-dataset-race-fix start-up shim (the logic: ``airflow_dataset_race_fix.bootstrap``).
+With this directory on PYTHONPATH, Python imports this file at start-up. It imports the
+sitecustomize this one hides (this directory off ``sys.path`` meanwhile), then, on the Pythons
+this package supports, registers the hooks that patch Airflow when it is imported. It never
+imports Airflow and never raises: a failure is printed on stderr, as site.py does.
 """
 
 import os
@@ -92,12 +87,11 @@ def _start():
 if __name__ == "sitecustomize":  # not when imported as airflow_dataset_race_fix._bootstrap.sitecustomize
     try:
         loaded = _start()  # read by tests: the shim started without an error
-    except ImportError as _err:
-        # This interpreter has no airflow_dataset_race_fix (another Python or virtualenv
-        # inherited PYTHONPATH): nothing to fix here, stay silent.
-        loaded = False
-        if getattr(_err, "name", None) not in ("airflow_dataset_race_fix", "airflow_dataset_race_fix.bootstrap"):
-            sys.stderr.write("airflow-dataset-race-fix: shim not started: %s: %s\n" % (type(_err).__name__, _err))
     except Exception as _err:
         loaded = False
-        sys.stderr.write("airflow-dataset-race-fix: shim not started: %s: %s\n" % (type(_err).__name__, _err))
+        # Silent when this interpreter has no airflow_dataset_race_fix (another Python or
+        # virtualenv inherited PYTHONPATH): nothing to fix here.
+        if not isinstance(_err, ImportError) or getattr(_err, "name", None) not in (
+            "airflow_dataset_race_fix", "airflow_dataset_race_fix.bootstrap"
+        ):
+            sys.stderr.write("airflow-dataset-race-fix: shim not started: %s: %s\n" % (type(_err).__name__, _err))

@@ -1,11 +1,6 @@
 """
-``audit``: the damage the race already did, from the metadata database; ``--requeue`` recovers.
-
-What it reports, its exit status and its JSON: docs/audit.md, docs/audit-json.md (the
-counters: ``diagnostics.invariant``; requeueing: ``requeue``). Read-only by default; the
-database is opened as ``diagnostics.database`` says (nothing created, SQLite ``mode=ro``
-unless ``--requeue --yes`` writes), and read in one REPEATABLE READ transaction
-(PostgreSQL, MySQL) so that counts and lists come from one snapshot.
+``audit``: the damage the race already did, from the metadata database; ``--requeue`` recovers
+(docs/audit.md, docs/audit-json.md). Read in one snapshot, so that counts and lists agree.
 """
 
 from __future__ import annotations
@@ -66,10 +61,9 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         data = _as_json(result, where, since, dag_ids, seconds, args, writes, written)
         print_result(json.dumps(data, default=_json_default, indent=2))
-    elif args.requeue:
-        print_result(render(result, where, since, dag_ids, seconds, limit) + "\n\n" + render_requeue(writes, written))
     else:
-        print_result(render(result, where, since, dag_ids, seconds, limit))
+        text = render(result, where, since, dag_ids, seconds, limit)
+        print_result(text + "\n\n" + render_requeue(writes, written) if args.requeue else text)
     return 1 if result.report.findings() else 0
 
 
@@ -180,57 +174,32 @@ def render(result, where: str, since, dag_ids: list[str], seconds: float, limit:
     rows.append(["TOTAL", *(report.total(c) for c in columns)])
     lines.append(tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True))
 
-    sections = [
-        (
-            "Stranded events per DAG and dataset (no run consumed them: a later run exists, or nothing is queued)",
-            ["DAG", "dataset", "events", "suspected lost", "not queued", "oldest", "newest", "queue row"],
-            [[g.dag_id, g.dataset_uri, g.events, g.suspected_lost, g.not_queued, _ts(g.oldest), _ts(g.newest),
-              _ts(g.queued_at) or "none"] for g in result.stranded],
-            len(result.stranded),
-        ),
-        (
-            "Suspected lost events",
-            ["DAG", "event", "dataset", "timestamp"],
-            [[e.dag_id, e.event_id, e.dataset_uri, _ts(e.timestamp)] for e in result.suspected_lost],
-            report.total("suspected_lost"),
-        ),
-        (
-            "Events consumed by more than one run of the same DAG",
-            ["DAG", "event", "dataset", "timestamp", "runs"],
-            [[e.dag_id, e.event_id, e.dataset_uri, _ts(e.timestamp), ", ".join(e.run_ids)] for e in result.doubled],
-            report.total("doubled"),
-        ),
-        (
-            "Dataset-triggered runs that consumed no event",
-            ["DAG", "run", "logical date"],
-            [[r.dag_id, r.run_id, _ts(r.logical_date)] for r in result.empty_runs],
-            report.total("empty_runs"),
-        ),
-        (
-            "Runs dated before a run created earlier",
-            ["DAG", "run", "logical date", "earlier run dated"],
-            [[r.dag_id, r.run_id, _ts(r.logical_date), _ts(r.earlier_run_date)] for r in result.out_of_order],
-            report.total("out_of_order"),
-        ),
-        (
-            "Events dated after the audit's clock",
-            ["DAG", "event", "dataset", "timestamp", "runs"],
-            [[e.dag_id, e.event_id, e.dataset_uri, _ts(e.timestamp), ", ".join(e.run_ids)] for e in result.future_dated],
-            report.total("future_dated"),
-        ),
-        (
-            "Runs whose data interval starts before the run just before them (by logical date) ended",
-            ["DAG", "run", "logical date", "interval start", "previous run's end"],
-            [[r.dag_id, r.run_id, _ts(r.logical_date), _ts(r.data_interval_start), _ts(r.previous_interval_end)]
-             for r in result.overlapping_intervals],
-            report.total("overlapping_intervals"),
-        ),
-        (
-            "Queue rows older than the DAG's latest dataset-triggered run",
-            ["DAG", "dataset", "created at", "latest run"],
-            [[q.dag_id, q.dataset_uri, _ts(q.created_at), _ts(q.latest_run_date)] for q in result.stale_queue_rows],
-            report.total("stale_queue_rows"),
-        ),
+    def events(items) -> list[list]:  # each event's columns, and the runs that consumed it
+        return [[e.dag_id, e.event_id, e.dataset_uri, _ts(e.timestamp), ", ".join(e.run_ids)] for e in items]
+
+    sections = [  # (title, headers, rows, total)
+        ("Stranded events per DAG and dataset (no run consumed them: a later run exists, or nothing is queued)",
+         ["DAG", "dataset", "events", "suspected lost", "not queued", "oldest", "newest", "queue row"],
+         [[g.dag_id, g.dataset_uri, g.events, g.suspected_lost, g.not_queued, _ts(g.oldest), _ts(g.newest),
+           _ts(g.queued_at) or "none"] for g in result.stranded], len(result.stranded)),
+        ("Suspected lost events", ["DAG", "event", "dataset", "timestamp"],
+         [row[:4] for row in events(result.suspected_lost)], report.total("suspected_lost")),  # no runs column
+        ("Events consumed by more than one run of the same DAG", ["DAG", "event", "dataset", "timestamp", "runs"],
+         events(result.doubled), report.total("doubled")),
+        ("Dataset-triggered runs that consumed no event", ["DAG", "run", "logical date"],
+         [[r.dag_id, r.run_id, _ts(r.logical_date)] for r in result.empty_runs], report.total("empty_runs")),
+        ("Runs dated before a run created earlier", ["DAG", "run", "logical date", "earlier run dated"],
+         [[r.dag_id, r.run_id, _ts(r.logical_date), _ts(r.earlier_run_date)] for r in result.out_of_order],
+         report.total("out_of_order")),
+        ("Events dated after the audit's clock", ["DAG", "event", "dataset", "timestamp", "runs"],
+         events(result.future_dated), report.total("future_dated")),
+        ("Runs whose data interval starts before the run just before them (by logical date) ended",
+         ["DAG", "run", "logical date", "interval start", "previous run's end"],
+         [[r.dag_id, r.run_id, _ts(r.logical_date), _ts(r.data_interval_start), _ts(r.previous_interval_end)]
+          for r in result.overlapping_intervals], report.total("overlapping_intervals")),
+        ("Queue rows older than the DAG's latest dataset-triggered run", ["DAG", "dataset", "created at", "latest run"],
+         [[q.dag_id, q.dataset_uri, _ts(q.created_at), _ts(q.latest_run_date)] for q in result.stale_queue_rows],
+         report.total("stale_queue_rows")),
     ]
     for title, headers, rows, total in sections:
         if not total:

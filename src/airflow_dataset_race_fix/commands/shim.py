@@ -1,11 +1,4 @@
-"""
-``shim``: manage the start-up shim's activation routes.
-
-- ``shim path``: print the bootstrap directory, for ``PYTHONPATH=$(airflow-dataset-race-fix shim path)``;
-- ``shim install-pth [--site-dir DIR]``: write ``airflow_dataset_race_fix_shim.pth`` into
-  this interpreter's site-packages (or DIR), for images where PYTHONPATH is awkward;
-- ``shim remove-pth [--site-dir DIR]``: delete it again.
-"""
+"""``shim``: the start-up shim's activation routes: ``path`` (for PYTHONPATH), ``install-pth``, ``remove-pth``."""
 
 from __future__ import annotations
 

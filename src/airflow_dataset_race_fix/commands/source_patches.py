@@ -1,10 +1,7 @@
 """
-``apply``, ``revert``, ``check``: the source patches in an installed Airflow;
-``generate-patches``: write ``patches/`` from the fix (a development command of the
-repository: it runs ``tools/patchgen`` of the clone this package is installed from).
-
-Exit codes: 0 done (or nothing to do; ``check``: the patches are applied), 1 refused or
-``check`` found them not (fully) applied, 2 bad usage.
+``apply``, ``revert``, ``check``: the source patches in an installed Airflow; ``generate-patches``:
+``patches/`` from the fix (runs the clone's ``tools/patchgen``). Exit codes: 0 done (``check``:
+applied), 1 refused (``check``: not, or not fully, applied), 2 bad usage.
 """
 
 from __future__ import annotations
@@ -36,13 +33,12 @@ def register(subparsers) -> None:
         "supported Airflow release (wheels are downloaded with pip once and cached). A development "
         "command: it runs tools/patchgen of the repository clone this package is installed from.",
     )
-    generate.add_argument("--patches-dir", type=Path, help="default: the repository's patches/")
-    generate.add_argument(
-        "--airflow-version", action="append", dest="versions", metavar="VERSION",
-        help="verify and record only these releases, the series made from the newest (default: all supported)",
-    )
-    generate.add_argument("--check", action="store_true", help="write nothing; exit 1 if patches/ is not up to date")
-    generate.add_argument("--wheel-cache", type=Path, help="default: $ADRF_WHEEL_CACHE or ~/.cache/airflow-dataset-race-fix/wheels")
+    add = generate.add_argument
+    add("--patches-dir", type=Path, help="default: the repository's patches/")
+    add("--airflow-version", action="append", dest="versions", metavar="VERSION",
+        help="verify and record only these releases, the series made from the newest (default: all supported)")
+    add("--check", action="store_true", help="write nothing; exit 1 if patches/ is not up to date")
+    add("--wheel-cache", type=Path, help="default: $ADRF_WHEEL_CACHE or ~/.cache/airflow-dataset-race-fix/wheels")
     generate.set_defaults(handler=_generate)
 
 
@@ -54,12 +50,10 @@ def _add_locations(parser: argparse.ArgumentParser) -> None:
     # The default of this installation, not only the rule: from a wheel it is the copy in the
     # package, which no operator would guess from "the source tree's patches/".
     here = locations.default_patches_dir()
-    parser.add_argument(
-        "--patches-dir", type=Path, help="directory with the series, its patch files and verified-releases (default: $ADRF_PATCHES_DIR, "
-        "else the patches/ of the source tree this package runs from, else the copy a wheel installs in "
-        "the package; here: "
-        + (str(here).replace("%", "%%") if here else "none found") + ")",
-    )
+    shown = str(here).replace("%", "%%") if here else "none found"
+    parser.add_argument("--patches-dir", type=Path, help="directory with the series, its patch files and "
+                        "verified-releases (default: $ADRF_PATCHES_DIR, else the patches/ of the source tree this "
+                        f"package runs from, else the copy a wheel installs in the package; here: {shown})")
 
 
 def _locations(args) -> tuple[Path, Path]:
@@ -82,11 +76,8 @@ def _locations(args) -> tuple[Path, Path]:
 
 
 def _waiting(command: str, site_packages: Path):
-    def say() -> None:
-        message = f"airflow-dataset-race-fix {command}: waiting for another apply or revert in {site_packages} to finish"
-        print(message, file=sys.stderr, flush=True)
-
-    return say
+    message = f"airflow-dataset-race-fix {command}: waiting for another apply or revert in {site_packages} to finish"
+    return functools.partial(print, message, file=sys.stderr, flush=True)
 
 
 def _refused(command: str, err: Exception) -> int:

@@ -1,12 +1,8 @@
 """
-The metadata database as ``audit``, ``explain`` (and ``audit --requeue --yes``) open it.
-
-Nothing is created: no AIRFLOW_HOME, no log directory, no database file. Airflow is
-imported as a library (``_AIRFLOW__AS_LIBRARY``: its configuration is read, but neither its
-logging, which creates ``logs/`` directories, nor its ORM, which imports the configured
-driver and opens the database, is set up), an AIRFLOW_HOME that does not exist is refused
-when the database comes from Airflow's configuration, and SQLite is opened read-only
-(``mode=ro``) unless ``--requeue --yes`` writes.
+The metadata database as ``audit`` and ``explain`` open it, creating nothing (no AIRFLOW_HOME,
+log directory or database file): Airflow is imported as a library (``_AIRFLOW__AS_LIBRARY``:
+configuration read; logging, which creates ``logs/``, and the ORM, which opens the database,
+not set up), and SQLite is opened read-only (``mode=ro``) unless ``--requeue --yes`` writes.
 """
 
 from __future__ import annotations
@@ -37,12 +33,8 @@ class DatabaseError(Exception):
 
 
 def prepare_airflow_import(db_url: str | None) -> None:
-    """Check that Airflow can be imported here without creating anything, before it is.
-
-    The configuration is read from AIRFLOW_HOME, which must exist when it names the database:
-    an AIRFLOW_HOME that does not exist is not the home of any Airflow, and Airflow itself
-    would create it and an empty database there.
-    """
+    """Check that Airflow can be imported here without creating anything, before it is. An
+    AIRFLOW_HOME that does not exist is no Airflow's home: Airflow would create it, and a database."""
     if importlib.util.find_spec("airflow") is None:
         raise DatabaseError(f"Apache Airflow is not installed in {sys.executable}: run audit where Airflow runs")
     if "airflow" not in sys.modules:
@@ -63,9 +55,8 @@ def prepare_airflow_import(db_url: str | None) -> None:
 
 
 def finish_airflow_library_set_up() -> None:
-    """The parts of Airflow's start-up that the audit needs when it skipped the rest
-    (``_AIRFLOW__AS_LIBRARY``): the folders from the configuration (deserializing a DAG loads
-    the plugins) and the driver adapters for pendulum datetimes. Neither writes anything."""
+    """What the audit needs of the start-up ``_AIRFLOW__AS_LIBRARY`` skips: the configured folders
+    (deserializing a DAG loads the plugins) and the drivers' adapters for pendulum datetimes."""
     from airflow import settings
 
     if settings.PLUGINS_FOLDER is None:
@@ -77,17 +68,13 @@ def open_database(db_url: str | None, *, read_only: bool):
     """The engine to audit, checked to reach an Airflow 2.10/2.11 schema; (engine, redacted URL)."""
     if db_url is None:
         from airflow.configuration import conf
-
         from airflow.exceptions import AirflowConfigException
 
         source = "[database] sql_alchemy_conn"
         try:
             url = conf.get("database", "sql_alchemy_conn")
-            connect_args = (
-                conf.getimport("database", "sql_alchemy_connect_args")
-                if conf.has_option("database", "sql_alchemy_connect_args")
-                else {}
-            )
+            has_args = conf.has_option("database", "sql_alchemy_connect_args")
+            connect_args = conf.getimport("database", "sql_alchemy_connect_args") if has_args else {}
         except AirflowConfigException as err:
             raise DatabaseError(f"Airflow's configuration: {first_line(err)}") from None
     else:
@@ -98,9 +85,8 @@ def open_database(db_url: str | None, *, read_only: bool):
 
 
 def _engine_for(url: str, source: str, connect_args: dict, *, read_only: bool):
-    """An engine set up as Airflow sets up its own (UTC session time zone on MySQL, READ COMMITTED),
-    SQLite opened read-only unless ``read_only`` is false; (engine, the URL redacted for messages).
-    Bad URLs and missing drivers are DatabaseErrors."""
+    """(An engine set up as Airflow sets up its own: UTC on MySQL, READ COMMITTED; the URL redacted
+    for messages). Bad URLs and missing drivers are DatabaseErrors."""
     from sqlalchemy import create_engine
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import ArgumentError, NoSuchModuleError
@@ -147,8 +133,8 @@ def _sqlite_url(url, source: str, *, read_only: bool):
     path = os.path.abspath(database)
     if not os.path.isfile(path):
         raise DatabaseError(f"{source}: no SQLite database file at {path}; {CHECK_HOME_HINT}")
-    mode = {"mode": "ro"} if read_only else {"mode": "rw"}
-    return url.set(database=f"file:{quote(path)}").update_query_dict({**mode, "uri": "true"})
+    mode = "ro" if read_only else "rw"
+    return url.set(database=f"file:{quote(path)}").update_query_dict({"mode": mode, "uri": "true"})
 
 
 def _check_schema(engine, where: str) -> None:

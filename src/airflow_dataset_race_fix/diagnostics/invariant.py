@@ -1,27 +1,19 @@
 """
-The invariant checker: what the metadata tables say about dataset-triggered runs.
+The invariant checker: what the metadata tables say about dataset-triggered runs (counters:
+docs/audit-json.md). It reads Airflow's tables only, never the fix, so it judges stock and
+fixed code alike. ``check()`` counts and ``audit()`` also lists, from one scan (``_Scan``):
+per batch of DAGs, a few set-based queries that return only the rows carrying a finding.
 
-It reads Airflow's tables only and never imports the fix, so it judges stock and fixed
-code alike (the tests, ``reproduce/`` and ``audit`` use it). ``check()`` counts and
-``audit()`` also lists, from one scan (``_Scan``), so the lists agree with the counts.
-The counters are defined in docs/audit-json.md. Fast on large databases: per batch of
-DAGs, a few set-based queries that return only the rows carrying a finding.
-
-Why some counters are as they are: an event still waiting for an AND partner or for room
-under max_active_runs keeps its queue row and is not ``lost``. ``suspected_lost`` assumes
-stock semantics (every event between two runs belongs to the later run) and errs on the
-side of showing: Airflow records no pauses, schedule changes or deleted runs.
-``stale_queue_rows`` make stock Airflow take the run *before* the latest as the window
-start (S6); the fixed scheduler only lowers its event floor with them, which ``audit
---requeue`` relies on. ``audit()`` groups the lost and suspected lost events per (DAG,
-dataset) as *stranded*: what ``audit --requeue`` works on.
-
-``since`` limits the events (timestamp) and runs (logical date) examined; queue rows are
-current state and always examined.
+An event waiting for an AND partner or for room under max_active_runs keeps its queue row
+and is not ``lost``. ``suspected_lost`` assumes stock semantics (every event between two
+runs belongs to the later run) and errs on the side of showing: Airflow records no pauses,
+schedule changes or deleted runs. ``since`` limits the events (timestamp) and runs (logical
+date); queue rows are current state and always examined.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime, timezone
@@ -194,14 +186,18 @@ def _dataset_triggered(run=DagRun) -> ColumnElement:
     return run.run_type == DagRunType.DATASET_TRIGGERED
 
 
-def _latest_runs(dag_ids: Sequence[str]) -> Subquery:
+def _latest_runs(dag_ids: Sequence[str]):
     """Each DAG's latest DATASET_TRIGGERED logical date (index on dag_id, execution_date)."""
     return (
         select(DagRun.dag_id.label("dag_id"), func.max(DagRun.execution_date).label("latest_run"))
         .where(DagRun.dag_id.in_(dag_ids), _dataset_triggered())
         .group_by(DagRun.dag_id)
-        .subquery("latest_runs")
     )
+
+
+def _dated_from(query, since: datetime | None):
+    """``query`` limited to the runs dated from ``since`` on (all when None)."""
+    return query if since is None else query.where(DagRun.execution_date >= since)
 
 
 def _consumption(dag_ids: Sequence[str]) -> Subquery:
@@ -236,7 +232,7 @@ def _event_facts(dag_ids: Sequence[str], since: datetime | None) -> Subquery:
     """
     ref = DagScheduleDatasetReference
     consumption = _consumption(dag_ids)
-    latest = _latest_runs(dag_ids)
+    latest = _latest_runs(dag_ids).subquery("latest_runs")
     query = (
         _events_of(dag_ids, since)
         .add_columns(
@@ -288,10 +284,8 @@ def _event_findings(dag_ids: Sequence[str], since: datetime | None):
 def _empty_runs(dag_ids: Sequence[str], since: datetime | None):
     """DATASET_TRIGGERED runs that consumed no event (``dag_run_id`` index)."""
     consumed_any = exists().where(association_table.c.dag_run_id == DagRun.id)
-    query = select(DagRun.dag_id, DagRun.run_id, DagRun.execution_date).where(
-        DagRun.dag_id.in_(dag_ids), _dataset_triggered(), ~consumed_any
-    )
-    return query if since is None else query.where(DagRun.execution_date >= since)
+    query = select(DagRun.dag_id, DagRun.run_id, DagRun.execution_date)
+    return _dated_from(query.where(DagRun.dag_id.in_(dag_ids), _dataset_triggered(), ~consumed_any), since)
 
 
 def _runs_in_creation_order(dag_ids: Sequence[str]):
@@ -307,7 +301,7 @@ def _runs_in_creation_order(dag_ids: Sequence[str]):
 
 
 def _queue_facts(dag_ids: Sequence[str]):
-    latest = _latest_runs(dag_ids)
+    latest = _latest_runs(dag_ids).subquery("latest_runs")
     return (
         select(
             DatasetDagRunQueue.target_dag_id.label("dag_id"),
@@ -418,12 +412,10 @@ class _Scan:
             timestamp = _utc(e.timestamp)
             if e.lost or e.suspected_lost:
                 self._strand(e, timestamp)
-            if e.suspected_lost:
-                finding = EventFinding(e.dag_id, e.event_id, self.uri(e.dataset_id), timestamp)
-                self.lists["suspected_lost"].add((e.dag_id, timestamp, e.event_id), finding)
-            if e.doubled:
-                finding = EventFinding(e.dag_id, e.event_id, self.uri(e.dataset_id), timestamp)
-                self.lists["doubled"].add((e.dag_id, timestamp, e.event_id), finding)
+            for name in ("suspected_lost", "doubled"):
+                if getattr(e, name):
+                    finding = EventFinding(e.dag_id, e.event_id, self.uri(e.dataset_id), timestamp)
+                    self.lists[name].add((e.dag_id, timestamp, e.event_id), finding)
 
     def _strand(self, e, timestamp: datetime) -> None:
         group = self.groups.get((e.dag_id, e.dataset_id))
@@ -438,9 +430,7 @@ class _Scan:
 
     def _runs(self, dag_ids: list[str]) -> None:
         counts = select(DagRun.dag_id, func.count()).where(DagRun.dag_id.in_(dag_ids), _dataset_triggered())
-        if self.since is not None:
-            counts = counts.where(DagRun.execution_date >= self.since)
-        for dag_id, count in self.session.execute(counts.group_by(DagRun.dag_id)):
+        for dag_id, count in self.session.execute(_dated_from(counts, self.since).group_by(DagRun.dag_id)):
             self.reports[dag_id].runs = int(count)
         for dag_id, run_id, date in self.session.execute(_empty_runs(dag_ids, self.since)):
             date = _utc(date)
@@ -449,9 +439,7 @@ class _Scan:
         latest: dict[str, datetime] = {}  # running max of logical dates, per DAG
         # With ``since``, only runs dated from it on: one dated before can make none of them
         # out of order (its date is below theirs), and none of them is reported.
-        in_order = _runs_in_creation_order(dag_ids)
-        if self.since is not None:
-            in_order = in_order.where(DagRun.execution_date >= self.since)
+        in_order = _dated_from(_runs_in_creation_order(dag_ids), self.since)
         runs = self.session.execute(in_order.execution_options(stream_results=True))
         for dag_id, run_id, date in runs:
             date, earlier = _utc(date), latest.get(dag_id)
@@ -469,15 +457,10 @@ class _Scan:
             .order_by(DagRun.dag_id, DagRun.execution_date)
         )
         if self.since is not None:  # the run just before ``since``, as the predecessor of the first
-            last = (
-                select(DagRun.dag_id, func.max(DagRun.execution_date).label("date"))
-                .where(DagRun.dag_id.in_(dag_ids), _dataset_triggered(), DagRun.execution_date < self.since)
-                .group_by(DagRun.dag_id)
-                .subquery()
-            )
-            on_last = and_(DagRun.dag_id == last.c.dag_id, DagRun.execution_date == last.c.date)
-            for dag_id, end in self.session.execute(select(DagRun.dag_id, DagRun.data_interval_end).join(last, on_last)):
-                previous_end[dag_id] = _utc(end)
+            last = _latest_runs(dag_ids).where(DagRun.execution_date < self.since).subquery()
+            on_last = and_(DagRun.dag_id == last.c.dag_id, DagRun.execution_date == last.c.latest_run)
+            ends = select(DagRun.dag_id, DagRun.data_interval_end).join(last, on_last)
+            previous_end.update((dag_id, _utc(end)) for dag_id, end in self.session.execute(ends))
             intervals = intervals.where(DagRun.execution_date >= self.since)
         for dag_id, run_id, date, start, end in self.session.execute(intervals.execution_options(stream_results=True)):
             before, start = previous_end.get(dag_id), _utc(start)
@@ -555,20 +538,6 @@ def _window_event_facts(dag_ids: Sequence[str], dataset_ids: Sequence[int], sinc
     )
 
 
-@dataclass
-class _WindowFact:
-    dag_id: str
-    event_id: int
-    dataset_id: int
-    timestamp: datetime
-    n: int
-    latest_run: datetime | None
-    queued_at: datetime | None
-    doubled: int = 0
-    lost: int = 0
-    suspected_lost: int = 0
-
-
 class _WindowScan(_Scan):
     """``_Scan`` with the events' findings read by ``_window_event_facts`` (``since`` required)."""
 
@@ -591,34 +560,19 @@ class _WindowScan(_Scan):
     def _event_findings(self, dag_ids: list[str]) -> None:
         session, ref = self.session, DagScheduleDatasetReference
         dataset_ids = sorted(set(session.scalars(select(ref.dataset_id).where(ref.dag_id.in_(dag_ids)))))
-        latest = {
-            dag_id: _utc(date)
-            for dag_id, date in session.execute(
-                select(DagRun.dag_id, func.max(DagRun.execution_date))
-                .where(DagRun.dag_id.in_(dag_ids), _dataset_triggered())
-                .group_by(DagRun.dag_id)
-            )
-        }
-        queued = {
-            (dag_id, dataset_id): created_at
-            for dag_id, dataset_id, created_at in session.execute(
-                select(DatasetDagRunQueue.target_dag_id, DatasetDagRunQueue.dataset_id, DatasetDagRunQueue.created_at)
-                .where(DatasetDagRunQueue.target_dag_id.in_(dag_ids))
-            )
-        }
+        latest = {dag_id: _utc(date) for dag_id, date in session.execute(_latest_runs(dag_ids))}
+        queue = DatasetDagRunQueue
+        queue_rows = select(queue.target_dag_id, queue.dataset_id).where(queue.target_dag_id.in_(dag_ids))
+        queued = {tuple(row) for row in session.execute(queue_rows)}  # (dag_id, dataset_id)
         query = _window_event_facts(dag_ids, dataset_ids, self.since, session.bind.dialect.name)
         rows = session.execute(query).all()  # the findings only: no cursor, no plan for a first row
-        for dag_id, event_id, dataset_id, timestamp, n in rows:
-            n, timestamp = int(n), _utc(timestamp)
-            fact = _WindowFact(dag_id, event_id, dataset_id, timestamp, n, latest.get(dag_id), queued.get((dag_id, dataset_id)))
-            fact.doubled = int(n > 1)
-            fact.lost = int(n == 0 and fact.queued_at is None)
-            fact.suspected_lost = int(n == 0 and fact.latest_run is not None and timestamp < fact.latest_run)
+        for dag_id, _event_id, dataset_id, timestamp, n in rows:
+            n, timestamp, latest_run = int(n), _utc(timestamp), latest.get(dag_id)
             report = self.reports[dag_id]  # as _Scan._event_findings counts a row (the counts only: no lists)
             report.consumed -= n == 0
-            report.doubled += fact.doubled
-            report.lost += fact.lost
-            report.suspected_lost += fact.suspected_lost
+            report.doubled += int(n > 1)
+            report.lost += int(n == 0 and (dag_id, dataset_id) not in queued)
+            report.suspected_lost += int(n == 0 and latest_run is not None and timestamp < latest_run)
 
     def _queue(self, dag_ids: list[str]) -> None:
         """Not read: lingering and stale queue rows are no finding (``FINDINGS``)."""
@@ -632,25 +586,14 @@ def check_window(session: Session, dag_ids: Iterable[str], *, since: datetime) -
     return _WindowScan(session, since, 0).run(sorted(set(dag_ids)), None).report
 
 
-def check(
-    session: Session,
-    dag_ids: Iterable[str] | None = None,
-    *,
-    since: datetime | None = None,
-    progress: Progress | None = None,
-) -> Report:
+def check(session: Session, dag_ids: Iterable[str] | None = None, *, since: datetime | None = None,
+          progress: Progress | None = None) -> Report:
     """Measure the invariant for ``dag_ids`` (default: every DAG scheduled on datasets)."""
     return audit(session, dag_ids, since=since, limit=0, progress=progress).report
 
 
-def audit(
-    session: Session,
-    dag_ids: Iterable[str] | None = None,
-    *,
-    since: datetime | None = None,
-    limit: int | None = None,
-    progress: Progress | None = None,
-) -> Audit:
+def audit(session: Session, dag_ids: Iterable[str] | None = None, *, since: datetime | None = None,
+          limit: int | None = None, progress: Progress | None = None) -> Audit:
     """
     ``check()`` plus the offending events, runs and queue rows: at most ``limit`` of each kind
     (oldest first; None: all). The counts and the stranded groups are always complete.
@@ -708,11 +651,8 @@ def _attach_creating_schedulers(session: Session, runs: list[RunFinding]) -> Non
 
 def schedulers_without_the_fix(runs: list[RunFinding]) -> list[tuple[str, int, int]]:
     """(host, scheduler job id, runs) per job that created an empty or out-of-order run, most runs first."""
-    counts: dict[tuple[str, int], int] = {}
-    for run in runs:
-        if run.creating_job_id is not None:
-            key = (run.creating_host or "unknown host", run.creating_job_id)
-            counts[key] = counts.get(key, 0) + 1
+    jobs = [(r.creating_host or "unknown host", r.creating_job_id) for r in runs if r.creating_job_id is not None]
+    counts = Counter(jobs)
     return sorted(((host, job, n) for (host, job), n in counts.items()), key=lambda t: (-t[2], t[0], t[1]))
 
 
@@ -740,17 +680,6 @@ def _utc(value: datetime | str | None) -> datetime | None:
 
 
 __all__ = [
-    "Audit",
-    "DagReport",
-    "EventFinding",
-    "FINDINGS",
-    "IntervalFinding",
-    "StrandedGroup",
-    "QueueFinding",
-    "Report",
-    "RunFinding",
-    "VIOLATIONS",
-    "audit",
-    "check",
-    "consuming_dag_ids",
+    "Audit", "DagReport", "EventFinding", "FINDINGS", "IntervalFinding", "StrandedGroup", "QueueFinding", "Report",
+    "RunFinding", "VIOLATIONS", "audit", "check", "consuming_dag_ids",
 ]

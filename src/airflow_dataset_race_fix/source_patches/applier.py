@@ -1,14 +1,8 @@
 """
-Apply, revert and check the source patches in a site-packages directory (docs/source-patches.md).
-
-All or nothing: everything is decided before anything is written (Airflow's version, each
-target against its RECORD hash and ``verified-releases``, and that the series turns the
-pristine file into exactly the recorded result); a state this module cannot explain is
-refused, naming the file and what to do, and nothing is changed. Then backups, and each
-target replaced atomically (temporary file + ``os.replace``) with SIGINT/SIGTERM held off.
-A SIGKILL cannot be held off: while the targets disagree, the scheduler's file is absent
-(no fixed scheduler beside stock producers), and a journal lets the next ``apply`` or
-``revert`` finish or undo the change. Commands on one site-packages take turns (flock).
+Apply, revert and check the source patches in a site-packages directory; what they guarantee:
+docs/source-patches.md. Everything is decided before anything is written (the version, each
+target's RECORD hash and ``verified-releases``, the series' exact result); a state this module
+cannot explain is refused, naming the file and what to do, and nothing is changed.
 """
 
 from __future__ import annotations
@@ -133,8 +127,6 @@ class Inspection:
 
 
 # -- inspection (the dry run) ------------------------------------------------------------
-
-
 def _sha(digest: str | None) -> str:
     return "none (file missing)" if digest is None else f"sha256 {record_to_hex(digest)}"
 
@@ -353,8 +345,6 @@ def _refuse_unexplained(inspection: Inspection) -> None:
 
 
 # -- operations --------------------------------------------------------------------------
-
-
 @dataclass
 class Outcome:
     message: str
@@ -380,8 +370,8 @@ def _write_backups(inspection: Inspection) -> None:
             atomic_write(backup, t.pristine)
         patched = record_digest(t.patched)
         entry = previous.get(t.path, {})
-        earlier = [d for d in (entry.get("patched"), *entry.get("earlier", ())) if d and d != patched]
-        manifest["files"][t.path] = {"pristine": t.expected, "patched": patched, "earlier": list(dict.fromkeys(earlier))}
+        earlier = dict.fromkeys(d for d in (entry.get("patched"), *entry.get("earlier", ())) if d and d != patched)
+        manifest["files"][t.path] = {"pristine": t.expected, "patched": patched, "earlier": list(earlier)}
         step_point()
     atomic_write(root / MANIFEST, json.dumps(manifest, indent=2).encode() + b"\n")
 
@@ -440,65 +430,57 @@ def check(site_packages: Path, patches_dir: Path, on_wait=None) -> Inspection:
 
 def apply(site_packages: Path, patches_dir: Path, dry_run: bool = False, on_wait=None) -> Outcome:
     with locked(site_packages, on_wait=on_wait):
-        return _apply(site_packages, patches_dir, dry_run)
-
-
-def _apply(site_packages: Path, patches_dir: Path, dry_run: bool) -> Outcome:
-    inspection = inspect(site_packages, patches_dir)
-    _refuse_unexplained(inspection)
-    names = ", ".join(p.name for p in inspection.series)
-    states = inspection.states
-    interrupted = inspection.interrupted is not None
-    if states == {PATCHED} and not interrupted:
-        return Outcome(f"already applied: apache-airflow {inspection.version} in {site_packages} has {names}")
-    # All pristine: apply. All patched, some by an earlier release of this package: update
-    # (the pristine bytes are proven by the backups). After an interrupted apply or revert:
-    # finish it. Any other mix with pristine files: refuse.
-    if not interrupted and states != {PRISTINE} and not states <= {PATCHED, OTHER_FIX}:
-        listing = "; ".join(f"{t.path} ({t.patch_names}): {t.state}" for t in inspection.targets)
-        raise Refused(
-            f"the source patches are half applied in {site_packages} ({listing}). Nothing was changed: "
-            "run 'airflow-dataset-race-fix revert' to return to the pristine release, then 'apply'"
-        )
-    to_write = [t for t in inspection.targets if t.state != PATCHED]
-    if interrupted:
-        verb = f"{_finishing(inspection)}applied"
-    else:
-        verb = "applied" if states == {PRISTINE} else "updated (from another version of the fix)"
-    _require_writable([*_target_dirs(inspection), inspection.backup_root])
-    changed = [t.path for t in to_write]
-    if dry_run:
-        return Outcome(f"dry run: would have {verb} {names} for apache-airflow {inspection.version}", changed)
-    cleanup_stale_temps(_target_dirs(inspection))
-    _write_backups(inspection)
-    warnings = _swap(inspection, "apply", [(t, t.patched) for t in to_write])
-    return Outcome(f"{verb} {names} to apache-airflow {inspection.version} in {site_packages}", changed, warnings)
+        inspection = inspect(site_packages, patches_dir)
+        _refuse_unexplained(inspection)
+        names = ", ".join(p.name for p in inspection.series)
+        states = inspection.states
+        interrupted = inspection.interrupted is not None
+        if states == {PATCHED} and not interrupted:
+            return Outcome(f"already applied: apache-airflow {inspection.version} in {site_packages} has {names}")
+        # All pristine: apply. All patched, some by an earlier release of this package: update
+        # (the pristine bytes are proven by the backups). After an interrupted apply or revert:
+        # finish it. Any other mix with pristine files: refuse.
+        if not interrupted and states != {PRISTINE} and not states <= {PATCHED, OTHER_FIX}:
+            listing = "; ".join(f"{t.path} ({t.patch_names}): {t.state}" for t in inspection.targets)
+            raise Refused(
+                f"the source patches are half applied in {site_packages} ({listing}). Nothing was changed: "
+                "run 'airflow-dataset-race-fix revert' to return to the pristine release, then 'apply'"
+            )
+        to_write = [t for t in inspection.targets if t.state != PATCHED]
+        if interrupted:
+            verb = f"{_finishing(inspection)}applied"
+        else:
+            verb = "applied" if states == {PRISTINE} else "updated (from another version of the fix)"
+        _require_writable([*_target_dirs(inspection), inspection.backup_root])
+        changed = [t.path for t in to_write]
+        if dry_run:
+            return Outcome(f"dry run: would have {verb} {names} for apache-airflow {inspection.version}", changed)
+        cleanup_stale_temps(_target_dirs(inspection))
+        _write_backups(inspection)
+        warnings = _swap(inspection, "apply", [(t, t.patched) for t in to_write])
+        return Outcome(f"{verb} {names} to apache-airflow {inspection.version} in {site_packages}", changed, warnings)
 
 
 def revert(site_packages: Path, patches_dir: Path, dry_run: bool = False, on_wait=None) -> Outcome:
     with locked(site_packages, on_wait=on_wait):
-        return _revert(site_packages, patches_dir, dry_run)
-
-
-def _revert(site_packages: Path, patches_dir: Path, dry_run: bool) -> Outcome:
-    inspection = inspect(site_packages, patches_dir)
-    _refuse_unexplained(inspection)
-    to_restore = [t for t in inspection.targets if t.state != PRISTINE]
-    if not to_restore and inspection.interrupted is None:
-        if not dry_run:
-            _remove_backups(inspection)
-        return Outcome(f"not applied: apache-airflow {inspection.version} in {site_packages} is pristine")
-    _require_writable([*_target_dirs(inspection), inspection.backup_root])
-    changed = [t.path for t in to_restore]
-    if dry_run:
-        return Outcome(f"dry run: would restore the pristine {', '.join(changed)}", changed)
-    cleanup_stale_temps(_target_dirs(inspection))
-    # The backups let the next command restore a file that a SIGKILL left absent.
-    _write_backups(inspection)
-    warnings = _swap(inspection, "revert", [(t, t.pristine) for t in to_restore])
-    _remove_backups(inspection)
-    message = f"{_finishing(inspection)}reverted: apache-airflow {inspection.version} in {site_packages} is pristine"
-    return Outcome(message, changed, warnings)
+        inspection = inspect(site_packages, patches_dir)
+        _refuse_unexplained(inspection)
+        to_restore = [t for t in inspection.targets if t.state != PRISTINE]
+        if not to_restore and inspection.interrupted is None:
+            if not dry_run:
+                _remove_backups(inspection)
+            return Outcome(f"not applied: apache-airflow {inspection.version} in {site_packages} is pristine")
+        _require_writable([*_target_dirs(inspection), inspection.backup_root])
+        changed = [t.path for t in to_restore]
+        if dry_run:
+            return Outcome(f"dry run: would restore the pristine {', '.join(changed)}", changed)
+        cleanup_stale_temps(_target_dirs(inspection))
+        # The backups let the next command restore a file that a SIGKILL left absent.
+        _write_backups(inspection)
+        warnings = _swap(inspection, "revert", [(t, t.pristine) for t in to_restore])
+        _remove_backups(inspection)
+        pristine = f"apache-airflow {inspection.version} in {site_packages} is pristine"
+        return Outcome(f"{_finishing(inspection)}reverted: {pristine}", changed, warnings)
 
 
 def _remove_backups(inspection: Inspection) -> None:

@@ -1,10 +1,7 @@
 """
-Writing files in site-packages so that an interruption leaves each file whole.
-
-Each file goes to a fsynced temporary file in its own directory, then ``os.replace`` (atomic
-on POSIX). Several files are swapped with SIGINT/SIGTERM/SIGHUP held off and put back if a
-later one fails (:func:`replace_all`). Writability is probed before anything is written;
-:func:`locked` keeps two commands from writing the same tree at once.
+Writing files in site-packages so that an interruption leaves each file whole: a fsynced
+temporary file in the same directory, then ``os.replace``; several files with signals held
+off, put back if a later one fails (:func:`replace_all`); :func:`locked` makes commands take turns.
 """
 
 from __future__ import annotations
@@ -54,8 +51,6 @@ def locked(directory: Path, shared: bool = False, on_wait=None):
 class NotWritable(OSError):
     def __init__(self, directory: Path, reason: str):
         super().__init__(f"cannot write to {directory} ({reason})")
-        self.directory = directory
-        self.reason = reason
 
 
 @contextlib.contextmanager

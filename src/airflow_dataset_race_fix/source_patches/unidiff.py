@@ -1,13 +1,10 @@
 """
 A strict unified diff: parse, apply forward or in reverse, at an offset but with no fuzz.
 
-One series serves every supported release, whose files differ away from the patched
-members, so a hunk is found where GNU ``patch`` finds it: its context and removed lines,
-exactly, at the line its header names plus the offset of the hunk before, else at the
-nearest line after or before. No line may differ (no fuzz); anything else means the
-patch or the file is not what it should be, and the caller refuses. The applier checks
-the result's sha256 besides. Header text before the first ``--- `` line (the DEP-3
-header) is kept but not interpreted here.
+One series serves every supported release, whose files differ away from the patched members,
+so a hunk is found where GNU ``patch`` finds it (its header's line plus the previous hunk's
+offset, else the nearest line after or before), but no line may differ: the caller refuses.
+The header before the first ``--- `` line (DEP-3) is kept, not interpreted.
 """
 
 from __future__ import annotations
