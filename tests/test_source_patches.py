@@ -210,6 +210,41 @@ def test_unsupported_version_is_refused(tmp_path, capsys):
     assert snapshot(sp) == before
 
 
+def _make_local_build(sp: Path, label: str = "+astro.1") -> None:
+    """The wheel rebuilt with a local version label, as Astronomer and Cloud Composer ship Airflow."""
+    dist_info = sp / f"apache_airflow-{VERSION}.dist-info"
+    metadata = dist_info / "METADATA"
+    metadata.write_text(metadata.read_text().replace(f"Version: {VERSION}", f"Version: {VERSION}{label}", 1))
+    dist_info.rename(sp / f"apache_airflow-{VERSION}{label}.dist-info")
+
+
+def test_a_local_build_with_the_release_s_files_is_patched_and_reverted(tmp_path, capsys):
+    sp = site_packages(VERSION, tmp_path)
+    _make_local_build(sp)
+    before = snapshot(sp)
+    rc, out, err = cli(capsys, "apply", sp)
+    assert rc == 0 and "applied" in out, err
+    assert cli(capsys, "revert", sp)[0] == 0
+    after = {p: b for p, b in snapshot(sp).items() if BACKUPS not in p and "__pycache__" not in p}
+    assert after == before
+
+
+def test_a_local_build_that_changed_a_target_is_refused_and_says_what_still_works(tmp_path, capsys):
+    from airflow_dataset_race_fix.source_patches.record import record_digest
+
+    sp = site_packages(VERSION, tmp_path)
+    _make_local_build(sp, "+composer")
+    changed = (sp / MANAGER).read_bytes() + b"\n# the platform's own change\n"
+    (sp / MANAGER).write_bytes(changed)
+    record = next(sp.glob("apache_airflow-*.dist-info")) / "RECORD"  # a consistent build: its RECORD has it
+    record.write_text("\n".join(f"{MANAGER},{record_digest(changed)},{len(changed)}" if line.startswith(MANAGER + ",")
+                                 else line for line in record.read_text().splitlines()) + "\n")
+    before = snapshot(sp)
+    rc, _, err = cli(capsys, "apply", sp)
+    assert rc == 1 and MANAGER in err and "this local build of" in err and "audit, explain" in err, err
+    assert snapshot(sp) == before
+
+
 def test_files_of_another_release_are_refused(tmp_path, capsys):
     sp = site_packages(VERSION, tmp_path)
     (sp / SCHEDULER).write_bytes(release("2.10.0").files[SCHEDULER])  # 2.10.0's file under this release's RECORD

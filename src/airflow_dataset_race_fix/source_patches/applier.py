@@ -41,7 +41,7 @@ from airflow_dataset_race_fix.source_patches.series import (
     read_series,
     read_verified,
 )
-from airflow_dataset_race_fix.targets import SUPPORTED_AIRFLOW_VERSIONS
+from airflow_dataset_race_fix.targets import SUPPORTED_AIRFLOW_VERSIONS, release_of
 
 PRISTINE = "pristine"  # the release's file, as its RECORD says
 PATCHED = "patched"  # the release's file with this package's patches
@@ -248,14 +248,15 @@ def inspect(site_packages: Path, patches_dir: Path) -> Inspection:
         airflow = installed_airflow(site_packages)
     except RecordError as err:
         raise Refused(f"{err}; nothing was changed") from err
-    if airflow.version not in SUPPORTED_AIRFLOW_VERSIONS:
+    release = release_of(airflow.version)  # a local build (2.10.5+astro.3) is judged by its files, as its release
+    if release is None:
         raise Refused(
             f"apache-airflow {airflow.version} in {site_packages} is not supported: the source patches "
             f"cover {', '.join(SUPPORTED_AIRFLOW_VERSIONS)}; nothing was changed. Use a supported "
             "Airflow, or a release of airflow-dataset-race-fix that supports yours"
         )
     series = load_series(patches_dir)
-    verified = load_verified(patches_dir, airflow.version)
+    verified = load_verified(patches_dir, release)
     result = Inspection(airflow, patches_dir, series)
     paths = list(dict.fromkeys(fp.path for patch in series for fp in patch.files))
     if sorted(paths) != sorted(verified):
@@ -274,7 +275,8 @@ def inspect(site_packages: Path, patches_dir: Path) -> Inspection:
                 f"{path} of apache-airflow {airflow.version} in {site_packages} is not the file the series was "
                 f"verified against: {airflow.dist_info.name}/RECORD says {_sha(airflow.hashes[path])}, "
                 f"{patches_dir / VERIFIED} records sha256 {verified[path].pristine} (a rebuilt distribution?); "
-                "nothing was changed"
+                "nothing was changed" + (f": this local build of {release} changed it, and audit, explain and the "
+                                         "page still read its database" if release != airflow.version else "")
             )
         patches = [p for p in series if any(fp.path == path for fp in p.files)]
         target = Target(path, patches, airflow.hashes[path], verified[path])
