@@ -58,7 +58,8 @@ def analyze() -> None:
 
     with settings.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         if conn.dialect.name == "mysql":
-            conn.execute(text("ANALYZE TABLE " + ", ".join(inspect(conn).get_table_names())))
+            quote = conn.dialect.identifier_preparer.quote  # `trigger`
+            conn.execute(text("ANALYZE TABLE " + ", ".join(quote(name) for name in inspect(conn).get_table_names())))
         else:
             conn.execute(text("ANALYZE"))
 
