@@ -394,10 +394,8 @@ class _Scan:
         session = self.session
         if session.bind.dialect.name != "postgresql":
             return self._count_events(dag_ids)
-        # Index probes, as the statements are shaped for: statistics behind a bulk load (or none) put an
-        # event's links at thousands of rows (or a DAG's 50 000 at 13) and joined them per event, and a
-        # window that is a third of a young table was counted by reading all of it; no JIT,
-        # whose compiling costs more than these probes (their cost guessed in millions).
+        # Index probes, as the statements are shaped for, whatever the statistics (none: 50 000 links estimated at
+        # 13, nested-looped per event); no JIT, whose compiling costs more than these probes.
         scan, jit = session.execute(text("SELECT current_setting('enable_seqscan'), current_setting('jit')")).one()
         session.execute(text("SELECT set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true)"))
         try:
@@ -424,6 +422,9 @@ class _Scan:
             self._event_findings(batch)
 
     def _event_findings(self, dag_ids: list[str]) -> None:
+        dag_ids = self._count_never_ran(dag_ids)
+        if not dag_ids:
+            return
         if self.session.bind.dialect.name == "postgresql":
             rows = self._probed_facts(dag_ids)
         else:
@@ -444,6 +445,27 @@ class _Scan:
                 finding = EventFinding(e.dag_id, e.event_id, self.uri(e.dataset_id), timestamp)
                 self.lists["doubled"].add((e.dag_id, timestamp, e.event_id), finding)
 
+    def _count_never_ran(self, dag_ids: list[str]) -> list[str]:
+        """Those of ``dag_ids`` with a run; the others' events (none consumed) counted per dataset, not one by one."""
+        session, ref = self.session, DagScheduleDatasetReference
+        ran = set(session.scalars(select(DagRun.dag_id).where(DagRun.dag_id.in_(dag_ids), _dataset_triggered()).distinct()))
+        never = [d for d in dag_ids if d not in ran]
+        queued = set(session.execute(select(DatasetDagRunQueue.target_dag_id, DatasetDagRunQueue.dataset_id)
+                                     .where(DatasetDagRunQueue.target_dag_id.in_(never))).all())
+        in_window = DatasetEvent.timestamp >= self.since if self.since else true()
+        for dag_id, dataset_id, count, oldest, newest in session.execute(
+            select(ref.dag_id, ref.dataset_id, func.count(), func.min(DatasetEvent.timestamp), func.max(DatasetEvent.timestamp))
+            .join(DatasetEvent, DatasetEvent.dataset_id == ref.dataset_id)
+            .where(ref.dag_id.in_(never), in_window)
+            .group_by(ref.dag_id, ref.dataset_id)
+        ).all():
+            self.reports[dag_id].consumed -= count
+            if (dag_id, dataset_id) not in queued:  # lost: as _strand groups them
+                self.reports[dag_id].lost += count
+                self.groups[dag_id, dataset_id] = StrandedGroup(
+                    dag_id, dataset_id, self.uri(dataset_id), count, 0, count, _utc(oldest), _utc(newest), None)
+        return [d for d in dag_ids if d in ran]
+
     def _probed_facts(self, dag_ids: list[str]) -> list[_WindowFact]:
         """``_event_findings``' rows read by ``_window_event_facts`` (PostgreSQL: no plan that statistics decide)."""
         session, ref = self.session, DagScheduleDatasetReference
@@ -462,20 +484,6 @@ class _Scan:
                 .where(DatasetDagRunQueue.target_dag_id.in_(dag_ids))
             )
         }
-        # A DAG with no run consumed none of its events: counted per dataset, not read one by one (50 000 pending)
-        in_window = DatasetEvent.timestamp >= self.since if self.since else true()
-        for dag_id, dataset_id, count, oldest, newest in session.execute(
-            select(ref.dag_id, ref.dataset_id, func.count(), func.min(DatasetEvent.timestamp), func.max(DatasetEvent.timestamp))
-            .join(DatasetEvent, DatasetEvent.dataset_id == ref.dataset_id)
-            .where(ref.dag_id.in_([d for d in dag_ids if d not in latest]), in_window)
-            .group_by(ref.dag_id, ref.dataset_id)
-        ):
-            self.reports[dag_id].consumed -= count
-            if (dag_id, dataset_id) not in queued:  # lost: as _strand groups them
-                self.reports[dag_id].lost += count
-                self.groups[dag_id, dataset_id] = StrandedGroup(
-                    dag_id, dataset_id, self.uri(dataset_id), count, 0, count, _utc(oldest), _utc(newest), None)
-        dag_ids = [d for d in dag_ids if d in latest]
         dataset_ids = sorted(set(session.scalars(select(ref.dataset_id).where(ref.dag_id.in_(dag_ids)))))
         query = _window_event_facts(dag_ids, dataset_ids, self.since, session.bind.dialect.name)
         facts = []
