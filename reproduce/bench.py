@@ -1853,7 +1853,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="window as met: loops per new scheduler runner, the first one included (default %(default)s)")
     parser.add_argument("--busy-dataset-statistics", type=_statistics_states, default=BUSY_DATASET_STATES,
                         metavar="STATES", help="busy dataset: the planner's statistics taken before the history's "
-                        "load, after it, or each in turn: behind, fresh or behind,fresh (default behind,fresh)")
+                        "load, after it, or each in turn: behind, fresh or behind,fresh (default behind,fresh); or "
+                        "never analyzed (its first rate only, with --cases busy-dataset alone)")
     parser.add_argument("--fleet-dags", type=_positive(int), default=600, metavar="N",
                         help="fleet: dataset-triggered DAGs per variant (default %(default)s)")
     parser.add_argument("--fleet-rate", type=_positive(int), default=20, metavar="N",
