@@ -432,8 +432,11 @@ def _ratio_row(case: str, stock: float, fixed: float, samples: int, **extra: Any
 
 # -- a busy dataset ---------------------------------------------------------------------
 BUSY_OTHER_DAGS = 10  # ready DAGs beside the busy dataset's consumer, each with a new event every pass
-# the planner's statistics taken before a case's bulk load ("behind") or after it ("fresh")
-STATISTICS_STATES = ("behind", "fresh")
+# the planner's statistics: none ever taken (issue 49: the run's first ANALYZE ends that state), taken before a
+# case's bulk load ("behind") or after it ("fresh")
+STATISTICS_STATES = ("never analyzed", "behind", "fresh")
+BUSY_DATASET_STATES = ("behind", "fresh")
+_ANALYZED: list[bool] = []  # the run's tables have had statistics taken
 
 
 class TooFewSamples(Exception):
@@ -442,7 +445,7 @@ class TooFewSamples(Exception):
 
 def bench_busy_dataset(variants: Variants, rates: tuple[int, ...], rounds: int, round_seconds: float,
                        history: int, notes: list[str], producers: int = 4,
-                       states: tuple[str, ...] = STATISTICS_STATES) -> list[dict[str, Any]]:
+                       states: tuple[str, ...] = BUSY_DATASET_STATES) -> list[dict[str, Any]]:
     """
     Producer processes commit continuously to one dataset (``rate`` events/s in all) while a
     scheduler thread runs its real loop for that dataset's consumer DAG and 10 other DAGs.
@@ -454,7 +457,8 @@ def bench_busy_dataset(variants: Variants, rates: tuple[int, ...], rounds: int, 
     look-back window), and before each round its last commit_latency_seconds are topped up
     to ``rate`` (see ``top_up_recent_events``). The planner's statistics are taken after that
     load ("fresh") or before it ("behind": a new DAG's runs and events the statistics have
-    never seen, as after a bulk load or a restore with autovacuum not there yet).
+    never seen, as after a bulk load or a restore with autovacuum not there yet), or never
+    taken ("never analyzed": only while no earlier case of the run took statistics).
     Rounds alternate stock, fixed, fixed, stock, ...; after each round the producers stop
     and the scheduler drains the queue. The scheduler finishes its runs after each pass,
     as the real one would run them. Loop times leave out each round's first pass (after
@@ -472,6 +476,10 @@ def bench_busy_dataset(variants: Variants, rates: tuple[int, ...], rounds: int, 
     try:
         for state in states:
             for rate in rates:
+                if state == "never analyzed" and _ANALYZED:  # the checker of an earlier case took statistics
+                    notes.append(f"busy dataset, {rate} events/s, never analyzed: not measured, an earlier case "
+                                 "of this run took statistics (run one rate, --cases busy-dataset alone)")
+                    continue
                 rows += _busy_dataset_case(variants, state, rate, rounds, round_seconds, history, notes, producers,
                                            commit_latency)
     finally:
@@ -1223,6 +1231,7 @@ def analyze() -> None:
     from sqlalchemy import text
 
     tables = ("dataset_event", "dag_run", "dagrun_dataset_event", "dataset_dag_run_queue")
+    _ANALYZED.append(True)
     with settings.engine.begin() as conn:
         dialect = conn.dialect.name
         if dialect == "mysql":
@@ -1373,14 +1382,17 @@ def bench_first_run(variants: Variants, sizes: tuple[int, ...], samples: int) ->
     return rows
 
 
-def bench_window_as_met(variants: Variants, windows: tuple[int, ...], samples: int, loops: int = 4) -> list[dict[str, Any]]:
+def bench_window_as_met(variants: Variants, windows: tuple[int, ...], samples: int, notes: list[str], loops: int = 4,
+                        states: tuple[str, ...] = STATISTICS_STATES) -> list[dict[str, Any]]:
     """
-    The look-back window as users meet it (issue 30): history just bulk-loaded with the
-    planner's statistics taken before the load ("behind"; autovacuum off, a restore, a
-    backfill), then after ANALYZE ("fresh"). Each sample is a new scheduler runner (a
-    process just started: its first loop, with the sweep and the net, reported apart) and
-    ``loops - 1`` loops after it; whole loops (``_create_dagruns_for_dags``), each rolled
-    back. Stock and fixed alternate sample by sample (ABBA).
+    The look-back window as users meet it (issues 30, 49): history just bulk-loaded on tables
+    never analyzed (a restore or a new server's bulk load with autovacuum off; only while no
+    earlier case of the run took statistics), with the planner's statistics taken before the
+    load ("behind"; a backfill, a lagging auto-analyze), then after ANALYZE ("fresh"). Each
+    sample is a new scheduler runner (a process just started: its first loop, with the sweep
+    and the net, reported apart) and ``loops - 1`` loops after it; whole loops
+    (``_create_dagruns_for_dags``), each rolled back. Stock and fixed alternate sample by
+    sample (ABBA), on the same database.
     """
     from airflow import settings
     from airflow.datasets import Dataset
@@ -1408,44 +1420,61 @@ def bench_window_as_met(variants: Variants, windows: tuple[int, ...], samples: i
             session.rollback()
             session.close()
 
-    rows = []
-    for size in windows:
-        dataset = Dataset(f"bench://window-as-met/{size}")
-        (dag_id,) = make_consumers(f"bench_met_{size}", {"single_a": [dataset]})
-        quiet_other_dags([dag_id])
+    def load(size: int, name: str) -> str:
+        dataset = Dataset(f"bench://window-as-met/{name}/{size}")
+        (dag_id,) = make_consumers(f"bench_met_{name}_{size}", {"single_a": [dataset]})
         with settings.Session() as session:
             dataset_id = session.scalar(select(DatasetModel.id).where(DatasetModel.uri == dataset.uri))
-        analyze()  # statistics of the tables before this load: they fall behind it
+        if name == "behind":
+            analyze()  # statistics of the tables before this load: they fall behind it
         end = datetime.now(timezone.utc) - timedelta(seconds=30)
         instants = [end - timedelta(minutes=10) * (size - i) / size for i in range(size)]
         add_history({"single_a": dag_id}, {"a": dataset_id}, instants, 0, watches={"single_a": {"a"}})
+        quiet_other_dags([dag_id])
         variants.use("stock")
         with settings.Session() as session:  # the new event; every loop rolls back
             dataset_manager.register_dataset_change(dataset=dataset, session=session)
             session.commit()
-        for state in ("statistics behind", "fresh statistics"):
-            if state == "fresh statistics":
-                analyze()
-            first: dict[str, list[float]] = {v: [] for v in VARIANTS}
-            after: dict[str, list[float]] = {v: [] for v in VARIANTS}
-            for i in range(samples):
-                for variant in VARIANTS if i % 2 == 0 else VARIANTS[::-1]:
-                    variants.use(variant)
-                    runner = new_scheduler_runner()
-                    gc.collect()
-                    first[variant].append(one_loop(runner, dag_id))
-                    after[variant] += [one_loop(runner, dag_id) for _ in range(loops - 1)]
-            variants.use("stock")
-            for label, times in (("first loop of a new scheduler", first), ("loops after the first", after)):
-                row = _row(f"window of {size} consumed events, {state}, {label}", times)
-                row["window_as_met"] = {
-                    "p90_ratio": _percentile(times["fixed"], 0.9) / _percentile(times["stock"], 0.9),
-                    "stock_p90_ms": _percentile(times["stock"], 0.9) * 1000,
-                    "fixed_p90_ms": _percentile(times["fixed"], 0.9) * 1000,
-                }
-                _log(f"  {row['case']}: {_ms(row)}; p90 stock {row['window_as_met']['stock_p90_ms']:.2f} ms, "
-                     f"fixed {row['window_as_met']['fixed_p90_ms']:.2f} ms, ratio {row['window_as_met']['p90_ratio']:.2f}")
-                rows.append(row)
+        return dag_id
+
+    def measure(size: int, dag_id: str, state: str) -> list[dict[str, Any]]:
+        first: dict[str, list[float]] = {v: [] for v in VARIANTS}
+        after: dict[str, list[float]] = {v: [] for v in VARIANTS}
+        for i in range(samples):
+            for variant in VARIANTS if i % 2 == 0 else VARIANTS[::-1]:
+                variants.use(variant)
+                runner = new_scheduler_runner()
+                gc.collect()
+                first[variant].append(one_loop(runner, dag_id))
+                after[variant] += [one_loop(runner, dag_id) for _ in range(loops - 1)]
+        variants.use("stock")
+        rows = []
+        for label, times in (("first loop of a new scheduler", first), ("loops after the first", after)):
+            row = _row(f"window of {size} consumed events, {state}, {label}", times)
+            row["window_as_met"] = {
+                "p90_ratio": _percentile(times["fixed"], 0.9) / _percentile(times["stock"], 0.9),
+                "stock_p90_ms": _percentile(times["stock"], 0.9) * 1000,
+                "fixed_p90_ms": _percentile(times["fixed"], 0.9) * 1000,
+            }
+            _log(f"  {row['case']}: {_ms(row)}; p90 stock {row['window_as_met']['stock_p90_ms']:.2f} ms, "
+                 f"fixed {row['window_as_met']['fixed_p90_ms']:.2f} ms, ratio {row['window_as_met']['p90_ratio']:.2f}")
+            rows.append(row)
+        return rows
+
+    rows = []
+    if "never analyzed" in states and _ANALYZED:
+        notes.append("window as met, never analyzed: not measured, an earlier case of this run took statistics "
+                     "(run --cases window-as-met alone)")
+    elif "never analyzed" in states:
+        for size in windows:  # every load before any ANALYZE
+            rows += measure(size, load(size, "never"), "never analyzed")
+    for size in windows if {"behind", "fresh"} & set(states) else ():
+        dag_id = load(size, "behind")
+        if "behind" in states:
+            rows += measure(size, dag_id, "statistics behind")
+        if "fresh" in states:
+            analyze()
+            rows += measure(size, dag_id, "fresh statistics")
     return rows
 
 
@@ -1592,6 +1621,7 @@ def bench_explain(notes: list[str], events: int, samples: int = 3) -> None:
     # Fresh planner statistics, as autovacuum/InnoDB keep them on a live database: right after
     # a bulk load, PostgreSQL planned the audit's event query badly in one run out of three
     # (3.9 s instead of 0.3-0.5 s).
+    _ANALYZED.append(True)
     with settings.engine.connect() as connection:
         if connection.dialect.name == "postgresql":
             connection.execute(text("ANALYZE dataset_event, dag_run, dagrun_dataset_event"))
@@ -1796,7 +1826,7 @@ def _statistics_states(text: str) -> tuple[str, ...]:
     states = tuple(part.strip() for part in text.split(",") if part.strip())
     unknown = sorted(set(states) - set(STATISTICS_STATES))
     if unknown or not states:
-        raise argparse.ArgumentTypeError(f"expected behind, fresh or both, comma-separated; got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected some of {', '.join(STATISTICS_STATES)}, comma-separated; got {text!r}")
     return states
 
 
@@ -1836,9 +1866,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--busy-dataset-history", type=_positive(int), default=50_000, metavar="EVENTS",
                         help="busy dataset: consumed events of the last ten minutes at its start "
                              "(default %(default)s)")
-    parser.add_argument("--busy-dataset-statistics", type=_statistics_states, default=STATISTICS_STATES,
+    parser.add_argument("--window-statistics", type=_statistics_states, default=STATISTICS_STATES, metavar="STATES",
+                        help="window as met: statistics states, comma-separated (default: never analyzed,behind,fresh; "
+                        "never analyzed only while no earlier case took statistics)")
+    parser.add_argument("--window-loops", type=_positive(int), default=4, metavar="N",
+                        help="window as met: loops per new scheduler runner, the first one included (default %(default)s)")
+    parser.add_argument("--busy-dataset-statistics", type=_statistics_states, default=BUSY_DATASET_STATES,
                         metavar="STATES", help="busy dataset: the planner's statistics taken before the history's "
-                        "load, after it, or each in turn: behind, fresh or behind,fresh (default behind,fresh)")
+                        "load, after it, or each in turn: behind, fresh or behind,fresh (default behind,fresh); or "
+                        "never analyzed (its first rate only, with --cases busy-dataset alone)")
     parser.add_argument("--fleet-dags", type=_positive(int), default=600, metavar="N",
                         help="fleet: dataset-triggered DAGs per variant (default %(default)s)")
     parser.add_argument("--fleet-rate", type=_positive(int), default=20, metavar="N",
@@ -1908,7 +1944,7 @@ def main(argv: list[str] | None = None) -> int:
                 rows += bench_first_run(variants, args.first_run, args.first_run_samples)
             elif case == "window-as-met":
                 rows += bench_window_as_met(variants, tuple(int(x) for x in args.windows.split(",") if x),
-                                            args.case_samples * 2)
+                                            args.case_samples * 2, notes, args.window_loops, args.window_statistics)
             elif case == "busy-dataset":
                 rows += bench_busy_dataset(variants, args.busy_dataset_rates, args.busy_dataset_rounds,
                                            args.busy_dataset_seconds, args.busy_dataset_history, notes,

@@ -178,8 +178,9 @@ def explain(
     """
     The explanation of ``dag_id`` as a JSON-able dict (``SCHEMA``); ExplainError for bad input.
 
-    ``events_per_run``: read at most that many events of each shown run (its lowest ids), and
-    give each run its ``events_total`` (the web page: a run may have consumed 50 000). None: all.
+    ``events_per_run``: read at most that many events of each shown run (its lowest ids), and of the
+    pending and dated-ahead ones (their first), and give each run its ``events_total`` and those
+    lists theirs (the web page: a run may consume 50 000). None: all.
     """
     from airflow.models.dagrun import DagRun
     from airflow.models.dataset import DagScheduleDatasetReference, DatasetDagRunQueue, DatasetEvent, DatasetModel
@@ -232,10 +233,8 @@ def explain(
     )
     dataset_ids |= queued.keys()
     uris = dataset_uris(session, dataset_ids)
-    # The decision reads the columns it decides by; an event is shown as Airflow's whole row (its ``extra``).
-    events, deferred = (
-        runner._dataset_events_by_id([e.id for e in decision.get(key) or []], session) for key in ("events", "deferred")
-    )
+    # The decision reads the columns it decides by; an event is shown as Airflow's whole row (its ``extra``): below.
+    events, deferred = decision.get("events") or [], decision.get("deferred") or []
     tree = condition_tree(dag.timetable.dataset_condition, {uris[e.dataset_id] for e in events if e.dataset_id in uris})
 
     datasets = []
@@ -320,8 +319,9 @@ def explain(
         "condition": tree,
         "datasets": datasets,
         "verdict": verdict,
-        "pending_events": [_event(e, uris) for e in events],
-        "deferred_events": [_event(e, uris) for e in deferred],
+        "pending_events": _rows(runner, events[:events_per_run], uris, session),
+        "deferred_events": _rows(runner, deferred[:events_per_run], uris, session),
+        **({"pending_events_total": len(events), "deferred_events_total": len(deferred)} if events_per_run is not None else {}),
         "runs": _last_runs(session, dag_id, runs, uris, found, events_per_run),
         "audit": {
             "since": _iso(since),
@@ -334,6 +334,10 @@ def explain(
             ],
         },
     }
+
+
+def _rows(runner, events: list, uris: dict[int, str], session: Session) -> list[dict[str, Any]]:
+    return [_event(e, uris) for e in runner._dataset_events_by_id([e.id for e in events], session)]
 
 
 def _reasons(dag_model, active_runs, decision, tree, deferred) -> list[dict[str, str]]:

@@ -385,6 +385,20 @@ class _Scan:
         return self._uris.get(dataset_id, f"dataset #{dataset_id}")
 
     def _events(self, dag_ids: list[str]) -> None:
+        session = self.session
+        if session.bind.dialect.name != "postgresql":
+            return self._count_events(dag_ids)
+        # Index probes, as the statements are shaped for, whatever the statistics (none: 50 000 links estimated at
+        # 13, nested-looped per event); no JIT, whose compiling costs more than these probes.
+        scan, jit = session.execute(text("SELECT current_setting('enable_seqscan'), current_setting('jit')")).one()
+        session.execute(text("SELECT set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true)"))
+        try:
+            self._count_events(dag_ids)
+        finally:  # as the transaction had them
+            session.execute(text("SELECT set_config('enable_seqscan', :scan, true), set_config('jit', :jit, true)"),
+                            {"scan": scan, "jit": jit})
+
+    def _count_events(self, dag_ids: list[str]) -> None:
         # Every event counts as consumed once unless the findings below say otherwise.
         ref = DagScheduleDatasetReference
         produced = _events_of(dag_ids, self.since).with_only_columns(ref.dag_id, func.count()).group_by(ref.dag_id)
@@ -402,7 +416,13 @@ class _Scan:
             self._event_findings(batch)
 
     def _event_findings(self, dag_ids: list[str]) -> None:
-        rows = self.session.execute(_event_findings(dag_ids, self.since).execution_options(stream_results=True))
+        dag_ids = self._count_never_ran(dag_ids)
+        if not dag_ids:
+            return
+        if self.session.bind.dialect.name == "postgresql":
+            rows = self._probed_facts(dag_ids)
+        else:
+            rows = self.session.execute(_event_findings(dag_ids, self.since).execution_options(stream_results=True))
         for e in rows:
             report = self.reports[e.dag_id]
             report.consumed -= e.n == 0
@@ -416,6 +436,57 @@ class _Scan:
                 if getattr(e, name):
                     finding = EventFinding(e.dag_id, e.event_id, self.uri(e.dataset_id), timestamp)
                     self.lists[name].add((e.dag_id, timestamp, e.event_id), finding)
+
+    def _count_never_ran(self, dag_ids: list[str]) -> list[str]:
+        """Those of ``dag_ids`` with a run; the others' events (none consumed) counted per dataset, not one by one."""
+        session, ref = self.session, DagScheduleDatasetReference
+        ran = set(session.scalars(select(DagRun.dag_id).where(DagRun.dag_id.in_(dag_ids), _dataset_triggered()).distinct()))
+        never = [d for d in dag_ids if d not in ran]
+        queued = set(session.execute(select(DatasetDagRunQueue.target_dag_id, DatasetDagRunQueue.dataset_id)
+                                     .where(DatasetDagRunQueue.target_dag_id.in_(never))).all())
+        in_window = DatasetEvent.timestamp >= self.since if self.since else true()
+        for dag_id, dataset_id, count, oldest, newest in session.execute(
+            select(ref.dag_id, ref.dataset_id, func.count(), func.min(DatasetEvent.timestamp), func.max(DatasetEvent.timestamp))
+            .join(DatasetEvent, DatasetEvent.dataset_id == ref.dataset_id)
+            .where(ref.dag_id.in_(never), in_window)
+            .group_by(ref.dag_id, ref.dataset_id)
+        ).all():
+            self.reports[dag_id].consumed -= count
+            if (dag_id, dataset_id) not in queued:  # lost: as _strand groups them
+                self.reports[dag_id].lost += count
+                self.groups[dag_id, dataset_id] = StrandedGroup(
+                    dag_id, dataset_id, self.uri(dataset_id), count, 0, count, _utc(oldest), _utc(newest), None)
+        return [d for d in dag_ids if d in ran]
+
+    def _probed_facts(self, dag_ids: list[str]) -> list[_WindowFact]:
+        """``_event_findings``' rows read by ``_window_event_facts`` (PostgreSQL: no plan that statistics decide)."""
+        session, ref = self.session, DagScheduleDatasetReference
+        latest = {
+            dag_id: _utc(date)
+            for dag_id, date in session.execute(
+                select(DagRun.dag_id, func.max(DagRun.execution_date))
+                .where(DagRun.dag_id.in_(dag_ids), _dataset_triggered())
+                .group_by(DagRun.dag_id)
+            )
+        }
+        queued = {
+            (dag_id, dataset_id): created_at
+            for dag_id, dataset_id, created_at in session.execute(
+                select(DatasetDagRunQueue.target_dag_id, DatasetDagRunQueue.dataset_id, DatasetDagRunQueue.created_at)
+                .where(DatasetDagRunQueue.target_dag_id.in_(dag_ids))
+            )
+        }
+        dataset_ids = sorted(set(session.scalars(select(ref.dataset_id).where(ref.dag_id.in_(dag_ids)))))
+        query = _window_event_facts(dag_ids, dataset_ids, self.since, session.bind.dialect.name)
+        facts = []
+        for dag_id, event_id, dataset_id, timestamp, n in session.execute(query).all():  # no cursor: no plan for a first row
+            n, timestamp = int(n), _utc(timestamp)
+            fact = _WindowFact(dag_id, event_id, dataset_id, timestamp, n, latest.get(dag_id), queued.get((dag_id, dataset_id)))
+            fact.doubled = int(n > 1)
+            fact.lost = int(n == 0 and fact.queued_at is None)
+            fact.suspected_lost = int(n == 0 and fact.latest_run is not None and timestamp < fact.latest_run)
+            facts.append(fact)
+        return facts
 
     def _strand(self, e, timestamp: datetime) -> None:
         group = self.groups.get((e.dag_id, e.dataset_id))
@@ -481,7 +552,7 @@ class _Scan:
 
 
 # -- the web page's bounded count (``check_window``) --------------------------------------
-def _window_event_facts(dag_ids: Sequence[str], dataset_ids: Sequence[int], since: datetime, dialect: str):
+def _window_event_facts(dag_ids: Sequence[str], dataset_ids: Sequence[int], since: datetime | None, dialect: str):
     """
     ``_event_findings``' pairs over the events since ``since``, with no join whose cost rests
     on statistics: the DAGs' events (``(dataset_id, timestamp)``) and those events' links to
@@ -490,7 +561,7 @@ def _window_event_facts(dag_ids: Sequence[str], dataset_ids: Sequence[int], sinc
     whole consumption history with each event (minutes at 50 000 events).
     """
     ref = DagScheduleDatasetReference
-    in_window = and_(DatasetEvent.dataset_id.in_(dataset_ids), DatasetEvent.timestamp >= since)
+    in_window = and_(DatasetEvent.dataset_id.in_(dataset_ids), DatasetEvent.timestamp >= since if since else true())
     referenced = (
         select(
             ref.dag_id.label("dag_id"), DatasetEvent.id.label("event_id"), DatasetEvent.dataset_id.label("dataset_id"),
@@ -539,40 +610,7 @@ def _window_event_facts(dag_ids: Sequence[str], dataset_ids: Sequence[int], sinc
 
 
 class _WindowScan(_Scan):
-    """``_Scan`` with the events' findings read by ``_window_event_facts`` (``since`` required)."""
-
-    def _events(self, dag_ids: list[str]) -> None:
-        session = self.session
-        if session.bind.dialect.name != "postgresql":
-            return super()._events(dag_ids)
-        # Index probes, as the statements are shaped for: statistics behind a bulk load put an
-        # event's links at thousands of rows and scanned the link table once per event, and a
-        # window that is a third of a young table was counted by reading all of it; no JIT,
-        # whose compiling costs more than these probes (their cost guessed in millions).
-        scan, jit = session.execute(text("SELECT current_setting('enable_seqscan'), current_setting('jit')")).one()
-        session.execute(text("SELECT set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true)"))
-        try:
-            super()._events(dag_ids)
-        finally:  # as the transaction had them
-            session.execute(text("SELECT set_config('enable_seqscan', :scan, true), set_config('jit', :jit, true)"),
-                            {"scan": scan, "jit": jit})
-
-    def _event_findings(self, dag_ids: list[str]) -> None:
-        session, ref = self.session, DagScheduleDatasetReference
-        dataset_ids = sorted(set(session.scalars(select(ref.dataset_id).where(ref.dag_id.in_(dag_ids)))))
-        latest = {dag_id: _utc(date) for dag_id, date in session.execute(_latest_runs(dag_ids))}
-        queue = DatasetDagRunQueue
-        queue_rows = select(queue.target_dag_id, queue.dataset_id).where(queue.target_dag_id.in_(dag_ids))
-        queued = {tuple(row) for row in session.execute(queue_rows)}  # (dag_id, dataset_id)
-        query = _window_event_facts(dag_ids, dataset_ids, self.since, session.bind.dialect.name)
-        rows = session.execute(query).all()  # the findings only: no cursor, no plan for a first row
-        for dag_id, _event_id, dataset_id, timestamp, n in rows:
-            n, timestamp, latest_run = int(n), _utc(timestamp), latest.get(dag_id)
-            report = self.reports[dag_id]  # as _Scan._event_findings counts a row (the counts only: no lists)
-            report.consumed -= n == 0
-            report.doubled += int(n > 1)
-            report.lost += int(n == 0 and (dag_id, dataset_id) not in queued)
-            report.suspected_lost += int(n == 0 and latest_run is not None and timestamp < latest_run)
+    """``_Scan`` over the window since ``since`` (required), without the queue's counters."""
 
     def _queue(self, dag_ids: list[str]) -> None:
         """Not read: lingering and stale queue rows are no finding (``FINDINGS``)."""

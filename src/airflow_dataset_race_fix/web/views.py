@@ -120,8 +120,7 @@ def _capped(found: dict[str, Any], dag_id: str) -> dict[str, Any]:
     from flask import url_for
 
     for name in ("pending_events", "deferred_events"):
-        total = len(found[name])
-        found[f"{name}_total"] = total
+        total = found.setdefault(f"{name}_total", len(found[name]))
         if total > EVENTS_SHOWN:
             found[name] = found[name][:EVENTS_SHOWN]
             found[f"{name}_more"] = url_for("DatasetRunsView.events", dag_id=dag_id, of=name.split("_")[0],
@@ -252,11 +251,11 @@ class DatasetRunsView(BaseView):
                     abort(400)
                 offset = max(0, request.args.get("offset", 0, type=int))
                 try:
-                    found = explain(session, dag_id, runs=0, events_per_run=0)
+                    found = explain(session, dag_id, runs=0, events_per_run=offset + EVENTS_SHOWN)
                 except ExplainError as err:
                     abort(404, description=str(err))
                 events = found[f"{of}_events"][offset : offset + EVENTS_SHOWN]
-                more = offset + EVENTS_SHOWN < len(found[f"{of}_events"])
+                more = offset + EVENTS_SHOWN < found[f"{of}_events_total"]
                 next_args = {"of": of, "offset": offset + EVENTS_SHOWN}
             else:
                 if not access.runs(dag_id):
