@@ -183,7 +183,7 @@ def explain(
     lists theirs (the web page: a run may consume 50 000). None: all.
     """
     from airflow.models.dagrun import DagRun
-    from airflow.models.dataset import DagScheduleDatasetReference, DatasetDagRunQueue, DatasetEvent, DatasetModel
+    from airflow.models.dataset import DagScheduleDatasetReference, DatasetDagRunQueue, DatasetEvent
     from airflow.timetables.simple import DatasetTriggeredTimetable
     from airflow.utils.state import DagRunState
     from airflow.utils.types import DagRunType

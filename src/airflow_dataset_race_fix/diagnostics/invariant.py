@@ -461,14 +461,7 @@ class _Scan:
     def _probed_facts(self, dag_ids: list[str]) -> list[_WindowFact]:
         """``_event_findings``' rows read by ``_window_event_facts`` (PostgreSQL: no plan that statistics decide)."""
         session, ref = self.session, DagScheduleDatasetReference
-        latest = {
-            dag_id: _utc(date)
-            for dag_id, date in session.execute(
-                select(DagRun.dag_id, func.max(DagRun.execution_date))
-                .where(DagRun.dag_id.in_(dag_ids), _dataset_triggered())
-                .group_by(DagRun.dag_id)
-            )
-        }
+        latest = {dag_id: _utc(date) for dag_id, date in session.execute(_latest_runs(dag_ids))}
         queued = {
             (dag_id, dataset_id): created_at
             for dag_id, dataset_id, created_at in session.execute(
@@ -607,6 +600,20 @@ def _window_event_facts(dag_ids: Sequence[str], dataset_ids: Sequence[int], sinc
         .group_by(facts.c.dag_id, facts.c.event_id, facts.c.dataset_id, facts.c.timestamp)
         .having(and_(func.sum(facts.c.referenced) > 0, n != 1))
     )
+
+
+@dataclass
+class _WindowFact:
+    dag_id: str
+    event_id: int
+    dataset_id: int
+    timestamp: datetime
+    n: int
+    latest_run: datetime | None
+    queued_at: datetime | None
+    doubled: int = 0
+    lost: int = 0
+    suspected_lost: int = 0
 
 
 class _WindowScan(_Scan):
