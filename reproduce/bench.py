@@ -70,6 +70,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections import defaultdict
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -828,14 +829,15 @@ FANOUT_RUN_EVENTS = 100  # events a historical run consumed
 
 
 def bench_fanout(variants: Variants, consumers: int, datasets: int, events: int, loops: int,
-                 notes: list[str]) -> list[dict[str, Any]]:
+                 notes: list[str], pass_limit: float = 900.0) -> list[dict[str, Any]]:
     """
     Issue 47's fan-out: ``datasets`` datasets with ``consumers`` DAGs each and ``events`` events per dataset over the
     last 800 s, each consumed by a run of every consumer (100 a run): consumers x events links a dataset. Tables never
     analyzed (as a bulk load or a restore leaves them). Per variant a new scheduler runner (a scheduler just started:
-    its first loop apart) runs ``loops`` loops, then ``loops`` more (running on): nothing new happens, so a loop is the
-    scheduler's heartbeat and the fix's net all it adds. Rows: the loop's median; notes: its p99, max and, fixed, the
-    net's share of loop time.
+    its first loop apart) runs ``loops`` loops; the fixed one runs on until its restart's window pass is over (at
+    most ``pass_limit`` seconds), then each runs ``2 * loops`` more (long-running) and 10 with the sweep due. Nothing
+    new happens, so a loop is the scheduler's heartbeat and the fix's net all it adds. Rows: the loop's median;
+    notes: its p99, max and the net's share of the fixed loops' time.
     """
     from airflow import settings
     from airflow.datasets import Dataset
@@ -878,7 +880,7 @@ def bench_fanout(variants: Variants, consumers: int, datasets: int, events: int,
             session.commit()
     _log(f"  {consumers} consumers x {datasets} datasets, {events} events each, {consumers * events * datasets} links "
          f"({time.monotonic() - started:.0f} s to write)")
-    runners, laps, net_seconds = {}, {v: [] for v in VARIANTS}, [0.0]
+    runners, net_seconds, current = {}, [0.0], [""]
     for variant in VARIANTS:  # one scheduler process each, started together
         variants.use(variant)
         runners[variant] = new_scheduler_runner()
@@ -892,33 +894,69 @@ def bench_fanout(variants: Variants, consumers: int, datasets: int, events: int,
             net_seconds[0] += time.perf_counter() - began
 
     runners["fixed"]._dags_with_stranded_dataset_events = timed_net
-    # Phases in ABBA order (stock and fixed just started, then fixed and stock running on), each runner's loops back
-    # to back: the fixed net's pass takes 5 % of the time since its last call, which another runner's loops between
-    # its own would inflate (two schedulers in one process: not a deployment).
-    first_net = 0.0
-    for variant, count in (("stock", loops + 1), ("fixed", loops + 1), ("fixed", loops), ("stock", loops)):
-        variants.use(variant)
-        for _ in range(count):
-            session = settings.Session.session_factory()
-            began = time.perf_counter()
-            error = scheduler_pass(runners[variant], session)
-            laps[variant].append(time.perf_counter() - began)
-            session.close()
-            if error:
-                notes.append(f"fan-out, {variant}: a loop failed: {error}")
-            if variant == "fixed" and len(laps["fixed"]) == 1:
-                first_net = net_seconds[0]
+
+    def loop(variant: str, sweep: bool = False) -> tuple[float, float]:
+        """One loop of ``variant``'s runner: its time and the net's in it (``sweep``: the fix's sweep due)."""
+        if current[0] != variant:  # apply() takes about 65 ms: once a phase
+            variants.use(variant)
+            current[0] = variant
+        if sweep:
+            runners[variant].__dict__.pop("_dataset_race_fix_swept_at", None)
+        session, net_before = settings.Session.session_factory(), net_seconds[0]
+        began = time.perf_counter()
+        error = scheduler_pass(runners[variant], session)
+        took = time.perf_counter() - began
+        session.close()
+        if error:
+            notes.append(f"fan-out, {variant}: a loop failed: {error}")
+        return took, net_seconds[0] - net_before
+
+    def pass_done() -> bool:  # the restart's window pass over (its order read through)
+        return runners["fixed"].__dict__.get("_dataset_race_fix_net", {}).get("window_order", True) == []
+
+    # Phases, each runner's loops back to back (the fixed pass's credit is 3 % of the time since its last call, which
+    # another runner's loops between its own would inflate; two schedulers in one process are no deployment): stock
+    # and fixed just started (first loop apart), fixed on until its window pass is over (or pass_limit seconds), then
+    # long-running in ABBA order (fixed, stock, stock, fixed); last, loops with the fix's sweep due in both (it runs
+    # every requeue_interval_seconds: a loop in ten at a one-second loop), alternating.
+    laps: dict[str, dict[str, list[tuple[float, float]]]] = {v: defaultdict(list) for v in VARIANTS}
+    for variant in VARIANTS:
+        laps[variant]["first"].append(loop(variant))
+        laps[variant]["restarted"] += [loop(variant) for _ in range(loops)]
+    pass_started = time.monotonic()
+    while not pass_done() and time.monotonic() - pass_started < pass_limit:
+        laps["fixed"]["pass"].append(loop("fixed"))
+    pass_seconds, pass_over = time.monotonic() - pass_started, pass_done()
+    if not pass_over:  # the rest of the pass at once, untimed: a long-running scheduler has it behind it
+        with settings.Session() as session:
+            state = runners["fixed"].__dict__["_dataset_race_fix_net"]
+            rest_started = time.monotonic()
+            runners["fixed"]._read_dataset_windows_once(state, None, session, at_once=True)
+            rest = time.monotonic() - rest_started
+        notes.append(f"fan-out: the window pass not over after {pass_seconds:.0f} s "
+                     f"({len(laps['fixed']['pass'])} loops); its rest read at once in {rest:.1f} s")
+    for variant in ("fixed", "stock", "stock", "fixed"):
+        laps[variant]["running"] += [loop(variant) for _ in range(loops)]
+    for _ in range(10):
+        for variant in VARIANTS:
+            laps[variant]["sweep"].append(loop(variant, sweep=True))
     variants.use("stock")
-    times = {v: {"first": t[:1], "restarted": t[1 : loops + 1], "running": t[loops + 1 :]} for v, t in laps.items()}
-    net_share = {"fixed": (net_seconds[0] - first_net) / sum(laps["fixed"][1:])}
     label = f"fan-out {consumers} x {datasets} datasets, {events} events each"
+    during = laps["fixed"]["pass"]
+    notes.append(f"{label}: the window pass {'took' if pass_over else 'not over in'} {pass_seconds:.1f} s, "
+                 f"{len(during)} loops after the just-started ones"
+                 + (f": loop median {statistics.median(t for t, _ in during) * 1000:.2f} ms, "
+                    f"p99 {_p99([t for t, _ in during]) * 1000:.1f} ms, max {max(t for t, _ in during) * 1000:.1f} ms, "
+                    f"the net {sum(n for _, n in during) / sum(t for t, _ in during):.1%}" if during else ""))
     rows = []
-    for phase, what in (("first", "first loop"), ("restarted", "just started"), ("running", "running on")):
-        stock, fixed = times["stock"][phase], times["fixed"][phase]
+    for phase, what in (("first", "first loop"), ("restarted", "just started"), ("running", "long-running, pass over"),
+                        ("sweep", "a loop with the sweep")):
+        stock, fixed = ([t for t, _ in laps[v][phase]] for v in VARIANTS)
         rows.append(_ratio_row(f"{label}: {what}", statistics.median(stock), statistics.median(fixed), len(stock)))
+        share = sum(n for _, n in laps["fixed"][phase]) / sum(fixed)
         notes.append(f"{label}, {what}: p99 stock {_p99(stock) * 1000:.1f} ms, fixed {_p99(fixed) * 1000:.1f} ms; "
-                     f"max stock {max(stock) * 1000:.1f} ms, fixed {max(fixed) * 1000:.1f} ms")
-    notes.append(f"{label}: the net's share of the fixed loop's time, loops after the first: {net_share['fixed']:.1%}")
+                     f"max stock {max(stock) * 1000:.1f} ms, fixed {max(fixed) * 1000:.1f} ms; the net {share:.1%} "
+                     "of the fixed loops' time")
     return rows
 
 
@@ -1830,7 +1868,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fanout", type=_positive_ints, default=(100, 3, 10_000), metavar="C,D,E",
                         help="fan-out: consumers per dataset, datasets, events per dataset (default 100,3,10000)")
     parser.add_argument("--fanout-loops", type=_positive(int), default=100, metavar="N",
-                        help="fan-out: loops per variant just started, and as many running on (default %(default)s)")
+                        help="fan-out: loops per variant just started, and twice as many long-running (default %(default)s)")
+    parser.add_argument("--fanout-pass-seconds", type=_positive(float), default=900.0, metavar="S",
+                        help="fan-out: longest wait for the restart's window pass, its rest then read at once "
+                             "(default %(default)s)")
     parser.add_argument("--seed", type=int, default=30, help="fleet: the producers' random seed (default %(default)s)")
     parser.add_argument("--stall-seconds", type=_positive(float), default=5.0, metavar="S",
                         help="stalled producer: how long producer A holds its transaction open (default %(default)s)")
@@ -1899,7 +1940,7 @@ def main(argv: list[str] | None = None) -> int:
                 rows += bench_fleet(variants, args.fleet_dags, args.fleet_rate, args.fleet_rounds,
                                     args.fleet_seconds, args.seed, notes)
             elif case == "fan-out":
-                rows += bench_fanout(variants, *args.fanout[:3], args.fanout_loops, notes)
+                rows += bench_fanout(variants, *args.fanout[:3], args.fanout_loops, notes, args.fanout_pass_seconds)
             elif case == "mixed-upgrade":
                 bench_mixed_upgrade(variants, args.mixed_rounds, notes)
             elif case == "explain":
