@@ -331,7 +331,7 @@ class SchedulerJobRunner:
     ) -> None:
         """
         The net after a start (BUG_REPORT, "The net"): each reference's window read once for unconsumed events, quiet
-        DAGs first, a step (10 DAGs' references, or a slice of about 1 ms) a loop while the steps took under 3 % of
+        DAGs first, a step (10 DAGs' references, or a slice of 2-4 ms) a loop while the steps took under 3 % of
         the time (``only``: explain's DAGs, at once).
         """
         from sqlalchemy import false, true
