@@ -927,14 +927,14 @@ def bench_fanout(variants: Variants, consumers: int, datasets: int, events: int,
     while not pass_done() and time.monotonic() - pass_started < pass_limit:
         laps["fixed"]["pass"].append(loop("fixed"))
     pass_seconds, pass_over = time.monotonic() - pass_started, pass_done()
-    if not pass_over:  # the rest of the pass at once, untimed: a long-running scheduler has it behind it
-        with settings.Session() as session:
-            state = runners["fixed"].__dict__["_dataset_race_fix_net"]
-            rest_started = time.monotonic()
-            runners["fixed"]._read_dataset_windows_once(state, None, session, at_once=True)
-            rest = time.monotonic() - rest_started
-        notes.append(f"fan-out: the window pass not over after {pass_seconds:.0f} s "
-                     f"({len(laps['fixed']['pass'])} loops); its rest read at once in {rest:.1f} s")
+    if not pass_over:  # a long-running scheduler has the pass behind it: its rest skipped, its rate noted
+        state = runners["fixed"].__dict__["_dataset_race_fix_net"]
+        total = len(state.get("windows") or {})
+        left = len(state["window_order"]) if "window_order" in state else total  # (still paging: none read)
+        notes.append(f"fan-out: the window pass not over after {pass_seconds:.0f} s ({len(laps['fixed']['pass'])} "
+                     f"loops): {total - left} of {total} references read (slices of {state.get('slice_size')} events "
+                     f"at its end); the rest skipped")
+        state["window_order"] = []
     for variant in ("fixed", "stock", "stock", "fixed"):
         laps[variant]["running"] += [loop(variant) for _ in range(loops)]
     for _ in range(10):
