@@ -39,6 +39,11 @@ What the fix costs, stock and fixed side by side on one database:
   schedules), producers committing 20 transactions a second with 1-3 outlets each in random
   order (seed printed), the real loop taking Airflow's default 10 DAGs a pass: loop median
   and p90, producer p50 and p99, failed transactions, lost and doubled after the drain;
+- fan-out (``fan-out``, issue 47): consumers x datasets x events consumed in the window; loops of
+  a stock and a fixed scheduler just started, the fixed one's until its window pass is over,
+  long-running ones after it and loops with the sweep due: median, p99, max, the net's share;
+- a late commit on a quiet DAG after a restart (``late-restart``, issue 47), beside 10 busy
+  DAGs' windows of ``--late-events`` events: the loops and seconds until it is consumed;
 - a producer beside a stalled producer (issue 21): producer A stalls right before its
   COMMIT (after the fix's queue upsert and stamp) while producer B commits on the same
   dataset and DAG every 0.5 s and producer C on another; B's and C's p50, p99 and slowest
