@@ -39,6 +39,11 @@ What the fix costs, stock and fixed side by side on one database:
   schedules), producers committing 20 transactions a second with 1-3 outlets each in random
   order (seed printed), the real loop taking Airflow's default 10 DAGs a pass: loop median
   and p90, producer p50 and p99, failed transactions, lost and doubled after the drain;
+- fan-out (``fan-out``, issue 47): consumers x datasets x events consumed in the window; loops of
+  a stock and a fixed scheduler just started, the fixed one's until its window pass is over,
+  long-running ones after it and loops with the sweep due: median, p99, max, the net's share;
+- a late commit on a quiet DAG after a restart (``late-restart``, issue 47), beside 10 busy
+  DAGs' windows of ``--late-events`` events: the loops and seconds until it is consumed;
 - a producer beside a stalled producer (issue 21): producer A stalls right before its
   COMMIT (after the fix's queue upsert and stamp) while producer B commits on the same
   dataset and DAG every 0.5 s and producer C on another; B's and C's p50, p99 and slowest
@@ -70,6 +75,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections import defaultdict
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -856,14 +862,15 @@ FANOUT_RUN_EVENTS = 100  # events a historical run consumed
 
 
 def bench_fanout(variants: Variants, consumers: int, datasets: int, events: int, loops: int,
-                 notes: list[str]) -> list[dict[str, Any]]:
+                 notes: list[str], pass_limit: float = 900.0) -> list[dict[str, Any]]:
     """
     Issue 47's fan-out: ``datasets`` datasets with ``consumers`` DAGs each and ``events`` events per dataset over the
     last 800 s, each consumed by a run of every consumer (100 a run): consumers x events links a dataset. Tables never
     analyzed (as a bulk load or a restore leaves them). Per variant a new scheduler runner (a scheduler just started:
-    its first loop apart) runs ``loops`` loops, then ``loops`` more (running on): nothing new happens, so a loop is the
-    scheduler's heartbeat and the fix's net all it adds. Rows: the loop's median; notes: its p99, max and, fixed, the
-    net's share of loop time.
+    its first loop apart) runs ``loops`` loops; the fixed one runs on until its restart's window pass is over (at
+    most ``pass_limit`` seconds), then each runs ``2 * loops`` more (long-running) and 10 with the sweep due. Nothing
+    new happens, so a loop is the scheduler's heartbeat and the fix's net all it adds. Rows: the loop's median;
+    notes: its p99, max and the net's share of the fixed loops' time.
     """
     from airflow import settings
     from airflow.datasets import Dataset
@@ -906,7 +913,7 @@ def bench_fanout(variants: Variants, consumers: int, datasets: int, events: int,
             session.commit()
     _log(f"  {consumers} consumers x {datasets} datasets, {events} events each, {consumers * events * datasets} links "
          f"({time.monotonic() - started:.0f} s to write)")
-    runners, laps, net_seconds = {}, {v: [] for v in VARIANTS}, [0.0]
+    runners, net_seconds, current = {}, [0.0], [""]
     for variant in VARIANTS:  # one scheduler process each, started together
         variants.use(variant)
         runners[variant] = new_scheduler_runner()
@@ -920,34 +927,176 @@ def bench_fanout(variants: Variants, consumers: int, datasets: int, events: int,
             net_seconds[0] += time.perf_counter() - began
 
     runners["fixed"]._dags_with_stranded_dataset_events = timed_net
-    # Phases in ABBA order (stock and fixed just started, then fixed and stock running on), each runner's loops back
-    # to back: the fixed net's pass takes 5 % of the time since its last call, which another runner's loops between
-    # its own would inflate (two schedulers in one process: not a deployment).
-    first_net = 0.0
-    for variant, count in (("stock", loops + 1), ("fixed", loops + 1), ("fixed", loops), ("stock", loops)):
-        variants.use(variant)
-        for _ in range(count):
-            session = settings.Session.session_factory()
-            began = time.perf_counter()
-            error = scheduler_pass(runners[variant], session)
-            laps[variant].append(time.perf_counter() - began)
-            session.close()
-            if error:
-                notes.append(f"fan-out, {variant}: a loop failed: {error}")
-            if variant == "fixed" and len(laps["fixed"]) == 1:
-                first_net = net_seconds[0]
+
+    def loop(variant: str, sweep: bool = False) -> tuple[float, float]:
+        """One loop of ``variant``'s runner: its time and the net's in it (``sweep``: the fix's sweep due)."""
+        if current[0] != variant:  # apply() takes about 65 ms: once a phase
+            variants.use(variant)
+            current[0] = variant
+        if sweep:
+            runners[variant].__dict__.pop("_dataset_race_fix_swept_at", None)
+        session, net_before = settings.Session.session_factory(), net_seconds[0]
+        began = time.perf_counter()
+        error = scheduler_pass(runners[variant], session)
+        took = time.perf_counter() - began
+        session.close()
+        if error:
+            notes.append(f"fan-out, {variant}: a loop failed: {error}")
+        return took, net_seconds[0] - net_before
+
+    def pass_done() -> bool:  # the restart's window pass over (its order read through)
+        return runners["fixed"].__dict__.get("_dataset_race_fix_net", {}).get("window_order", True) == []
+
+    # Phases, each runner's loops back to back (the fixed pass's credit is 3 % of the time since its last call, which
+    # another runner's loops between its own would inflate; two schedulers in one process are no deployment): stock
+    # and fixed just started (first loop apart), fixed on until its window pass is over (or pass_limit seconds), then
+    # long-running in ABBA order (fixed, stock, stock, fixed); last, loops with the fix's sweep due in both (it runs
+    # every requeue_interval_seconds: a loop in ten at a one-second loop), alternating.
+    laps: dict[str, dict[str, list[tuple[float, float]]]] = {v: defaultdict(list) for v in VARIANTS}
+    for variant in VARIANTS:
+        laps[variant]["first"].append(loop(variant))
+        laps[variant]["restarted"] += [loop(variant) for _ in range(loops)]
+    pass_started = time.monotonic()
+    while not pass_done() and time.monotonic() - pass_started < pass_limit:
+        laps["fixed"]["pass"].append(loop("fixed"))
+    pass_seconds, pass_over = time.monotonic() - pass_started, pass_done()
+    if not pass_over:  # a long-running scheduler has the pass behind it: its rest skipped, its rate noted
+        state = runners["fixed"].__dict__["_dataset_race_fix_net"]
+        total = len(state.get("windows") or {})
+        left = len(state["window_order"]) if "window_order" in state else total  # (still paging: none read)
+        notes.append(f"fan-out: the window pass not over after {pass_seconds:.0f} s ({len(laps['fixed']['pass'])} "
+                     f"loops): {total - left} of {total} references read (slices of {state.get('slice_size')} events "
+                     f"at its end); the rest skipped")
+        state["window_order"] = []
+    for variant in ("fixed", "stock", "stock", "fixed"):
+        laps[variant]["running"] += [loop(variant) for _ in range(loops)]
+    for _ in range(10):
+        for variant in VARIANTS:
+            laps[variant]["sweep"].append(loop(variant, sweep=True))
     variants.use("stock")
-    times = {v: {"first": t[:1], "restarted": t[1 : loops + 1], "running": t[loops + 1 :]} for v, t in laps.items()}
-    net_share = {"fixed": (net_seconds[0] - first_net) / sum(laps["fixed"][1:])}
     label = f"fan-out {consumers} x {datasets} datasets, {events} events each"
+    during = laps["fixed"]["pass"]
+    notes.append(f"{label}: the window pass {'took' if pass_over else 'not over in'} {pass_seconds:.1f} s, "
+                 f"{len(during)} loops after the just-started ones"
+                 + (f": loop median {statistics.median(t for t, _ in during) * 1000:.2f} ms, "
+                    f"p99 {_p99([t for t, _ in during]) * 1000:.1f} ms, max {max(t for t, _ in during) * 1000:.1f} ms, "
+                    f"the net {sum(n for _, n in during) / sum(t for t, _ in during):.1%}" if during else ""))
     rows = []
-    for phase, what in (("first", "first loop"), ("restarted", "just started"), ("running", "running on")):
-        stock, fixed = times["stock"][phase], times["fixed"][phase]
+    for phase, what in (("first", "first loop"), ("restarted", "just started"), ("running", "long-running, pass over"),
+                        ("sweep", "a loop with the sweep")):
+        stock, fixed = ([t for t, _ in laps[v][phase]] for v in VARIANTS)
         rows.append(_ratio_row(f"{label}: {what}", statistics.median(stock), statistics.median(fixed), len(stock)))
+        share = sum(n for _, n in laps["fixed"][phase]) / sum(fixed)
         notes.append(f"{label}, {what}: p99 stock {_p99(stock) * 1000:.1f} ms, fixed {_p99(fixed) * 1000:.1f} ms; "
-                     f"max stock {max(stock) * 1000:.1f} ms, fixed {max(fixed) * 1000:.1f} ms")
-    notes.append(f"{label}: the net's share of the fixed loop's time, loops after the first: {net_share['fixed']:.1%}")
+                     f"max stock {max(stock) * 1000:.1f} ms, fixed {max(fixed) * 1000:.1f} ms; the net {share:.1%} "
+                     "of the fixed loops' time")
     return rows
+
+
+# -- a late commit on a quiet DAG after a restart (issue 47) -----------------------------
+LATE_BUSY_DAGS = 10
+
+
+def bench_late_after_restart(variants: Variants, sizes: tuple[int, ...], notes: list[str],
+                             pass_limit: float = 900.0) -> None:
+    """
+    Issue 47: per size, 10 busy DAGs on a dataset each with ``size`` events in all over the last 800 s, each consumed
+    by a run of its DAG (100 a run), and a quiet DAG whose latest run is older, with a late commit below it: an event
+    between its two runs, consumed by neither, with no queue row (committed before the restart). A new fixed
+    scheduler runner (a restart) loops back to back until a run consumes the late event, then on until its window
+    pass is over (at most ``pass_limit`` seconds); then the run is deleted and another restarted runner loops once a
+    second (a scheduler's idle loop). Notes: the loops and seconds each took, the slowest loop.
+    """
+    from airflow import settings
+    from airflow.datasets import Dataset
+    from airflow.models.dagrun import DagRun
+    from airflow.models.dataset import DatasetEvent, DatasetModel
+    from airflow.utils.state import DagRunState
+    from airflow.utils.types import DagRunType
+    from sqlalchemy import delete, func, insert, select, text
+
+    variants.use("fixed")
+    for size in sizes:
+        started = time.monotonic()
+        uris = {f"busy{b}": f"bench://late/{size}/{b}" for b in range(LATE_BUSY_DAGS)} | {"quiet": f"bench://late/{size}/q"}
+        names = make_consumers(f"bench_late_{size}", {name: [Dataset(uri)] for name, uri in uris.items()})
+        quiet_other_dags(names)
+        end, per_dag = datetime.now(timezone.utc) - timedelta(seconds=5), size // LATE_BUSY_DAGS
+        step = timedelta(seconds=FANOUT_WINDOW_SECONDS) / per_dag
+
+        def run_row(dag_id: str, first: datetime, last: datetime) -> dict[str, Any]:
+            return {"dag_id": dag_id, "run_id": f"dataset_triggered__{last.isoformat()}", "execution_date": last,
+                    "state": DagRunState.SUCCESS, "run_type": DagRunType.DATASET_TRIGGERED, "external_trigger": False,
+                    "data_interval_start": first, "data_interval_end": last, "queued_at": last, "start_date": last,
+                    "end_date": last, "clear_number": 0}
+
+        def event_rows(dataset_id: int, stamps: list[datetime]) -> list[dict[str, Any]]:
+            return [{"dataset_id": dataset_id, "timestamp": ts, "extra": {}, "source_dag_id": "bench_late",
+                     "source_task_id": "emit", "source_run_id": "history", "source_map_index": -1} for ts in stamps]
+
+        with settings.Session() as session:
+            ids = dict(session.execute(select(DatasetModel.uri, DatasetModel.id).where(
+                DatasetModel.uri.in_(uris.values()))).all())
+            for b in range(LATE_BUSY_DAGS):
+                dag_id, dataset_id = f"bench_late_{size}_busy{b}", ids[uris[f"busy{b}"]]
+                instants = [end - step * (per_dag - i) for i in range(per_dag)]
+                for first in range(0, per_dag, 5000):
+                    session.execute(insert(DatasetEvent), event_rows(dataset_id, instants[first : first + 5000]))
+                batches = [instants[i : i + FANOUT_RUN_EVENTS] for i in range(0, per_dag, FANOUT_RUN_EVENTS)]
+                session.execute(insert(DagRun), [run_row(dag_id, batch[0], batch[-1]) for batch in batches])
+                session.execute(text(
+                    "INSERT INTO dagrun_dataset_event (dag_run_id, event_id) SELECT r.id, e.id FROM dag_run r "
+                    "JOIN dataset_event e ON e.dataset_id = :dataset_id AND e.timestamp >= r.data_interval_start "
+                    "AND e.timestamp <= r.data_interval_end WHERE r.dag_id = :dag_id"),
+                    {"dataset_id": dataset_id, "dag_id": dag_id})
+                session.commit()
+            quiet, dataset_id = f"bench_late_{size}_quiet", ids[uris["quiet"]]
+            stamps = [end - timedelta(seconds=seconds) for seconds in (700, 500, 300)]  # e1, the late one, e2
+            session.execute(insert(DatasetEvent), event_rows(dataset_id, stamps))
+            session.execute(insert(DagRun), [run_row(quiet, stamps[0], stamps[0] + timedelta(seconds=50)),
+                                             run_row(quiet, stamps[2], stamps[2] + timedelta(seconds=50))])
+            session.execute(text(
+                "INSERT INTO dagrun_dataset_event (dag_run_id, event_id) SELECT r.id, e.id FROM dag_run r "
+                "JOIN dataset_event e ON e.dataset_id = :dataset_id AND e.timestamp = r.data_interval_start "
+                "WHERE r.dag_id = :dag_id"), {"dataset_id": dataset_id, "dag_id": quiet})
+            session.commit()
+        _log(f"  {size} events in {LATE_BUSY_DAGS} busy DAGs' windows ({time.monotonic() - started:.0f} s to write)")
+
+        def late_consumed() -> bool:
+            with settings.Session() as session:
+                return bool(session.scalar(select(func.count()).where(
+                    DagRun.dag_id == quiet, DagRun.state == DagRunState.QUEUED)))
+
+        for pace in (0.0, 1.0):
+            runner, laps, found_after = new_scheduler_runner(), [], None
+            began = time.monotonic()
+            while True:
+                loop_began = time.perf_counter()
+                session = settings.Session.session_factory()
+                error = scheduler_pass(runner, session)
+                session.close()
+                laps.append(time.perf_counter() - loop_began)
+                if error:
+                    notes.append(f"late after a restart, {size}: a loop failed: {error}")
+                if found_after is None and late_consumed():
+                    found_after = (len(laps), time.monotonic() - began)
+                pass_over = runner.__dict__.get("_dataset_race_fix_net", {}).get("window_order", True) == []
+                if (found_after and (pace or pass_over)) or time.monotonic() - began > pass_limit:
+                    break
+                time.sleep(max(0.0, pace - laps[-1]))
+            what = "back to back" if not pace else "a second apart"
+            notes.append(
+                f"late after a restart, {size} events in {LATE_BUSY_DAGS} busy DAGs' windows, loops {what}: "
+                + (f"the quiet DAG's late event consumed in loop {found_after[0]}, {found_after[1]:.2f} s after the "
+                   "start" if found_after else f"not consumed after {time.monotonic() - began:.0f} s")
+                + (f"; the window pass over after {len(laps)} loops, {time.monotonic() - began:.1f} s" if not pace
+                   and pass_over else "")
+                + f"; first loop {laps[0] * 1000:.1f} ms, then median {statistics.median(laps[1:] or laps) * 1000:.1f} ms,"
+                f" max {max(laps[1:] or laps) * 1000:.1f} ms")
+            with settings.Session() as session:  # give the event back for the next restart
+                session.execute(delete(DagRun).where(DagRun.dag_id == quiet, DagRun.state == DagRunState.QUEUED))
+                session.commit()
+    variants.use("stock")
 
 
 # -- mixed versions during an upgrade ---------------------------------------------------
@@ -1798,7 +1947,7 @@ def render(backend: str, rows: list[dict[str, Any]], notes: tuple[str, ...] = ()
 
 
 CASES = ("producer", "task-producer", "busy-scheduler", "loop-history", "loop-cases", "first-run", "window-as-met",
-         "busy-dataset", "fleet", "fan-out", "stalled-producer", "explain", "mixed-upgrade")
+         "busy-dataset", "fleet", "fan-out", "late-restart", "stalled-producer", "explain", "mixed-upgrade")
 
 
 def _case_names(text: str) -> list[str]:
@@ -1886,7 +2035,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fanout", type=_positive_ints, default=(100, 3, 10_000), metavar="C,D,E",
                         help="fan-out: consumers per dataset, datasets, events per dataset (default 100,3,10000)")
     parser.add_argument("--fanout-loops", type=_positive(int), default=100, metavar="N",
-                        help="fan-out: loops per variant just started, and as many running on (default %(default)s)")
+                        help="fan-out: loops per variant just started, and twice as many long-running (default %(default)s)")
+    parser.add_argument("--fanout-pass-seconds", type=_positive(float), default=900.0, metavar="S",
+                        help="fan-out: longest wait for the restart's window pass, its rest then read at once "
+                             "(default %(default)s)")
+    parser.add_argument("--late-events", type=_positive_ints, default=(100_000,), metavar="SIZES",
+                        help="late after a restart: events in the busy DAGs' windows, a sub-case each "
+                             "(default 100000; 1000000 takes minutes to write)")
     parser.add_argument("--seed", type=int, default=30, help="fleet: the producers' random seed (default %(default)s)")
     parser.add_argument("--stall-seconds", type=_positive(float), default=5.0, metavar="S",
                         help="stalled producer: how long producer A holds its transaction open (default %(default)s)")
@@ -1955,7 +2110,9 @@ def main(argv: list[str] | None = None) -> int:
                 rows += bench_fleet(variants, args.fleet_dags, args.fleet_rate, args.fleet_rounds,
                                     args.fleet_seconds, args.seed, notes)
             elif case == "fan-out":
-                rows += bench_fanout(variants, *args.fanout[:3], args.fanout_loops, notes)
+                rows += bench_fanout(variants, *args.fanout[:3], args.fanout_loops, notes, args.fanout_pass_seconds)
+            elif case == "late-restart":
+                bench_late_after_restart(variants, args.late_events, notes, args.fanout_pass_seconds)
             elif case == "mixed-upgrade":
                 bench_mixed_upgrade(variants, args.mixed_rounds, notes)
             elif case == "explain":
