@@ -156,6 +156,7 @@ def test_deployment_text_and_bad_input():
     proc = subprocess.run([PYTHON, "-m", "airflow_dataset_race_fix", "deployment", "--hours", "1"],
                           env=child_env([REPO]), capture_output=True, text=True, timeout=300)
     assert proc.returncode in (0, 1) and "Components" in proc.stdout and "Producers" in proc.stdout, output(proc)
+    print(proc.stdout)  # with -s: what an operator reads
 
 
 @pytest.mark.skipif(BACKEND == "sqlite", reason="SQLite has one writer: any producer waits for another's COMMIT")
