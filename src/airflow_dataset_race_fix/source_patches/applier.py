@@ -457,9 +457,7 @@ def apply(site_packages: Path, patches_dir: Path, dry_run: bool = False, on_wait
         changed = [t.path for t in to_write]
         if dry_run:
             return Outcome(f"dry run: would have {verb} {names} for apache-airflow {inspection.version}", changed)
-        cleanup_stale_temps(_target_dirs(inspection))
-        _write_backups(inspection)
-        warnings = _swap(inspection, "apply", [(t, t.patched) for t in to_write])
+        warnings = _write(inspection, "apply", [(t, t.patched) for t in to_write])
         return Outcome(f"{verb} {names} to apache-airflow {inspection.version} in {site_packages}", changed, warnings)
 
 
@@ -476,13 +474,18 @@ def revert(site_packages: Path, patches_dir: Path, dry_run: bool = False, on_wai
         changed = [t.path for t in to_restore]
         if dry_run:
             return Outcome(f"dry run: would restore the pristine {', '.join(changed)}", changed)
-        cleanup_stale_temps(_target_dirs(inspection))
-        # The backups let the next command restore a file that a SIGKILL left absent.
-        _write_backups(inspection)
-        warnings = _swap(inspection, "revert", [(t, t.pristine) for t in to_restore])
+        warnings = _write(inspection, "revert", [(t, t.pristine) for t in to_restore])
         _remove_backups(inspection)
         pristine = f"apache-airflow {inspection.version} in {site_packages} is pristine"
         return Outcome(f"{_finishing(inspection)}reverted: {pristine}", changed, warnings)
+
+
+def _write(inspection: Inspection, kind: str, contents: list[tuple[Target, bytes]]) -> list[str]:
+    """Replace the targets with ``contents`` (target, bytes), backups first; the swap's warnings."""
+    cleanup_stale_temps(_target_dirs(inspection))
+    # The backups let the next command restore a file that a SIGKILL left absent.
+    _write_backups(inspection)
+    return _swap(inspection, kind, contents)
 
 
 def _remove_backups(inspection: Inspection) -> None:
