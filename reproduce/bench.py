@@ -934,7 +934,7 @@ def bench_fanout(variants: Variants, consumers: int, datasets: int, events: int,
             variants.use(variant)
             current[0] = variant
         if sweep:
-            runners[variant].__dict__.pop("_dataset_race_fix_swept_at", None)
+            runners[variant].__dict__.pop("_dataset_race_fix_sweep", None)
         session, net_before = settings.Session.session_factory(), net_seconds[0]
         began = time.perf_counter()
         error = scheduler_pass(runners[variant], session)

@@ -147,6 +147,14 @@ def test_the_sweep_probes_by_index_whatever_the_statistics(world):
         for table in ("dataset_dag_run_queue", "dag_schedule_dataset_reference", "dataset_event", "dag_run"):
             conn.execute(text(f"ANALYZE {table}"))
     w.consumers("c", [a], SWEPT)
+    with settings.engine.begin() as conn:  # the tables grow past their statistics, whatever earlier tests left
+        conn.execute(text(
+            "INSERT INTO dataset_event (dataset_id, timestamp, extra) SELECT id, to_timestamp(g), '{}' "
+            "FROM dataset, generate_series(1, 20000) g WHERE uri = :uri"), {"uri": a.uri})
+        conn.execute(text(
+            "INSERT INTO dag_run (dag_id, run_id, execution_date, run_type, state, external_trigger, clear_number) "
+            "SELECT :dag_id, 'history_' || g, to_timestamp(g), 'manual', 'success', true, 0 FROM generate_series(1, 20000) g"),
+            {"dag_id": f"{w.prefix}_history"})
     w.clock.at(2)
     assert w.emit(producer, a) == DONE
     with settings.engine.begin() as conn:  # half the DAGs lose their row: the sweep's finds

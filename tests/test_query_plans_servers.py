@@ -110,8 +110,8 @@ def statistics(state: str) -> None:
 
 
 NET_SLICE = "CASE WHEN (NOT (EXISTS"  # the net's slice: LIMIT 1 000 events by construction (test_query_plans.py)
-# a new scheduler's net reads the ids of the last 10 000 events once (those missing may still commit): a constant
-NET_START = "SELECT dataset_event.id FROM dataset_event WHERE dataset_event.id BETWEEN"
+# a new scheduler's net counts the ids of the last 10 000 events once (those missing may still commit): a constant
+NET_START = "SELECT dataset_event.id - dataset_event.id"
 FROM_REFERENCES = "FROM dag_schedule_dataset_reference JOIN dag ON"  # the sweep, the net's references
 
 

@@ -148,11 +148,12 @@ class SchedulerJobRunner:
         interval = manager._dataset_race_fix_setting("requeue_interval_seconds")
         stranded = self._dags_with_stranded_dataset_events(session)
         oldest_new = {dag_id: stamp for dag_id, stamp in stranded.items() if dag_id not in dataset_triggered_dag_info}
-        swept_at = self.__dict__.get("_dataset_race_fix_swept_at")
-        if swept_at is None or time.monotonic() - swept_at >= interval:
-            self.__dict__["_dataset_race_fix_swept_at"] = time.monotonic()
-            now = manager._database_now(session)
-            for dag_id, stamp in self._dags_with_new_unqueued_events(dataset_triggered_dag_info, now, session).items():
+        sweep = self.__dict__.setdefault("_dataset_race_fix_sweep", {})  # a round every interval, a page a loop
+        if "after" in sweep or time.monotonic() - sweep.get("at", float("-inf")) >= interval:
+            sweep["at"] = sweep["at"] if "after" in sweep else time.monotonic()
+            now, after = manager._database_now(session), sweep.pop("after", "")
+            found = self._dags_with_new_unqueued_events(dataset_triggered_dag_info, now, session, after, sweep)
+            for dag_id, stamp in found.items():
                 oldest_new[dag_id] = min(oldest_new.get(dag_id, stamp), stamp)
         runnable = self._runnable_dataset_dags(oldest_new, session) if oldest_new else []
         for dag_model in runnable:
@@ -165,41 +166,53 @@ class SchedulerJobRunner:
         return runnable
 
     def _dags_with_new_unqueued_events(
-        self, dataset_triggered_dag_info: dict[str, tuple[datetime, datetime]], now: datetime, session: Session
+        self, dataset_triggered_dag_info: dict[str, tuple[datetime, datetime]], now: datetime, session: Session,
+        after: str | None = None, sweep: dict[str, Any] | None = None,
     ) -> dict[str, datetime]:
         """
         The sweep: ``{dag_id: oldest such stamp}`` of the other DAGs whose newest event without a queue row is newer
-        than their latest run (no run: than the reference) and than ``event_lookback_seconds``.
+        than their latest run (no run: than the reference) and than ``event_lookback_seconds``; of the 100 DAGs after
+        ``after`` (a page a loop: bounded whatever the fan-out; ``sweep["after"]``: where the next starts), or all.
         """
-        from sqlalchemy import false, true
-
         manager = self._dataset_manager()
-        ahead = manager._dataset_race_fix_setting("max_event_ahead_seconds")
-        lookback = manager._dataset_race_fix_setting("event_lookback_seconds")
+        horizon = now + timedelta(seconds=manager._dataset_race_fix_setting("max_event_ahead_seconds"))
+        since = now - timedelta(seconds=manager._dataset_race_fix_setting("event_lookback_seconds"))
+        page, references = self._dataset_statement(("sweep", after is not None), lambda: self._sweep_statement(after))
+        params, oldest_new = {"horizon": horizon, "after": after}, {}  # Core rows below: an ORM row costs 10 µs
+        if page is not None:
+            params["dag_ids"] = session.connection().execute(page, params).scalars().all()
+            if len(params["dag_ids"]) == 100 and sweep is not None:  # a full page: more DAGs follow
+                sweep["after"] = params["dag_ids"][-1]
+        # compared here, not in SQL: PostgreSQL evaluated the correlated ``newest`` once per use, three times
+        for dag_id, newest, latest, created_at in session.connection().execute(references, params):
+            if dag_id not in dataset_triggered_dag_info and (newest or since) > max(latest or created_at, since):
+                oldest_new[dag_id] = min(oldest_new.get(dag_id, newest), newest)
+        return oldest_new
+
+    @classmethod
+    def _sweep_statement(cls, after: str | None) -> tuple[Any, Any]:
+        """
+        The sweep's page: the 100 unpaused active DAGs after ``after`` by the dag_id index (None, explain: none); per
+        reference of those (``dag_ids``) without a queue row, its newest event to ``horizon``, latest run and date.
+        """
+        from sqlalchemy import bindparam, false, true
+
         reference = DagScheduleDatasetReference
         # ORDER BY .. LIMIT 1: a correlated max() with a filter read every event of the dataset on MySQL.
-        newest = (
-            select(DatasetEvent.timestamp)
-            .where(DatasetEvent.dataset_id == reference.dataset_id)
-            .where(DatasetEvent.timestamp <= now + timedelta(seconds=ahead))
-            .order_by(DatasetEvent.timestamp.desc())
-            .limit(1)
-            .scalar_subquery()
-        )
-        latest_run = self._latest_dataset_run_date(reference.dag_id)
-        queued = select(DatasetDagRunQueue.dataset_id).where(
-            DatasetDagRunQueue.dataset_id == reference.dataset_id, DatasetDagRunQueue.target_dag_id == reference.dag_id
-        )
-        oldest_new: dict[str, datetime] = {}
-        for dag_id, newest_event in session.execute(
-            select(reference.dag_id, newest)
-            .join(DagModel, DagModel.dag_id == reference.dag_id)
-            .where(DagModel.is_paused == false(), DagModel.is_active == true(), ~queued.exists())
-            .where(newest > func.coalesce(latest_run, reference.created_at), newest > now - timedelta(seconds=lookback))
-        ):
-            if dag_id not in dataset_triggered_dag_info:
-                oldest_new[dag_id] = min(oldest_new.get(dag_id, newest_event), newest_event)
-        return oldest_new
+        newest = select(DatasetEvent.timestamp).where(DatasetEvent.dataset_id == reference.dataset_id)
+        newest = newest.where(DatasetEvent.timestamp <= bindparam("horizon")).order_by(DatasetEvent.timestamp.desc())
+        queued = select(DatasetDagRunQueue.dataset_id).where(DatasetDagRunQueue.dataset_id == reference.dataset_id)
+        queued = queued.where(DatasetDagRunQueue.target_dag_id == reference.dag_id)
+        references = select(reference.dag_id, newest.limit(1).scalar_subquery())
+        references = references.add_columns(cls._latest_dataset_run_date(reference.dag_id), reference.created_at)
+        active = and_(DagModel.dag_id == reference.dag_id, DagModel.is_paused == false(), DagModel.is_active == true())
+        references = references.join(DagModel, active).where(~queued.exists())  # (unpaused, active DAGs)
+        if after is None:
+            return None, references
+        # two statements: the page joined as a derived table got seq scans of the events under stale statistics
+        page = select(reference.dag_id).distinct().join(DagModel, active).where(reference.dag_id > bindparam("after"))
+        page = page.order_by(reference.dag_id).limit(100)
+        return page, references.where(reference.dag_id.in_(bindparam("dag_ids", expanding=True)))
 
     def _runnable_dataset_dags(
         self, oldest_new: dict[str, datetime], session: Session, *, lock_rows: bool = True
@@ -267,16 +280,23 @@ class SchedulerJobRunner:
         columns = (DatasetEvent.id, DatasetEvent.dataset_id, DatasetEvent.timestamp)
         missing: dict[int, float] = net.setdefault("missing", {})  # id -> when it was first missed (monotonic)
         looked_at, high = time.monotonic(), net.get("high")
-        if high is None:  # a new process: the last ids not there yet may still commit
-            high = session.scalar(select(func.max(DatasetEvent.id))) or 0
-            there = set(session.scalars(select(DatasetEvent.id).where(DatasetEvent.id.between(high - 9_999, high))))
-            # (closed: the key's index on tables never analyzed; from the oldest there: ids below it were deleted)
-            missing.update(dict.fromkeys(set(range(min(there, default=high), high)) - there, looked_at))
-            net["high"] = high
+        if high is None:  # a new process: the last ids not there yet may still commit (SQLite: none, ids in order)
+            net["high"] = high = session.scalar(select(func.max(DatasetEvent.id))) or 0
+            ids, bucket = DatasetEvent.id, (DatasetEvent.id - DatasetEvent.id % 1000).label("bucket")
+            # counted by the thousand, read only where some are absent (10 000 ids as rows cost 15-25 ms); closed: the
+            # key's index on tables never analyzed; from the oldest there: ids below it were deleted (db clean)
+            counts = select(bucket, func.count(), func.min(ids)).where(ids.between(high - 9_999, high)).group_by(bucket)
+            counted = session.connection().execute(counts).all() if session.bind.dialect.name != "sqlite" else []
+            oldest = min((row[2] for row in counted), default=high)
+            for start, count, _ in counted:
+                first, last = max(start, oldest), min(start + 999, high)
+                if count < last - first + 1:
+                    there = session.connection().execute(select(ids).where(ids.between(first, last))).scalars().all()
+                    missing.update(dict.fromkeys(set(range(first, last + 1)) - set(there), looked_at))
             return
         # At most 5 000 new and 1 000 missing ids a loop: a backlog is read in the loops after.
         new_ids = select(*columns).where(DatasetEvent.id > high).order_by(DatasetEvent.id).limit(5000)
-        appeared = session.execute(new_ids).all()
+        appeared = session.connection().execute(new_ids).all()
         if appeared:
             gaps = set(range(high + 1, appeared[-1].id)) - {row.id for row in appeared}
             missing.update(dict.fromkeys(gaps, looked_at))
@@ -286,7 +306,8 @@ class SchedulerJobRunner:
         probe = waiting[probe_from : probe_from + 1000]
         net["probe_from"] = probe_from + len(probe)
         for start in range(0, len(probe), 500):
-            for row in session.execute(select(*columns).where(DatasetEvent.id.in_(probe[start : start + 500]))):
+            probed = select(*columns).where(DatasetEvent.id.in_(probe[start : start + 500]))
+            for row in session.connection().execute(probed):
                 appeared.append(row)
                 missing.pop(row.id, None)
         for forgotten in [i for i, at in missing.items() if looked_at - at > forget_after]:
@@ -562,12 +583,9 @@ class SchedulerJobRunner:
         clock = self._dataset_manager()._database_clock(dialect)
         queue = DatasetDagRunQueue
         as_stored = cast(queue.created_at, Text) if dialect == "sqlite" else queue.created_at
-        queue_rows_of_dags = self._dataset_statement(
-            ("queue rows", dialect),
-            lambda: select(queue.dataset_id, queue.target_dag_id, queue.created_at, as_stored.label("stored")).where(
-                queue.target_dag_id.in_(bindparam("dag_ids", expanding=True))
-            ),
-        )
+        queue_rows_of_dags = self._dataset_statement(("queue rows", dialect), lambda: select(
+            queue.dataset_id, queue.target_dag_id, queue.created_at, as_stored.label("stored")
+        ).where(queue.target_dag_id.in_(bindparam("dag_ids", expanding=True))))
         runs_and_datasets_of_dags = self._dataset_statement(
             ("runs and datasets", dialect, clock), lambda: self._runs_and_datasets_statement(dialect, clock)
         )
@@ -577,9 +595,8 @@ class SchedulerJobRunner:
             for dataset_id, dag_id, created_at, stored in session.execute(queue_rows_of_dags, {"dag_ids": chunk}):
                 state.queued_rows[dag_id][dataset_id] = created_at
                 state.stored_as_read[(dataset_id, dag_id)] = stored
-            for dag_id, *dates, now, dataset_id, uri, newest in session.execute(
-                runs_and_datasets_of_dags, {"dag_ids": chunk}
-            ):
+            runs_and_datasets = session.execute(runs_and_datasets_of_dags, {"dag_ids": chunk})
+            for dag_id, *dates, now, dataset_id, uri, newest in runs_and_datasets:
                 state.latest_runs[dag_id] = tuple(dates)
                 state.database_now = state.database_now or now
                 if dataset_id is not None:
@@ -615,33 +632,22 @@ class SchedulerJobRunner:
             columns = DagRun.id, DagRun.execution_date, DagRun.data_interval_end
             newest = select(*columns, DagRun.run_type).where(DagRun.dag_id == DagModel.dag_id)
             newest = newest.order_by(DagRun.execution_date.desc()).limit(1).correlate(DagModel).lateral()
-            searched = select(*columns).where(
-                newest.c.run_type != DagRunType.DATASET_TRIGGERED,
-                DagRun.dag_id == DagModel.dag_id,
-                DagRun.run_type == DagRunType.DATASET_TRIGGERED,
-            )
+            searched = select(*columns).where(newest.c.run_type != DagRunType.DATASET_TRIGGERED)
+            searched = searched.where(DagRun.dag_id == DagModel.dag_id, DagRun.run_type == DagRunType.DATASET_TRIGGERED)
             searched = searched.order_by(DagRun.execution_date.desc()).limit(1).correlate(DagModel, newest).lateral()
             newest_is_it = newest.c.run_type == DagRunType.DATASET_TRIGGERED
             latest_id, latest_date, latest_interval_end = (
                 case((newest_is_it, getattr(newest.c, name)), else_=getattr(searched.c, name))
                 for name in ("id", "execution_date", "data_interval_end")
             )
-            event_of_link = (
-                select(DatasetEvent.timestamp)
-                .where(DatasetEvent.id == association_table.c.event_id, DatasetEvent.dataset_id == reference.dataset_id)
-                .offset(0)  # LATERAL, not pulled up into a plain join
-                .correlate(association_table, reference)  # the link beside it, the reference two levels up
-                .lateral()
-            )
-            newest_consumed_by_latest_run = (
-                select(event_of_link.c.timestamp)
-                .select_from(association_table.join(event_of_link, true()))
-                .where(association_table.c.dag_run_id == latest_id)
-                .order_by(association_table.c.event_id.desc())
-                .limit(1)
-                .correlate(reference, newest, searched)
-                .scalar_subquery()
-            )
+            event_of_link = select(DatasetEvent.timestamp).where(DatasetEvent.id == association_table.c.event_id)
+            # LATERAL (OFFSET 0: not pulled up into a plain join): the link beside it, the reference two levels up
+            event_of_link = event_of_link.where(DatasetEvent.dataset_id == reference.dataset_id).offset(0)
+            event_of_link = event_of_link.correlate(association_table, reference).lateral()
+            consumed = select(event_of_link.c.timestamp).select_from(association_table.join(event_of_link, true()))
+            consumed = consumed.where(association_table.c.dag_run_id == latest_id)
+            consumed = consumed.order_by(association_table.c.event_id.desc())
+            newest_consumed_by_latest_run = consumed.limit(1).correlate(reference, newest, searched).scalar_subquery()
             any_run_latest = newest.c.execution_date  # any run's latest (execution_date is never NULL)
         else:
 
@@ -655,16 +661,12 @@ class SchedulerJobRunner:
             latest_interval_end = latest_run_of(DagRun.data_interval_end)
             any_run_latest = select(func.max(DagRun.execution_date)).where(DagRun.dag_id == DagModel.dag_id)
             any_run_latest = any_run_latest.scalar_subquery()
-            newest_consumed_by_latest_run = (
-                select(DatasetEvent.timestamp)
-                .select_from(association_table.join(DatasetEvent, DatasetEvent.id == association_table.c.event_id))
-                .where(association_table.c.dag_run_id == latest_run_of(DagRun.id))
-                .where(DatasetEvent.dataset_id == reference.dataset_id)
-                .order_by(association_table.c.event_id.desc())
-                .limit(1)
-                .prefix_with("STRAIGHT_JOIN", dialect="mysql")
-                .scalar_subquery()
-            )
+            link_to_event = association_table.join(DatasetEvent, DatasetEvent.id == association_table.c.event_id)
+            consumed = select(DatasetEvent.timestamp).prefix_with("STRAIGHT_JOIN", dialect="mysql")
+            consumed = consumed.select_from(link_to_event).where(DatasetEvent.dataset_id == reference.dataset_id)
+            consumed = consumed.where(association_table.c.dag_run_id == latest_run_of(DagRun.id))
+            consumed = consumed.order_by(association_table.c.event_id.desc())
+            newest_consumed_by_latest_run = consumed.limit(1).scalar_subquery()
         oldest = cls._latest_dataset_run_date(DagModel.dag_id, oldest=True)
         statement = select(
             DagModel.dag_id, latest_date, latest_interval_end, any_run_latest, oldest, clock_column,
@@ -755,9 +757,7 @@ class SchedulerJobRunner:
         """
         if floors.runs_floor is None:  # a first run: every event was read, nothing is left behind it
             return
-        checked: dict[tuple[str, int], tuple[datetime, datetime, datetime]] = self.__dict__.setdefault(
-            "_dataset_race_fix_checked", {}
-        )
+        checked: dict[tuple[str, int], tuple[datetime, ...]] = self.__dict__.setdefault("_dataset_race_fix_checked", {})
         if len(checked) > 100_000:  # DAGs come and go: forgetting only makes a read start lower
             checked.clear()
         lowest_left: dict[int, datetime] = {}
