@@ -49,7 +49,7 @@ def _consumed(dag_id: str) -> list[list[int]]:
         ]
 
 
-def commit_late_after_a_run(w: World, quiet: bool = False) -> tuple[str, dict[str, int], Actor]:
+def commit_late_after_a_run(w: World, quiet: bool = False, before_r=lambda: None) -> tuple[str, dict[str, int], Actor]:
     """
     Issue 30's interleaving, up to the late COMMIT: P is stamped, holds the busy queue row and
     stalls past ``commit_latency_seconds`` (set to 1 by the caller) before its COMMIT; R commits
@@ -72,6 +72,7 @@ def commit_late_after_a_run(w: World, quiet: bool = False) -> tuple[str, dict[st
     assert w.emit(p, k) == PAUSED
     _pause(d, False)
     time.sleep(2.5)  # the stall: longer than commit_latency_seconds
+    before_r()
     w.emit(r, k), r.finish()  # R's event leaves the busy row out
     w.loop(s), s.finish()  # run 2: Q's and R's events; the row P holds is skipped
     assert p.resume() == DONE
@@ -79,6 +80,47 @@ def commit_late_after_a_run(w: World, quiet: bool = False) -> tuple[str, dict[st
     ids = dict(zip(("first", "second", "late", "third"), _events(w)))
     assert _consumed(d) == [[ids["first"]], [ids["second"], ids["third"]]]
     return d, ids, s
+
+
+def _jump_event_ids(by: int) -> None:
+    """The next event id ``by`` past the last allocated (a sequence set ahead, an auto-increment bumped)."""
+    from airflow import settings
+    from sqlalchemy import text
+
+    with settings.engine.connect() as conn:
+        if BACKEND == "postgres":  # setval is not transactional
+            conn.execute(text("SELECT setval('dataset_event_id_seq', nextval('dataset_event_id_seq') + :by)"), {"by": by})
+            conn.commit()
+        else:  # InnoDB's counter is not transactional either: an explicit id rolled back still moves it
+            dataset_id = conn.scalar(text("SELECT min(id) FROM dataset"))
+            top = conn.scalar(text("SELECT max(id) FROM dataset_event")) + 2 * by
+            conn.execute(text("INSERT INTO dataset_event (id, dataset_id, timestamp, extra) VALUES (:id, :d, now(), '{}')"),
+                         {"id": top, "d": dataset_id})
+            conn.rollback()
+
+
+@servers_only
+def test_a_jump_in_the_event_ids_does_not_blind_the_net(world, monkeypatch):
+    """
+    The net reads the new ids from the lowest above the highest seen (``min()``), 5 000 at most: a
+    jump of 20 000 in the ids between P's INSERT and R's (a sequence set ahead, an auto-increment
+    bumped) must neither stop it at the jump nor hide P's late commit below it.
+    """
+    monkeypatch.setenv(LATENCY, "1")
+    w = world
+    d, ids, s = commit_late_after_a_run(w, quiet=True, before_r=lambda: _jump_event_ids(20_000))
+    assert ids["third"] - ids["late"] > 20_000
+    time.sleep(0.5)
+    for _ in range(3):  # a look a loop: P's id, then R's beyond the jump
+        w.loop(s), s.finish()
+        time.sleep(0.5)
+    assert ids["late"] in sum(_consumed(d), []), "P's late commit below the jump was not consumed"
+    assert s.runner.__dict__["_dataset_race_fix_net"]["high"] >= ids["third"], "the net stopped at the jump"
+    q = w.producer("Q3")
+    w.emit(q, w.dataset("k")), q.finish()
+    w.drain(s, start=None)
+    assert sorted(sum(_consumed(d), [])) == sorted(_events(w))
+    assert w.report().violations() == {}
 
 
 @servers_only

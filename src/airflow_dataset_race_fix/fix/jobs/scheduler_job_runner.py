@@ -148,7 +148,7 @@ class SchedulerJobRunner:
         interval = manager._dataset_race_fix_setting("requeue_interval_seconds")
         stranded = self._dags_with_stranded_dataset_events(session)
         oldest_new = {dag_id: stamp for dag_id, stamp in stranded.items() if dag_id not in dataset_triggered_dag_info}
-        sweep = self.__dict__.setdefault("_dataset_race_fix_sweep", {})  # a round every interval, a page a loop
+        sweep = self.__dict__.setdefault("_dataset_race_fix_sweep", {"at": time.monotonic()})  # not in the first loop
         if "after" in sweep or time.monotonic() - sweep.get("at", float("-inf")) >= interval:
             sweep["at"] = sweep["at"] if "after" in sweep else time.monotonic()
             now, after = manager._database_now(session), sweep.pop("after", "")
@@ -171,7 +171,7 @@ class SchedulerJobRunner:
     ) -> dict[str, datetime]:
         """
         The sweep: ``{dag_id: oldest such stamp}`` of the other DAGs whose newest event without a queue row is newer
-        than their latest run (no run: than the reference) and than ``event_lookback_seconds``; of the 100 DAGs after
+        than their latest run (no run: than the reference) and than ``event_lookback_seconds``; of the 50 DAGs after
         ``after`` (a page a loop: bounded whatever the fan-out; ``sweep["after"]``: where the next starts), or all.
         """
         manager = self._dataset_manager()
@@ -181,7 +181,7 @@ class SchedulerJobRunner:
         params, oldest_new = {"horizon": horizon, "after": after}, {}  # Core rows below: an ORM row costs 10 µs
         if page is not None:
             params["dag_ids"] = session.connection().execute(page, params).scalars().all()
-            if len(params["dag_ids"]) == 100 and sweep is not None:  # a full page: more DAGs follow
+            if len(params["dag_ids"]) == 50 and sweep is not None:  # a full page: more DAGs follow
                 sweep["after"] = params["dag_ids"][-1]
         # compared here, not in SQL: PostgreSQL evaluated the correlated ``newest`` once per use, three times
         for dag_id, newest, latest, created_at in session.connection().execute(references, params):
@@ -192,7 +192,7 @@ class SchedulerJobRunner:
     @classmethod
     def _sweep_statement(cls, after: str | None) -> tuple[Any, Any]:
         """
-        The sweep's page: the 100 unpaused active DAGs after ``after`` by the dag_id index (None, explain: none); per
+        The sweep's page: the 50 unpaused active DAGs after ``after`` by the dag_id index (None, explain: none); per
         reference of those (``dag_ids``) without a queue row, its newest event to ``horizon``, latest run and date.
         """
         from sqlalchemy import bindparam, false, true
@@ -211,7 +211,7 @@ class SchedulerJobRunner:
             return None, references
         # two statements: the page joined as a derived table got seq scans of the events under stale statistics
         page = select(reference.dag_id).distinct().join(DagModel, active).where(reference.dag_id > bindparam("after"))
-        page = page.order_by(reference.dag_id).limit(100)
+        page = page.order_by(reference.dag_id).limit(50)
         return page, references.where(reference.dag_id.in_(bindparam("dag_ids", expanding=True)))
 
     def _runnable_dataset_dags(
@@ -294,13 +294,15 @@ class SchedulerJobRunner:
                     there = session.connection().execute(select(ids).where(ids.between(first, last))).scalars().all()
                     missing.update(dict.fromkeys(set(range(first, last + 1)) - set(there), looked_at))
             return
-        # At most 5 000 new and 1 000 missing ids a loop: a backlog is read in the loops after.
-        new_ids = select(*columns).where(DatasetEvent.id > high).order_by(DatasetEvent.id).limit(5000)
-        appeared = session.connection().execute(new_ids).all()
-        if appeared:
-            gaps = set(range(high + 1, appeared[-1].id)) - {row.id for row in appeared}
-            missing.update(dict.fromkeys(gaps, looked_at))
-            net["high"] = appeared[-1].id
+        # At most 5 000 new and 1 000 missing ids a loop: a backlog is read in the loops after. The lowest new id by
+        # min() (the key's index whatever the statistics: an open range was a sequential scan on tables never analyzed)
+        first = session.scalar(select(func.min(DatasetEvent.id)).where(DatasetEvent.id > high))
+        new_ids = select(*columns).where(DatasetEvent.id.between(first or 0, (first or 0) + 4_999))
+        appeared = session.connection().execute(new_ids.order_by(DatasetEvent.id)).all() if first else []
+        if appeared:  # (a jump in the ids: missing are at most the 5 000 above the highest seen and below the newest)
+            last = net["high"] = appeared[-1].id
+            gaps = set(range(high + 1, min(high + 5_001, last))) | set(range(max(high + 1, last - 5_000), last))
+            missing.update(dict.fromkeys(gaps - {row.id for row in appeared}, looked_at))
         waiting = sorted(missing)
         probe_from = net.get("probe_from", 0) if net.get("probe_from", 0) < len(waiting) else 0
         probe = waiting[probe_from : probe_from + 1000]
@@ -772,9 +774,7 @@ class SchedulerJobRunner:
         self, dag_id: str, dataset_ids: list[int], database_now: datetime, latest_run_date: datetime | None
     ) -> dict[int, datetime]:
         """What ``_remember_dataset_reads`` kept, unless the clock went back or the latest run is older (deleted)."""
-        checked: dict[tuple[str, int], tuple[datetime, datetime, datetime]] = self.__dict__.get(
-            "_dataset_race_fix_checked", {}
-        )
+        checked: dict[tuple[str, int], tuple[datetime, ...]] = self.__dict__.get("_dataset_race_fix_checked", {})
         floors = {}
         for dataset_id in dataset_ids:
             read_at, run_date, floor = checked.get((dag_id, dataset_id), (None, None, None))
