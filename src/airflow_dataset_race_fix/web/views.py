@@ -14,7 +14,7 @@ import json
 import os
 from typing import Any
 
-from flask import Response, abort, g, request
+from flask import Response, abort, current_app, g, request
 from sqlalchemy import select
 from flask_appbuilder import BaseView, expose
 
@@ -157,6 +157,10 @@ class DatasetRunsView(BaseView):
             if text_filter:
                 dag_ids = [dag_id for dag_id in dag_ids if text_filter.lower() in dag_id.lower()]
             loop = LoopSelection(session)  # read once for the request
+            # The webserver's own DagBag, as Airflow's pages and a scheduler keep theirs: a DAG is
+            # deserialized again when it changes, not at every request (0.2 s for 200 DAGs).
+            if getattr(current_app.dag_bag, "read_dags_from_db", False):
+                loop.runner.dagbag = current_app.dag_bag
             now = loop.manager_class._database_now(session)
             # Sorted and filtered over every permitted DAG, then a page of it: the verdicts (one
             # decision for all) when the sort or filter needs them, findings when the sort does;
