@@ -566,7 +566,8 @@ def _window_event_facts(dag_ids: Sequence[str], dataset_ids: Sequence[int], sinc
     if dialect == "postgresql":
         events = select(DatasetEvent.id, DatasetEvent.dataset_id, DatasetEvent.timestamp).where(in_window).subquery("e")
         # Each fenced: the event's links by ``event_id``, then each link's run by primary key (left
-        # to itself the planner probed every link of the DAGs' runs once per event).
+        # to itself the planner probed every link of the DAGs' runs once per event); the run's DAG
+        # and type tested outside the fence, or an unanalyzed table scans the DAG's runs per link.
         event_links = (
             select(association_table.c.dag_run_id.label("dag_run_id"))
             .where(association_table.c.event_id == events.c.id)
@@ -574,8 +575,8 @@ def _window_event_facts(dag_ids: Sequence[str], dataset_ids: Sequence[int], sinc
             .lateral("event_links")
         )
         runs = (
-            select(DagRun.dag_id.label("dag_id"))
-            .where(DagRun.id == event_links.c.dag_run_id, DagRun.dag_id.in_(dag_ids), _dataset_triggered())
+            select(DagRun.dag_id.label("dag_id"), DagRun.run_type.label("run_type"))
+            .where(DagRun.id == event_links.c.dag_run_id)
             .offset(0)
             .lateral("consuming")
         )
@@ -584,6 +585,7 @@ def _window_event_facts(dag_ids: Sequence[str], dataset_ids: Sequence[int], sinc
             .select_from(events)
             .join(event_links, true())
             .join(runs, true())
+            .where(runs.c.dag_id.in_(dag_ids), _dataset_triggered(runs.c))
         )
     else:
         links = (
