@@ -149,7 +149,7 @@ class SchedulerJobRunner:
         stranded = self._dags_with_stranded_dataset_events(session)
         oldest_new = {dag_id: stamp for dag_id, stamp in stranded.items() if dag_id not in dataset_triggered_dag_info}
         sweep = self.__dict__.setdefault("_dataset_race_fix_sweep", {"at": time.monotonic()})  # not in the first loop
-        if "after" in sweep or time.monotonic() - sweep.get("at", float("-inf")) >= interval:
+        if "after" in sweep or time.monotonic() - sweep["at"] >= interval:
             sweep["at"] = sweep["at"] if "after" in sweep else time.monotonic()
             now, after = manager._database_now(session), sweep.pop("after", "")
             found = self._dags_with_new_unqueued_events(dataset_triggered_dag_info, now, session, after, sweep)
