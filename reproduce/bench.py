@@ -41,7 +41,7 @@ What the fix costs, stock and fixed side by side on one database:
   and p90, producer p50 and p99, failed transactions, lost and doubled after the drain;
 - fan-out (``fan-out``, issue 47): consumers x datasets x events consumed in the window; loops of
   a stock and a fixed scheduler just started, the fixed one's until its window pass is over,
-  long-running ones after it and loops with the sweep due: median, p99, max, the net's share;
+  long-running ones after it and a sweep round's loops: median, p99, max, the net's and sweep's share;
 - a late commit on a quiet DAG after a restart (``late-restart``, issue 47), beside 10 busy
   DAGs' windows of ``--late-events`` events: the loops and seconds until it is consumed;
 - a producer beside a stalled producer (issue 21): producer A stalls right before its
@@ -868,9 +868,9 @@ def bench_fanout(variants: Variants, consumers: int, datasets: int, events: int,
     last 800 s, each consumed by a run of every consumer (100 a run): consumers x events links a dataset. Tables never
     analyzed (as a bulk load or a restore leaves them). Per variant a new scheduler runner (a scheduler just started:
     its first loop apart) runs ``loops`` loops; the fixed one runs on until its restart's window pass is over (at
-    most ``pass_limit`` seconds), then each runs ``2 * loops`` more (long-running) and 10 with the sweep due. Nothing
+    most ``pass_limit`` seconds), then each runs ``2 * loops`` more (long-running) and a sweep round's. Nothing
     new happens, so a loop is the scheduler's heartbeat and the fix's net all it adds. Rows: the loop's median;
-    notes: its p99, max and the net's share of the fixed loops' time.
+    notes: its p99, max and the net's and sweep's share of the fixed loops' time.
     """
     from airflow import settings
     from airflow.datasets import Dataset
@@ -917,7 +917,7 @@ def bench_fanout(variants: Variants, consumers: int, datasets: int, events: int,
     for variant in VARIANTS:  # one scheduler process each, started together
         variants.use(variant)
         runners[variant] = new_scheduler_runner()
-    net = runners["fixed"]._dags_with_stranded_dataset_events
+    net = runners["fixed"]._dags_with_unqueued_dataset_events  # the net, the sweep and their DAGs' check
 
     def timed_net(*args: Any, **kwargs: Any) -> Any:  # the net's own time, from inside the loop
         began = time.perf_counter()
@@ -926,15 +926,13 @@ def bench_fanout(variants: Variants, consumers: int, datasets: int, events: int,
         finally:
             net_seconds[0] += time.perf_counter() - began
 
-    runners["fixed"]._dags_with_stranded_dataset_events = timed_net
+    runners["fixed"]._dags_with_unqueued_dataset_events = timed_net
 
-    def loop(variant: str, sweep: bool = False) -> tuple[float, float]:
-        """One loop of ``variant``'s runner: its time and the net's in it (``sweep``: the fix's sweep due)."""
+    def loop(variant: str) -> tuple[float, float]:
+        """One loop of ``variant``'s runner: its time and the net's in it."""
         if current[0] != variant:  # apply() takes about 65 ms: once a phase
             variants.use(variant)
             current[0] = variant
-        if sweep:
-            runners[variant].__dict__["_dataset_race_fix_sweep"] = {"at": float("-inf")}  # a round due now
         session, net_before = settings.Session.session_factory(), net_seconds[0]
         gc.disable()  # this process's heap (the lab's, not a scheduler's) made gen-2 pauses of 100 ms fall in loops
         began = time.perf_counter()
@@ -949,15 +947,16 @@ def bench_fanout(variants: Variants, consumers: int, datasets: int, events: int,
     def pass_done() -> bool:  # the restart's window pass over (its order read through)
         return runners["fixed"].__dict__.get("_dataset_race_fix_net", {}).get("window_order", True) == []
 
-    # Phases, each runner's loops back to back (the fixed pass's credit is 3 % of the time since its last call, which
-    # another runner's loops between its own would inflate; two schedulers in one process are no deployment): stock
-    # and fixed just started (first loop apart), fixed on until its window pass is over (or pass_limit seconds), then
-    # long-running in ABBA order (fixed, stock, stock, fixed); last, loops with the fix's sweep due in both (it runs
-    # every requeue_interval_seconds: a loop in ten at a one-second loop), alternating.
+    # Phases, in blocks of each runner's loops back to back (the fix's paced steps earn 3 % of the time since their
+    # last call, which another runner's loops between each of its own would inflate): stock and fixed just started
+    # (first loop apart, then ABBA), fixed on until its window pass is over (or pass_limit seconds), then
+    # long-running in ABBA order (fixed, stock, stock, fixed); last, the fix's sweep: a round set due and its loops
+    # back to back until it is over (its pages paced by its credit, as in a scheduler), as many of stock's, ABBA.
     laps: dict[str, dict[str, list[tuple[float, float]]]] = {v: defaultdict(list) for v in VARIANTS}
     for variant in VARIANTS:
         laps[variant]["first"].append(loop(variant))
-        laps[variant]["restarted"] += [loop(variant) for _ in range(loops)]
+    for variant in ("stock", "fixed", "fixed", "stock"):  # ABBA: the machine's drift out of the ratio
+        laps[variant]["restarted"] += [loop(variant) for _ in range(loops // 2)]
     pass_started = time.monotonic()
     while not pass_done() and time.monotonic() - pass_started < pass_limit:
         laps["fixed"]["pass"].append(loop("fixed"))
@@ -972,9 +971,18 @@ def bench_fanout(variants: Variants, consumers: int, datasets: int, events: int,
         state["window_order"] = []
     for variant in ("fixed", "stock", "stock", "fixed"):
         laps[variant]["running"] += [loop(variant) for _ in range(loops)]
-    for _ in range(10):
-        for variant in VARIANTS:
-            laps[variant]["sweep"].append(loop(variant, sweep=True))
+    round_loops = []
+    for variant in ("fixed", "stock", "stock", "fixed"):
+        sweep = runners["fixed"].__dict__.setdefault("_dataset_race_fix_sweep", {})
+        if variant == "fixed":
+            sweep["at"], round_loops[:] = float("-inf"), [loop("fixed")]  # a round due now (at once, credit allowing)
+            while (sweep["at"] == float("-inf") or sweep.get("todo")) and len(round_loops) < 20 * loops:
+                round_loops.append(loop("fixed"))
+            laps["fixed"]["sweep"] += round_loops
+        else:
+            laps["stock"]["sweep"] += [loop("stock") for _ in round_loops]
+    notes.append(f"fan-out: a sweep round over {consumers * datasets} DAGs took {len(round_loops)} loops back to back "
+                 f"(pages of {sweep.get('size')} DAGs at its end)")
     variants.use("stock")
     label = f"fan-out {consumers} x {datasets} datasets, {events} events each"
     during = laps["fixed"]["pass"]
@@ -985,12 +993,12 @@ def bench_fanout(variants: Variants, consumers: int, datasets: int, events: int,
                     f"the net {sum(n for _, n in during) / sum(t for t, _ in during):.1%}" if during else ""))
     rows = []
     for phase, what in (("first", "first loop"), ("restarted", "just started"), ("running", "long-running, pass over"),
-                        ("sweep", "a loop with the sweep")):
+                        ("sweep", "a sweep round")):
         stock, fixed = ([t for t, _ in laps[v][phase]] for v in VARIANTS)
         rows.append(_ratio_row(f"{label}: {what}", statistics.median(stock), statistics.median(fixed), len(stock)))
         share = sum(n for _, n in laps["fixed"][phase]) / sum(fixed)
         notes.append(f"{label}, {what}: p99 stock {_p99(stock) * 1000:.1f} ms, fixed {_p99(fixed) * 1000:.1f} ms; "
-                     f"max stock {max(stock) * 1000:.1f} ms, fixed {max(fixed) * 1000:.1f} ms; the net {share:.1%} "
+                     f"max stock {max(stock) * 1000:.1f} ms, fixed {max(fixed) * 1000:.1f} ms; the net and sweep {share:.1%} "
                      "of the fixed loops' time")
     return rows
 

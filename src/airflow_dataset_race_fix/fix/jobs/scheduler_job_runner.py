@@ -148,11 +148,17 @@ class SchedulerJobRunner:
         interval = manager._dataset_race_fix_setting("requeue_interval_seconds")
         stranded = self._dags_with_stranded_dataset_events(session)
         oldest_new = {dag_id: stamp for dag_id, stamp in stranded.items() if dag_id not in dataset_triggered_dag_info}
-        sweep = self.__dict__.setdefault("_dataset_race_fix_sweep", {"at": time.monotonic()})  # not in the first loop
-        if "after" in sweep or time.monotonic() - sweep["at"] >= interval:
-            sweep["at"] = sweep["at"] if "after" in sweep else time.monotonic()
-            now, after = manager._database_now(session), sweep.pop("after", "")
-            found = self._dags_with_new_unqueued_events(dataset_triggered_dag_info, now, session, after, sweep)
+        sweep = self.__dict__.setdefault("_dataset_race_fix_sweep", {"at": time.monotonic(), "size": 50})  # not now
+        # a page a loop while 3 % of the time allows, sized to 0.5-1 ms (10 % of a stock loop); tests: every loop
+        paced = interval > 0 and self._dataset_step_credit(sweep) < 0
+        if not paced and (sweep.get("todo") or time.monotonic() - sweep["at"] >= interval):
+            if not sweep.get("todo"):  # a round starts: its clock read once, its DAGs read by the first page
+                sweep.update(at=time.monotonic(), now=manager._database_now(session), todo=None)
+            began, size = time.monotonic(), sweep["size"]
+            found = self._dags_with_new_unqueued_events(dataset_triggered_dag_info, sweep["now"], session, sweep)
+            sweep["credit"] = sweep.get("credit", 0.0) - (took := time.monotonic() - began)
+            if interval:  # (tests: pages of 50, a sweep every loop)
+                sweep["size"] = max(5, size // 2) if took > 0.001 else min(50, size * 2) if took < 0.0005 else size
             for dag_id, stamp in found.items():
                 oldest_new[dag_id] = min(oldest_new.get(dag_id, stamp), stamp)
         runnable = self._runnable_dataset_dags(oldest_new, session) if oldest_new else []
@@ -167,22 +173,22 @@ class SchedulerJobRunner:
 
     def _dags_with_new_unqueued_events(
         self, dataset_triggered_dag_info: dict[str, tuple[datetime, datetime]], now: datetime, session: Session,
-        after: str | None = None, sweep: dict[str, Any] | None = None,
+        sweep: dict[str, Any] | None = None,
     ) -> dict[str, datetime]:
         """
         The sweep: ``{dag_id: oldest such stamp}`` of the other DAGs whose newest event without a queue row is newer
-        than their latest run (no run: than the reference) and than ``event_lookback_seconds``; of the 50 DAGs after
-        ``after`` (a page a loop: bounded whatever the fan-out; ``sweep["after"]``: where the next starts), or all.
+        than their latest run (no run: than the reference) and than ``event_lookback_seconds``; of the next
+        ``sweep["size"]`` DAGs of its round (``sweep["todo"]``, None: read now), or of all DAGs (explain).
         """
         manager = self._dataset_manager()
         horizon = now + timedelta(seconds=manager._dataset_race_fix_setting("max_event_ahead_seconds"))
         since = now - timedelta(seconds=manager._dataset_race_fix_setting("event_lookback_seconds"))
-        page, references = self._dataset_statement(("sweep", after is not None), lambda: self._sweep_statement(after))
-        params, oldest_new = {"horizon": horizon, "after": after}, {}  # Core rows below: an ORM row costs 10 µs
-        if page is not None:
-            params["dag_ids"] = session.connection().execute(page, params).scalars().all()
-            if len(params["dag_ids"]) == 50 and sweep is not None:  # a full page: more DAGs follow
-                sweep["after"] = params["dag_ids"][-1]
+        dag_ids, references = self._dataset_statement(("sweep", sweep is None), lambda: self._sweep_statement(sweep))
+        params, oldest_new = {"horizon": horizon}, {}  # (Core rows here and below: an ORM row costs 10 µs)
+        if sweep is not None:  # a page of the round: one statement (a page's own read cost as much again)
+            if sweep["todo"] is None:
+                sweep["todo"] = session.connection().execute(dag_ids).scalars().all()
+            params["dag_ids"], sweep["todo"] = sweep["todo"][: sweep["size"]], sweep["todo"][sweep["size"] :]
         # compared here, not in SQL: PostgreSQL evaluated the correlated ``newest`` once per use, three times
         for dag_id, newest, latest, created_at in session.connection().execute(references, params):
             if dag_id not in dataset_triggered_dag_info and (newest or since) > max(latest or created_at, since):
@@ -190,10 +196,10 @@ class SchedulerJobRunner:
         return oldest_new
 
     @classmethod
-    def _sweep_statement(cls, after: str | None) -> tuple[Any, Any]:
+    def _sweep_statement(cls, sweep: dict[str, Any] | None) -> tuple[Any, Any]:
         """
-        The sweep's page: the 50 unpaused active DAGs after ``after`` by the dag_id index (None, explain: none); per
-        reference of those (``dag_ids``) without a queue row, its newest event to ``horizon``, latest run and date.
+        The sweep's: unpaused active DAGs with references (``sweep``; explain: none); per reference of those in
+        ``dag_ids`` (explain: all) without a queue row, its newest event to ``horizon``, latest run and date.
         """
         from sqlalchemy import bindparam, false, true
 
@@ -207,12 +213,11 @@ class SchedulerJobRunner:
         references = references.add_columns(cls._latest_dataset_run_date(reference.dag_id), reference.created_at)
         active = and_(DagModel.dag_id == reference.dag_id, DagModel.is_paused == false(), DagModel.is_active == true())
         references = references.join(DagModel, active).where(~queued.exists())  # (unpaused, active DAGs)
-        if after is None:
+        if sweep is None:
             return None, references
-        # two statements: the page joined as a derived table got seq scans of the events under stale statistics
-        page = select(reference.dag_id).distinct().join(DagModel, active).where(reference.dag_id > bindparam("after"))
-        page = page.order_by(reference.dag_id).limit(50)
-        return page, references.where(reference.dag_id.in_(bindparam("dag_ids", expanding=True)))
+        # the page bound by its ids (a list, not joined: a derived table got seq scans of the events, stale statistics)
+        dag_ids = select(reference.dag_id).distinct().join(DagModel, active).order_by(reference.dag_id)
+        return dag_ids, references.where(reference.dag_id.in_(bindparam("dag_ids", expanding=True)))
 
     def _runnable_dataset_dags(
         self, oldest_new: dict[str, datetime], session: Session, *, lock_rows: bool = True
@@ -226,10 +231,9 @@ class SchedulerJobRunner:
         dag_ids, can_run, present = sorted(oldest_new), [], set()
         for start in range(0, len(dag_ids), 500):
             chunk = dag_ids[start : start + 500]
-            active = select(DagRun.dag_id, func.count()).where(
-                DagRun.dag_id.in_(chunk), DagRun.state.in_((DagRunState.QUEUED, DagRunState.RUNNING))
-            )
-            active_runs = dict(session.execute(active.group_by(DagRun.dag_id)).all())
+            running = DagRun.state.in_((DagRunState.QUEUED, DagRunState.RUNNING))
+            runs = select(DagRun.dag_id, func.count()).where(DagRun.dag_id.in_(chunk), running).group_by(DagRun.dag_id)
+            active_runs = dict(session.execute(runs).all())
             for dag_id, is_paused, has_import_errors, max_active_runs in session.execute(
                 select(DagModel.dag_id, DagModel.is_paused, DagModel.has_import_errors, DagModel.max_active_runs)
                 .where(DagModel.dag_id.in_(chunk), DagModel.is_active == true())
@@ -312,10 +316,8 @@ class SchedulerJobRunner:
             for row in session.connection().execute(probed):
                 appeared.append(row)
                 missing.pop(row.id, None)
-        for forgotten in [i for i, at in missing.items() if looked_at - at > forget_after]:
-            missing.pop(forgotten)
-        for forgotten in sorted(missing)[: max(len(missing) - 10_000, 0)]:  # at most 10 000, the newest
-            missing.pop(forgotten)
+        kept = sorted(i for i, at in missing.items() if looked_at - at <= forget_after)[-10_000:]  # the newest
+        net["missing"] = {i: missing[i] for i in kept}
         if not appeared:
             return
         # the clock read after the look: every event seen committed before it
@@ -359,22 +361,18 @@ class SchedulerJobRunner:
         """
         from sqlalchemy import false, true
 
-        now = time.monotonic()  # the credit: 3 % of the time since the last call, at most 10 ms saved up
-        credit = min(net.get("credit", 0.0) + 0.03 * (now - net.get("credit_at", now)), 0.01)
-        net["credit_at"] = now
+        credit = self._dataset_step_credit(net)
         if only is not None:
             net["windows"], net["pages"] = {}, [sorted(only)]
         elif "pages" not in net:
             if credit <= 0 and not at_once:
-                net["credit"] = credit
                 return
             started = time.monotonic()
             unpaused = select(DagModel.dag_id).where(DagModel.is_paused == false(), DagModel.is_active == true())
             dag_ids = sorted(session.scalars(unpaused))
             net["windows"], net["pages"] = {}, [dag_ids[i : i + 10] for i in range(0, len(dag_ids), 10)]
             credit -= time.monotonic() - started
-        windows, pages = net["windows"], net["pages"]
-        paged = False
+        windows, pages, paged = net["windows"], net["pages"], False
         while pages and (at_once or (credit > 0 and not paged)):  # a step a loop at most
             paged, started, page = True, time.monotonic(), set(pages.pop(0))  # references of 10 DAGs with a run
             reference = DagScheduleDatasetReference  # (built only while paging: most loops have no page left)
@@ -424,6 +422,14 @@ class SchedulerJobRunner:
         net["credit"] = credit
 
     @staticmethod
+    def _dataset_step_credit(state: dict[str, Any]) -> float:
+        """A paced step's credit (the window pass, the sweep): 3 % of the time since the last call, 10 ms saved up."""
+        now = time.monotonic()
+        state["credit"] = min(state.get("credit", 0.0) + 0.03 * (now - state.get("credit_at", now)), 0.01)
+        state["credit_at"] = now
+        return state["credit"]
+
+    @staticmethod
     def _latest_dataset_run_date(dag_id: Any, oldest: bool = False) -> Any:
         """
         The date of the latest (``oldest``) dataset-triggered run of the correlated ``dag_id``: the newest (oldest)
@@ -464,9 +470,7 @@ class SchedulerJobRunner:
         return events, runs, consumed.where(link.event_id.between(*in_slice))
 
     def _decide_dataset_triggered_runs(
-        self,
-        dag_models: Collection[DagModel],
-        dataset_triggered_dag_info: dict[str, tuple[datetime, datetime]],
+        self, dag_models: Collection[DagModel], dataset_triggered_dag_info: dict[str, tuple[datetime, datetime]],
         session: Session,
     ) -> tuple[list[dict[str, Any]], list[tuple[int, str, Any]]]:
         """
@@ -765,8 +769,7 @@ class SchedulerJobRunner:
         lowest_left: dict[int, datetime] = {}
         for event in events:  # deferred, late and waiting ones alike: still unconsumed
             lowest_left[event.dataset_id] = min(event.timestamp, lowest_left.get(event.dataset_id, event.timestamp))
-        read_at, latest_run_date = state.database_now, state.latest_runs[dag_id][0]
-        below = read_at - latency
+        read_at, latest_run_date, below = state.database_now, state.latest_runs[dag_id][0], state.database_now - latency
         for dataset_id in floors.floors:
             checked[(dag_id, dataset_id)] = (read_at, latest_run_date, min(lowest_left.get(dataset_id, below), below))
 
@@ -854,9 +857,7 @@ class SchedulerJobRunner:
         session: Session,
     ) -> None:
         """For DAGs that are triggered by datasets, create dag runs."""
-        decisions, consumed_rows = self._decide_dataset_triggered_runs(
-            dag_models, dataset_triggered_dag_info, session
-        )
+        decisions, consumed_rows = self._decide_dataset_triggered_runs(dag_models, dataset_triggered_dag_info, session)
         for decision in decisions:
             if decision["skipped"]:
                 continue
@@ -867,9 +868,8 @@ class SchedulerJobRunner:
                 if dag.dag_id not in warned:
                     warned.add(dag.dag_id)
                     self.log.warning(
-                        "DAG '%s': %d dataset event(s) dated up to %s, ahead of the scheduler's clock by more "
-                        "than [dataset_race_fix] max_event_ahead_seconds; they wait until the clock gets there "
-                        "(a producer host's clock runs ahead)",
+                        "DAG '%s': %d dataset event(s) dated up to %s, ahead of the scheduler's clock by more than "
+                        "[dataset_race_fix] max_event_ahead_seconds (a producer host's clock runs ahead): they wait",
                         dag.dag_id, len(ahead), max(event.timestamp for event in ahead),
                     )
             if decision["run"] is None:
