@@ -928,11 +928,17 @@ def bench_fanout(variants: Variants, consumers: int, datasets: int, events: int,
 
     runners["fixed"]._dags_with_unqueued_dataset_events = timed_net
 
+    fixed_ended = [time.monotonic()]
+
     def loop(variant: str) -> tuple[float, float]:
         """One loop of ``variant``'s runner: its time and the net's in it."""
-        if current[0] != variant:  # apply() takes about 65 ms: once a phase
+        if current[0] != variant:  # apply() takes about 65 ms: once a block
             variants.use(variant)
             current[0] = variant
+            if variant == "fixed":  # the fix's paced steps earn 3 % of the time since their last call: not of the
+                for state in map(runners["fixed"].__dict__.get, ("_dataset_race_fix_net", "_dataset_race_fix_sweep")):
+                    if state and "credit_at" in state:  # time stock's block took (a scheduler alone has no such gap)
+                        state["credit_at"] += time.monotonic() - fixed_ended[0]
         session, net_before = settings.Session.session_factory(), net_seconds[0]
         gc.disable()  # this process's heap (the lab's, not a scheduler's) made gen-2 pauses of 100 ms fall in loops
         began = time.perf_counter()
@@ -940,23 +946,31 @@ def bench_fanout(variants: Variants, consumers: int, datasets: int, events: int,
         took = time.perf_counter() - began
         gc.enable()
         session.close()
+        fixed_ended[0] = time.monotonic() if variant == "fixed" else fixed_ended[0]
         if error:
             notes.append(f"fan-out, {variant}: a loop failed: {error}")
         return took, net_seconds[0] - net_before
 
+    def in_blocks(phase: str, loops: int, until: Callable[[], bool] | None = None) -> int:
+        """Blocks of 10 loops of each runner, the order flipped each pair (ABBA): ``loops`` each, or fixed's ``until``."""
+        done = 0
+        while (done < loops) if until is None else not until() and done < loops:
+            for variant in VARIANTS if done // 10 % 2 else VARIANTS[::-1]:
+                laps[variant][phase] += [loop(variant) for _ in range(10)]
+            done += 10
+        return done
+
     def pass_done() -> bool:  # the restart's window pass over (its order read through)
         return runners["fixed"].__dict__.get("_dataset_race_fix_net", {}).get("window_order", True) == []
 
-    # Phases, in blocks of each runner's loops back to back (the fix's paced steps earn 3 % of the time since their
-    # last call, which another runner's loops between each of its own would inflate): stock and fixed just started
-    # (first loop apart, then ABBA), fixed on until its window pass is over (or pass_limit seconds), then
-    # long-running in ABBA order (fixed, stock, stock, fixed); last, the fix's sweep: a round set due and its loops
-    # back to back until it is over (its pages paced by its credit, as in a scheduler), as many of stock's, ABBA.
+    # Phases, in blocks of 10 loops of each runner, ABBA (a shared machine's load falls on both alike): stock and
+    # fixed just started (first loop apart), fixed alone until its window pass is over (or pass_limit seconds), then
+    # long-running; last, the fix's sweep: a round set due and the blocks until it is over (its pages paced by its
+    # credit, as in a scheduler alone: the credit does not earn from stock's blocks).
     laps: dict[str, dict[str, list[tuple[float, float]]]] = {v: defaultdict(list) for v in VARIANTS}
     for variant in VARIANTS:
         laps[variant]["first"].append(loop(variant))
-    for variant in ("stock", "fixed", "fixed", "stock"):  # ABBA: the machine's drift out of the ratio
-        laps[variant]["restarted"] += [loop(variant) for _ in range(loops // 2)]
+    in_blocks("restarted", loops)
     pass_started = time.monotonic()
     while not pass_done() and time.monotonic() - pass_started < pass_limit:
         laps["fixed"]["pass"].append(loop("fixed"))
@@ -969,19 +983,11 @@ def bench_fanout(variants: Variants, consumers: int, datasets: int, events: int,
                      f"loops): {total - left} of {total} references read (slices of {state.get('slice_size')} events "
                      f"at its end); the rest skipped")
         state["window_order"] = []
-    for variant in ("fixed", "stock", "stock", "fixed"):
-        laps[variant]["running"] += [loop(variant) for _ in range(loops)]
-    round_loops = []
-    for variant in ("fixed", "stock", "stock", "fixed"):
-        sweep = runners["fixed"].__dict__.setdefault("_dataset_race_fix_sweep", {})
-        if variant == "fixed":
-            sweep["at"], round_loops[:] = float("-inf"), [loop("fixed")]  # a round due now (at once, credit allowing)
-            while (sweep["at"] == float("-inf") or sweep.get("todo")) and len(round_loops) < 20 * loops:
-                round_loops.append(loop("fixed"))
-            laps["fixed"]["sweep"] += round_loops
-        else:
-            laps["stock"]["sweep"] += [loop("stock") for _ in round_loops]
-    notes.append(f"fan-out: a sweep round over {consumers * datasets} DAGs took {len(round_loops)} loops back to back "
+    in_blocks("running", 2 * loops)
+    sweep = runners["fixed"].__dict__.setdefault("_dataset_race_fix_sweep", {})
+    sweep["at"] = float("-inf")  # a round due now (at once, credit allowing)
+    round_loops = in_blocks("sweep", 20 * loops, lambda: sweep["at"] != float("-inf") and not sweep.get("todo"))
+    notes.append(f"fan-out: a sweep round over {consumers * datasets} DAGs took {round_loops} of the fixed loops "
                  f"(pages of {sweep.get('size')} DAGs at its end)")
     variants.use("stock")
     label = f"fan-out {consumers} x {datasets} datasets, {events} events each"

@@ -219,3 +219,38 @@ def test_dags_that_cannot_run_take_no_place_from_a_swept_dag(world, held_by, mon
             session.execute(update(DagModel).where(DagModel.dag_id.in_(held)).values(is_paused=True))
     w.loop(s), s.finish()
     assert [events for _, events in _runs(victim)] == [_event_ids(v.uri)], "the victim waited behind DAGs that cannot run"
+
+
+def test_a_paced_sweep_round_reaches_its_last_page(world, monkeypatch):
+    """
+    Issue 47: the sweep reads a page of its round a loop, paced by its credit (3 % of the time)
+    and sized to 0.5-1 ms, the round's DAGs read once at its start. 23 DAGs on one dataset with
+    pages of 5: the last one's event, with no queue row, is not found by the round's first page
+    but by a later one, within the round (a round that stopped at its first page, or lost its
+    place, never finds it); nothing else is consumed.
+    """
+    from sqlalchemy import delete
+
+    monkeypatch.setenv("AIRFLOW__DATASET_RACE_FIX__REQUEUE_INTERVAL_SECONDS", "0.001")  # paced, not every loop
+    w = world
+    a, v = w.dataset("a"), w.dataset("v")
+    w.consumers("a", [a], 22)
+    victim = w.consumer("zz_victim", [a, v])  # last in dag_id order; its condition: both datasets
+    p, s = w.producer("P"), w.scheduler()
+    w.clock.stop()
+    w.emit(p, v), p.finish()
+    w.loop(s), s.finish()  # the first loop: no round yet (one interval after the start)
+    w.emit(p, a), p.finish()
+    with create_session() as session:  # no queue row brings in any of them: the sweep's case
+        session.execute(delete(DatasetDagRunQueue).where(DatasetDagRunQueue.target_dag_id.in_(w.dag_ids)))
+    sweep = s.runner.__dict__["_dataset_race_fix_sweep"]
+    sweep.update(at=float("-inf"), size=5, credit=0.0)
+    w.loop(s), s.finish()
+    assert _runs(victim) == [] and 0 < len(sweep["todo"]) <= 18, "the first page was not a page of 5"
+    loops = 1
+    while not _runs(victim) and loops < 60:
+        time.sleep(0.05)  # (the credit earns 3 % of this)
+        w.loop(s), s.finish()
+        loops += 1
+    assert [events for _, events in _runs(victim)] == [sorted(_event_ids(a.uri) + _event_ids(v.uri))], loops
+    assert all(len(_runs(dag_id)) == 1 for dag_id in w.dag_ids), "each DAG consumes its event once"
