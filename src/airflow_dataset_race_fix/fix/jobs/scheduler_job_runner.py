@@ -149,7 +149,7 @@ class SchedulerJobRunner:
         stranded = self._dags_with_stranded_dataset_events(session)
         oldest_new = {dag_id: stamp for dag_id, stamp in stranded.items() if dag_id not in dataset_triggered_dag_info}
         sweep = self.__dict__.setdefault("_dataset_race_fix_sweep", {"at": time.monotonic(), "size": 50})  # not now
-        # a page a loop while 3 % of the time allows, sized to 0.5-1 ms (10 % of a stock loop); tests: every loop
+        # a page a loop while 3 % of the time allows, sized to 1-2 ms (as the window pass's slices); tests: every loop
         paced = interval > 0 and self._dataset_step_credit(sweep) < 0
         if not paced and (sweep.get("todo") or time.monotonic() - sweep["at"] >= interval):
             if not sweep.get("todo"):  # a round starts: its clock read once, its DAGs read by the first page
@@ -158,7 +158,7 @@ class SchedulerJobRunner:
             found = self._dags_with_new_unqueued_events(dataset_triggered_dag_info, sweep["now"], session, sweep)
             sweep["credit"] = sweep.get("credit", 0.0) - (took := time.monotonic() - began)
             if interval:  # (tests: pages of 50, a sweep every loop)
-                sweep["size"] = max(5, size // 2) if took > 0.001 else min(50, size * 2) if took < 0.0005 else size
+                sweep["size"] = max(5, size // 2) if took > 0.002 else min(50, size * 2) if took < 0.001 else size
             for dag_id, stamp in found.items():
                 oldest_new[dag_id] = min(oldest_new.get(dag_id, stamp), stamp)
         runnable = self._runnable_dataset_dags(oldest_new, session) if oldest_new else []
