@@ -156,8 +156,8 @@ class SchedulerJobRunner:
                 sweep.update(at=time.monotonic(), now=manager._database_now(session), todo=None)
             began, size = time.monotonic(), sweep["size"]
             found = self._dags_with_new_unqueued_events(dataset_triggered_dag_info, sweep["now"], session, sweep)
-            sweep["credit"] = sweep.get("credit", 0.0) - (took := time.monotonic() - began)
-            if interval:  # (tests: pages of 50, a sweep every loop)
+            if interval:  # paced (tests: pages of 50, a round every loop)
+                sweep["credit"] -= (took := time.monotonic() - began)
                 sweep["size"] = max(5, size // 2) if took > 0.002 else min(50, size * 2) if took < 0.001 else size
             for dag_id, stamp in found.items():
                 oldest_new[dag_id] = min(oldest_new.get(dag_id, stamp), stamp)
