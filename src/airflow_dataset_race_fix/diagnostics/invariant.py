@@ -17,6 +17,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime, timezone
+from types import SimpleNamespace
 
 from sqlalchemy import and_, any_, case, exists, func, select, text, true
 from sqlalchemy.dialects.postgresql import array_agg
@@ -457,7 +458,7 @@ class _Scan:
                 self.groups[dag_id, dataset_id] = StrandedGroup(
                     dag_id, dataset_id, self.uri(dataset_id), count, 0, count, _utc(oldest), _utc(newest), None)
 
-    def _probed_facts(self, dag_ids: list[str]) -> list[_WindowFact]:
+    def _probed_facts(self, dag_ids: list[str]) -> list[SimpleNamespace]:
         """``_event_findings``' rows read by ``_window_event_facts`` (PostgreSQL: no plan that statistics decide)."""
         session, queue = self.session, DatasetDagRunQueue
         latest = {dag_id: _utc(date) for dag_id, date in session.execute(_latest_runs(dag_ids))}
@@ -471,12 +472,11 @@ class _Scan:
             for dag_id, n in ((dag_id, (consumers or []).count(dag_id)) for dag_id in referencing):
                 if n == 1:
                     continue
-                timestamp, queued_at = _utc(timestamp), queued.get((dag_id, dataset_id))
-                fact = _WindowFact(dag_id, event_id, dataset_id, timestamp, n, latest.get(dag_id), queued_at)
-                fact.doubled = int(n > 1)
-                fact.lost = int(n == 0 and fact.queued_at is None)
-                fact.suspected_lost = int(n == 0 and fact.latest_run is not None and timestamp < fact.latest_run)
-                facts.append(fact)
+                timestamp, queued_at, latest_run = _utc(timestamp), queued.get((dag_id, dataset_id)), latest.get(dag_id)
+                facts.append(SimpleNamespace(  # as _event_findings' rows
+                    dag_id=dag_id, event_id=event_id, dataset_id=dataset_id, timestamp=timestamp, n=n,
+                    queued_at=queued_at, doubled=int(n > 1), lost=int(n == 0 and queued_at is None),
+                    suspected_lost=int(n == 0 and latest_run is not None and timestamp < latest_run)))
         return facts
 
     def _strand(self, e, timestamp: datetime) -> None:
@@ -566,20 +566,6 @@ def _window_event_facts(dag_ids: Sequence[str], since: datetime | None):
     once = and_(consumed.c.dag_ids.contains(events.c.dag_ids),
                 func.cardinality(consumed.c.dag_ids) == func.cardinality(events.c.dag_ids))
     return select(events, consumed.c.dag_ids).join(consumed, true()).where(func.coalesce(once, False).is_(False))
-
-
-@dataclass
-class _WindowFact:
-    dag_id: str
-    event_id: int
-    dataset_id: int
-    timestamp: datetime
-    n: int
-    latest_run: datetime | None
-    queued_at: datetime | None
-    doubled: int = 0
-    lost: int = 0
-    suspected_lost: int = 0
 
 
 class _WindowScan(_Scan):
