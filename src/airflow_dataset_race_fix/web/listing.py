@@ -5,10 +5,10 @@ The list page's rows (Browse > Dataset runs), for many DAGs at once: counts, not
 span); the list needs per DAG its verdict, reason codes, pending and dated-ahead counts,
 paused, and audit's finding counts. Here the fixed scheduler's decision runs once for the DAGs
 that ran (``_decide_dataset_triggered_runs`` takes many, as a loop does); for those with no run yet, its
-choice (``_choose_dataset_run``) on their datasets' event counts (``_first_runs``); audit's counts once
-per batch of DAGs, over the look-back window; no event is read as a row. The verdict is explain's: the
-same decision, explain's ``_reasons``, and ``when`` as explain sets it (tests/test_web.py compares every
-row with ``explain``).
+choice (``_choose_dataset_run``) on their datasets' event counts, not their events (``_first_runs``);
+audit's counts once per batch of DAGs, over the look-back window. The verdict is explain's: the same
+decision, explain's ``_reasons``, and ``when`` as explain sets it (tests/test_web.py compares every row
+with ``explain``).
 """
 
 from __future__ import annotations
