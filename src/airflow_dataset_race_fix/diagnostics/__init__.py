@@ -9,12 +9,22 @@ with the CLI.
 from __future__ import annotations
 
 
+_JUDGED: dict = {}  # the scheduler module's target members as last judged, and the verdict
+
+
 def fix_active_here() -> bool:
-    """Whether the scheduler module runs the fixed members in this process (shim or source patches)."""
+    """
+    Whether the scheduler module runs the fixed members in this process (shim or source patches), judged again only
+    once one of those members was replaced: judging reads their source (0.1-0.2 s of each of the page's requests).
+    """
     import importlib
 
-    from airflow_dataset_race_fix import runtime
+    from airflow_dataset_race_fix import runtime, targets
     from airflow_dataset_race_fix.requeue import SCHEDULER_MODULE
 
-    importlib.import_module(SCHEDULER_MODULE)
-    return runtime.module_state(SCHEDULER_MODULE).state in (runtime.PATCHED, runtime.SOURCE_PATCHED)
+    module = importlib.import_module(SCHEDULER_MODULE)
+    members = [vars(getattr(module, m.owner, object)).get(m.name) for m in targets.members_of(SCHEDULER_MODULE)]
+    if _JUDGED.get("members") != members:  # functions compare by identity
+        state = runtime.module_state(SCHEDULER_MODULE).state
+        _JUDGED.update(members=members, active=state in (runtime.PATCHED, runtime.SOURCE_PATCHED))
+    return _JUDGED["active"]
