@@ -95,17 +95,19 @@ def _first_runs(session: Session, dag_models: list, info: dict, loop) -> list[di
     ahead = timedelta(seconds=manager._dataset_race_fix_setting("max_event_ahead_seconds"))
     horizon = manager._database_now(session) + ahead  # as the fixed scheduler's decision reads it
     queued, datasets = {dag_id: {} for dag_id in ids}, {dag_id: set() for dag_id in ids}  # scheduled on, or queued
-    queue_rows = select(queue.target_dag_id, queue.dataset_id, queue.created_at).where(queue.target_dag_id.in_(ids))
-    for dag_id, dataset_id, created_at in session.execute(queue_rows):
-        queued[dag_id][dataset_id] = created_at
-        datasets[dag_id].add(dataset_id)
-    for dag_id, dataset_id in session.execute(select(ref.dag_id, ref.dataset_id).where(ref.dag_id.in_(ids))):
-        datasets[dag_id].add(dataset_id)
-    every, event = set().union(*datasets.values()), DatasetEvent
+    for chunk in (ids[start : start + 500] for start in range(0, len(ids), 500)):  # SQLite before 3.32: 999 variables
+        rows_of = select(queue.target_dag_id, queue.dataset_id, queue.created_at).where(queue.target_dag_id.in_(chunk))
+        for dag_id, dataset_id, created_at in session.execute(rows_of):
+            queued[dag_id][dataset_id] = created_at
+            datasets[dag_id].add(dataset_id)
+        for dag_id, dataset_id in session.execute(select(ref.dag_id, ref.dataset_id).where(ref.dag_id.in_(chunk))):
+            datasets[dag_id].add(dataset_id)
+    every, event = sorted(set().union(*datasets.values())), DatasetEvent
     standing: dict[int, list] = {dataset_id: [] for dataset_id in every}
-    counts = select(event.dataset_id, func.count(), func.max(event.timestamp)).where(event.dataset_id.in_(every))
-    for dated in (event.timestamp <= horizon, event.timestamp > horizon):
-        for dataset_id, count, newest in session.execute(counts.where(dated).group_by(event.dataset_id)):
+    counts = select(event.dataset_id, func.count(), func.max(event.timestamp)).group_by(event.dataset_id)
+    for chunk, dated in ((every[i : i + 500], d) for i in range(0, len(every), 500) for d in (False, True)):
+        beyond = event.timestamp > horizon if dated else event.timestamp <= horizon  # up to the horizon, and beyond
+        for dataset_id, count, newest in session.execute(counts.where(event.dataset_id.in_(chunk), beyond)):
             standing[dataset_id] += [runner._DatasetEventRead(None, dataset_id, newest, None, None)] * int(count)
     uris, decisions = _uris(session, every), []
     for dag_model in dag_models:

@@ -60,12 +60,11 @@ class DatasetRunsPlugin(AirflowPlugin):
             _announce()  # each webserver worker: it serves the REST API that posts dataset events
             from airflow_dataset_race_fix import evidence, runtime
 
-            if runtime.command_name() != "":  # gunicorn's worker, not a short 'airflow users ...' command
-                evidence.mark_component("webserver")
             from airflow_dataset_race_fix.web.views import DatasetRunsView, fix_active_here
 
-            fix_active_here()  # judged as the worker starts (it reads source: 0.3 s), not in its first request
-
+            if runtime.command_name() != "":  # gunicorn's worker, not a short 'airflow users ...' command
+                evidence.mark_component("webserver")
+                fix_active_here()  # judged as the worker starts (it reads source: 0.3 s), not in its first request
             self._views = [{"name": "Dataset runs", "category": "Browse", "view": DatasetRunsView()}]
         return self._views
 
