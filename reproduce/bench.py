@@ -116,6 +116,30 @@ class Variants:
         # A stock host has no package, so its producers leave no mark (evidence.py); a fixed one's do.
         evidence.mark_producer = self._mark_producer if variant == "fixed" else lambda: None
 
+    def switch(self, variant: str) -> None:
+        """
+        ``use`` without its source hashing (65 ms): the classes' members set as ``use`` leaves them, so loops of two
+        runners can alternate one by one (each a scheduler's loop after a loop, its caches warm as a scheduler's are).
+        """
+        import importlib
+
+        from airflow_dataset_race_fix import evidence, runtime, targets
+
+        if not hasattr(self, "_members"):
+            owner_of = {m: getattr(importlib.import_module(m.module), m.owner) for m in targets.MEMBERS}
+            places = {(o, runtime.MARKER) for o in owner_of.values()} | {(o, m.name) for m, o in owner_of.items()}
+            self._members = {}
+            for kind in ("fixed", "stock"):  # use() left at stock, as switch("stock") leaves it: use() works after
+                self.use(kind)  # (self: not there in this variant)
+                self._members[kind] = [(owner, name, vars(owner).get(name, self)) for owner, name in places]
+        for owner, name, value in self._members[variant]:
+            if value is self:  # not there in this variant
+                if name in vars(owner):
+                    delattr(owner, name)
+            else:
+                setattr(owner, name, value)
+        evidence.mark_producer = self._mark_producer if variant == "fixed" else lambda: None
+
 
 def alternate(variants: Variants, samples: int, measure: Callable[[str], float], warmup: int = 3,
               prime: bool = True) -> dict[str, list[float]]:
@@ -932,12 +956,12 @@ def bench_fanout(variants: Variants, consumers: int, datasets: int, events: int,
 
     def loop(variant: str) -> tuple[float, float]:
         """One loop of ``variant``'s runner: its time and the net's in it."""
-        if current[0] != variant:  # apply() takes about 65 ms: once a block
-            variants.use(variant)
+        if current[0] != variant:  # a cheap switch: the runners' loops alternate one by one
+            variants.switch(variant)
             current[0] = variant
             if variant == "fixed":  # the fix's paced steps earn 3 % of the time since their last call: not of the
                 for state in map(runners["fixed"].__dict__.get, ("_dataset_race_fix_net", "_dataset_race_fix_sweep")):
-                    if state and "credit_at" in state:  # time stock's block took (a scheduler alone has no such gap)
+                    if state and "credit_at" in state:  # time stock's loop took (a scheduler alone has no such gap)
                         state["credit_at"] += time.monotonic() - fixed_ended[0]
         session, net_before = settings.Session.session_factory(), net_seconds[0]
         gc.disable()  # this process's heap (the lab's, not a scheduler's) made gen-2 pauses of 100 ms fall in loops
@@ -951,26 +975,26 @@ def bench_fanout(variants: Variants, consumers: int, datasets: int, events: int,
             notes.append(f"fan-out, {variant}: a loop failed: {error}")
         return took, net_seconds[0] - net_before
 
-    def in_blocks(phase: str, loops: int, until: Callable[[], bool] | None = None) -> int:
-        """Blocks of 10 loops of each runner, the order flipped each pair (ABBA): ``loops`` each, or fixed's ``until``."""
+    def in_turn(phase: str, loops: int, until: Callable[[], bool] | None = None) -> int:
+        """A loop of each runner in turn, the order flipped each pair (ABBA): ``loops`` each, or fixed's ``until``."""
         done = 0
         while (done < loops) if until is None else not until() and done < loops:
-            for variant in VARIANTS if done // 10 % 2 else VARIANTS[::-1]:
-                laps[variant][phase] += [loop(variant) for _ in range(10)]
-            done += 10
+            for variant in VARIANTS if done % 2 else VARIANTS[::-1]:
+                laps[variant][phase].append(loop(variant))
+            done += 1
         return done
 
     def pass_done() -> bool:  # the restart's window pass over (its order read through)
         return runners["fixed"].__dict__.get("_dataset_race_fix_net", {}).get("window_order", True) == []
 
-    # Phases, in blocks of 10 loops of each runner, ABBA (a shared machine's load falls on both alike): stock and
-    # fixed just started (first loop apart), fixed alone until its window pass is over (or pass_limit seconds), then
-    # long-running; last, the fix's sweep: a round set due and the blocks until it is over (its pages paced by its
-    # credit, as in a scheduler alone: the credit does not earn from stock's blocks).
+    # Phases, a loop of each runner in turn, ABBA (a shared machine's load falls on both alike): stock and fixed just
+    # started (first loop apart), fixed alone until its window pass is over (or pass_limit seconds), then
+    # long-running; last, the fix's sweep: a round set due and the loops until it is over (its pages paced by its
+    # credit, as in a scheduler alone: the credit does not earn from stock's loops).
     laps: dict[str, dict[str, list[tuple[float, float]]]] = {v: defaultdict(list) for v in VARIANTS}
     for variant in VARIANTS:
         laps[variant]["first"].append(loop(variant))
-    in_blocks("restarted", loops)
+    in_turn("restarted", loops)
     pass_started = time.monotonic()
     while not pass_done() and time.monotonic() - pass_started < pass_limit:
         laps["fixed"]["pass"].append(loop("fixed"))
@@ -983,13 +1007,13 @@ def bench_fanout(variants: Variants, consumers: int, datasets: int, events: int,
                      f"loops): {total - left} of {total} references read (slices of {state.get('slice_size')} events "
                      f"at its end); the rest skipped")
         state["window_order"] = []
-    in_blocks("running", 2 * loops)
+    in_turn("running", 2 * loops)
     sweep = runners["fixed"].__dict__.setdefault("_dataset_race_fix_sweep", {})
     sweep["at"] = float("-inf")  # a round due now (at once, credit allowing)
-    round_loops = in_blocks("sweep", 20 * loops, lambda: sweep["at"] != float("-inf") and not sweep.get("todo"))
+    round_loops = in_turn("sweep", 20 * loops, lambda: sweep["at"] != float("-inf") and not sweep.get("todo"))
     notes.append(f"fan-out: a sweep round over {consumers * datasets} DAGs took {round_loops} of the fixed loops "
                  f"(pages of {sweep.get('size')} DAGs at its end)")
-    variants.use("stock")
+    variants.switch("stock")
     label = f"fan-out {consumers} x {datasets} datasets, {events} events each"
     during = laps["fixed"]["pass"]
     notes.append(f"{label}: the window pass {'took' if pass_over else 'not over in'} {pass_seconds:.1f} s, "
