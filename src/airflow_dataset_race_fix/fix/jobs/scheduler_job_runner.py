@@ -357,7 +357,15 @@ class SchedulerJobRunner:
         DAGs first, a step (10 DAGs' references, or a slice of 1-2 ms) a loop while the steps took under 3 % of
         the time (``only``: explain's DAGs, at once).
         """
-        from sqlalchemy import false, true
+        from sqlalchemy import bindparam, false, true
+
+        def window_page() -> Any:  # a page's references with a run, built once a process (0.5 ms of a page's 2 ms)
+            reference, page = DagScheduleDatasetReference, bindparam("page", expanding=True)
+            latest_run, oldest_run = (self._latest_dataset_run_date(reference.dag_id, old) for old in (False, True))
+            return (select(reference.dag_id, reference.dataset_id, latest_run, oldest_run)
+                    .join(DagModel, DagModel.dag_id == reference.dag_id)
+                    .where(DagModel.is_paused == false(), DagModel.is_active == true(), latest_run.is_not(None))
+                    .where(reference.dag_id.in_(page), DagModel.dag_id.in_(page)))  # both: by their indexes
 
         credit = self._dataset_step_credit(net)
         if only is not None:
@@ -372,18 +380,9 @@ class SchedulerJobRunner:
             credit -= time.monotonic() - started
         windows, pages, paged = net["windows"], net["pages"], False
         while pages and (at_once or (credit > 0 and not paged)):  # a step a loop at most
-            paged, started, page = True, time.monotonic(), set(pages.pop(0))  # references of 10 DAGs with a run
-            reference = DagScheduleDatasetReference  # (built only while paging: most loops have no page left)
-            latest_run, oldest_run = (self._latest_dataset_run_date(reference.dag_id, old) for old in (False, True))
-            windows.update(
-                ((dag_id, dataset_id), (latest, oldest))
-                for dag_id, dataset_id, latest, oldest in session.execute(
-                    select(reference.dag_id, reference.dataset_id, latest_run, oldest_run)
-                    .join(DagModel, DagModel.dag_id == reference.dag_id)
-                    .where(DagModel.is_paused == false(), DagModel.is_active == true(), latest_run.is_not(None))
-                    .where(reference.dag_id.in_(page), DagModel.dag_id.in_(page))  # both: by their indexes
-                )
-            )
+            paged, started, page = True, time.monotonic(), pages.pop(0)  # references of 10 DAGs
+            rows = session.execute(self._dataset_statement(("window page",), window_page), {"page": page})
+            windows.update(((dag_id, dataset_id), (latest, oldest)) for dag_id, dataset_id, latest, oldest in rows)
             credit -= time.monotonic() - started
             if not pages:
                 net["window_order"] = sorted(windows, key=lambda key: (windows[key][0], key))
