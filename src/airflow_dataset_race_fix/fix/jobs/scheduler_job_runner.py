@@ -375,7 +375,7 @@ class SchedulerJobRunner:
                 return
             started = time.monotonic()
             unpaused = select(DagModel.dag_id).where(DagModel.is_paused == false(), DagModel.is_active == true())
-            dag_ids = sorted(session.scalars(unpaused))
+            dag_ids = sorted(session.connection().execute(unpaused).scalars())  # (Core rows: ORM ones 3 ms at 1 000)
             net["windows"], net["pages"] = {}, [dag_ids[i : i + 10] for i in range(0, len(dag_ids), 10)]
             credit -= time.monotonic() - started
         windows, pages, paged = net["windows"], net["pages"], False
