@@ -359,12 +359,12 @@ class SchedulerJobRunner:
         """
         from sqlalchemy import bindparam, false, true
 
-        def window_page() -> Any:  # a page's references with a run, built once a process (0.5 ms of a page's 2 ms)
+        def window_page() -> Any:  # a page's references, built once a process (0.5 ms of a page's 2 ms)
             reference, page = DagScheduleDatasetReference, bindparam("page", expanding=True)
             latest_run, oldest_run = (self._latest_dataset_run_date(reference.dag_id, old) for old in (False, True))
             return (select(reference.dag_id, reference.dataset_id, latest_run, oldest_run)
-                    .join(DagModel, DagModel.dag_id == reference.dag_id)
-                    .where(DagModel.is_paused == false(), DagModel.is_active == true(), latest_run.is_not(None))
+                    .join(DagModel, DagModel.dag_id == reference.dag_id)  # (with a run: compared below, not in SQL,
+                    .where(DagModel.is_paused == false(), DagModel.is_active == true())  # which evaluated it twice)
                     .where(reference.dag_id.in_(page), DagModel.dag_id.in_(page)))  # both: by their indexes
 
         credit = self._dataset_step_credit(net)
@@ -382,7 +382,7 @@ class SchedulerJobRunner:
         while pages and (at_once or (credit > 0 and not paged)):  # a step a loop at most
             paged, started, page = True, time.monotonic(), pages.pop(0)  # references of 10 DAGs
             rows = session.execute(self._dataset_statement(("window page",), window_page), {"page": page})
-            windows.update(((dag_id, dataset_id), (latest, oldest)) for dag_id, dataset_id, latest, oldest in rows)
+            windows.update(((dag, dataset), (latest, oldest)) for dag, dataset, latest, oldest in rows if latest)
             credit -= time.monotonic() - started
             if not pages:
                 net["window_order"] = sorted(windows, key=lambda key: (windows[key][0], key))
