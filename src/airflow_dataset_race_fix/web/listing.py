@@ -14,12 +14,17 @@ with ``explain``).
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any
+from typing import Any, Collection
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 VERDICTS = {"next loop": "runs next loop", "next sweep": "runs at next sweep"}
+
+
+def _chunks(items: list) -> Any:
+    """``items`` 500 at a time: an IN list's bound variables (SQLite before 3.32 takes 999)."""
+    return (items[start : start + 500] for start in range(0, len(items), 500))
 
 
 def not_explained(dag_id: str, why: str) -> dict[str, Any]:
@@ -38,8 +43,7 @@ def rows(session: Session, dag_ids: list[str], loop) -> list[dict[str, Any]]:
     from airflow_dataset_race_fix.diagnostics.explain import _EPOCH, _reasons, condition_tree, when_it_runs
 
     models, active, ran = {}, {}, set()  # DAG models; queued or running runs; DAGs with a dataset-triggered run
-    for start in range(0, len(dag_ids), 500):
-        chunk = dag_ids[start : start + 500]
+    for chunk in _chunks(dag_ids):
         models.update((dm.dag_id, dm) for dm in session.scalars(select(DagModel).where(DagModel.dag_id.in_(chunk))))
         runs = select(DagRun.dag_id).where(DagRun.dag_id.in_(chunk))
         active.update(session.execute(runs.add_columns(func.count()).where(
@@ -95,7 +99,7 @@ def _first_runs(session: Session, dag_models: list, info: dict, loop) -> list[di
     ahead = timedelta(seconds=manager._dataset_race_fix_setting("max_event_ahead_seconds"))
     horizon = manager._database_now(session) + ahead  # as the fixed scheduler's decision reads it
     queued, datasets = {dag_id: {} for dag_id in ids}, {dag_id: set() for dag_id in ids}  # scheduled on, or queued
-    for chunk in (ids[start : start + 500] for start in range(0, len(ids), 500)):  # SQLite before 3.32: 999 variables
+    for chunk in _chunks(ids):
         rows_of = select(queue.target_dag_id, queue.dataset_id, queue.created_at).where(queue.target_dag_id.in_(chunk))
         for dag_id, dataset_id, created_at in session.execute(rows_of):
             queued[dag_id][dataset_id] = created_at
@@ -105,10 +109,10 @@ def _first_runs(session: Session, dag_models: list, info: dict, loop) -> list[di
     every, event = sorted(set().union(*datasets.values())), DatasetEvent
     standing: dict[int, list] = {dataset_id: [] for dataset_id in every}
     counts = select(event.dataset_id, func.count(), func.max(event.timestamp)).group_by(event.dataset_id)
-    for chunk, dated in ((every[i : i + 500], d) for i in range(0, len(every), 500) for d in (False, True)):
-        beyond = event.timestamp > horizon if dated else event.timestamp <= horizon  # up to the horizon, and beyond
-        for dataset_id, count, newest in session.execute(counts.where(event.dataset_id.in_(chunk), beyond)):
-            standing[dataset_id] += [runner._DatasetEventRead(None, dataset_id, newest, None, None)] * int(count)
+    for chunk in _chunks(every):
+        for dated in (event.timestamp <= horizon, event.timestamp > horizon):  # up to the horizon, and beyond
+            for dataset_id, count, newest in session.execute(counts.where(event.dataset_id.in_(chunk), dated)):
+                standing[dataset_id] += [runner._DatasetEventRead(None, dataset_id, newest, None, None)] * int(count)
     uris, decisions = _uris(session, every), []
     for dag_model in dag_models:
         dag, dag_id = runner.dagbag.get_dag(dag_model.dag_id, session=session), dag_model.dag_id
@@ -126,7 +130,7 @@ def _first_runs(session: Session, dag_models: list, info: dict, loop) -> list[di
 _URI_CACHE_KEY = "_adrf_dataset_uris"
 
 
-def _uris(session: Session, ids: set[int]) -> dict[int, str]:
+def _uris(session: Session, ids: Collection[int]) -> dict[int, str]:
     """The URIs of the datasets ``ids`` (those that exist), kept in the session for the request."""
     from airflow_dataset_race_fix.diagnostics.explain import dataset_uris
 
