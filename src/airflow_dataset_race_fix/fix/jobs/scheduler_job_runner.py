@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any, Callable, Collection
 
 from sqlalchemy import and_, delete, func, or_, select
 
+from airflow.models import Log
 from airflow.models.dag import DagModel
 from airflow.models.dagrun import DagRun
 from airflow.models.dataset import (
@@ -78,9 +79,10 @@ class SchedulerJobRunner:
             dag for dag in all_dags_needing_dag_runs if dag.dag_id in dataset_triggered_dag_info
         ]
         non_dataset_dags = all_dags_needing_dag_runs.difference(dataset_triggered_dags)
-        self._create_dag_runs(non_dataset_dags, session)
-        # and the DAGs whose new events have no queue row (the sweep): decided the same way
+        # and the DAGs the sweep and the net bring in, decided the same way: before this loop writes (the net commits
+        # what it finds on a connection of its own, which SQLite's one writer would make wait behind this loop)
         dataset_triggered_dags += self._dags_with_unqueued_dataset_events(dataset_triggered_dag_info, session)
+        self._create_dag_runs(non_dataset_dags, session)
         if dataset_triggered_dags:
             self._create_dag_runs_dataset_triggered(
                 dataset_triggered_dags, dataset_triggered_dag_info, session
@@ -222,11 +224,11 @@ class SchedulerJobRunner:
     ) -> list[DagModel]:
         """
         Of ``oldest_new``'s DAGs, at most ``max_dagruns_to_create_per_loop`` that can run, oldest event first, locked
-        ``SKIP LOCKED`` as ``dags_needing_dagruns`` does (explain: no lock); the net forgets DAGs gone or inactive.
+        ``SKIP LOCKED`` as ``dags_needing_dagruns`` does (explain: no lock).
         """
         from sqlalchemy import false, true
 
-        dag_ids, can_run, present = sorted(oldest_new), [], set()
+        dag_ids, can_run = sorted(oldest_new), []
         for start in range(0, len(dag_ids), 500):
             chunk = dag_ids[start : start + 500]
             running = DagRun.state.in_((DagRunState.QUEUED, DagRunState.RUNNING))
@@ -236,13 +238,9 @@ class SchedulerJobRunner:
                 select(DagModel.dag_id, DagModel.is_paused, DagModel.has_import_errors, DagModel.max_active_runs)
                 .where(DagModel.dag_id.in_(chunk), DagModel.is_active == true())
             ):
-                present.add(dag_id)
                 room = max_active_runs is None or active_runs.get(dag_id, 0) < max_active_runs
                 if room and not is_paused and not has_import_errors:  # one that cannot run takes no place
                     can_run.append(dag_id)
-        found = self.__dict__.get("_dataset_race_fix_net", {}).get("found", {})
-        for gone in set(dag_ids) - present:
-            found.pop(gone, None)
         picked = sorted(can_run, key=lambda dag_id: (oldest_new[dag_id], dag_id))[: DagModel.NUM_DAGS_PER_DAGRUN_QUERY]
         if not picked:
             return []
@@ -253,27 +251,95 @@ class SchedulerJobRunner:
 
     def _dags_with_stranded_dataset_events(self, session: Session) -> dict[str, datetime]:
         """
-        The net (BUG_REPORT, "The net"): ``{dag_id: oldest such stamp}`` of the DAGs with an unconsumed event below
-        where their next read starts. ``net_look_interval_seconds`` 0 (tests): a look every loop, windows at once.
+        The net (BUG_REPORT, "The net"): ``{dag_id: oldest such stamp}`` of the DAGs with a finding, an unconsumed
+        event below where their next read starts, whose condition holds with it. ``net_look_interval_seconds`` 0
+        (tests): a look every loop, windows at once.
         """
         net = self.__dict__.setdefault("_dataset_race_fix_net", {})
-        found: dict[str, dict[int, datetime]] = net.setdefault("found", {})
-        only = net.get("only")  # explain: these DAGs' windows read through at once, nothing followed
+        only = net.get("only")  # explain: these DAGs' windows read through at once, nothing followed or written
         interval = self._dataset_manager()._dataset_race_fix_setting("net_look_interval_seconds")
-        if only is None and time.monotonic() - net.get("looked_at", float("-inf")) >= interval:
+        looked = only is None and time.monotonic() - net.get("looked_at", float("-inf")) >= interval
+        finds: list[tuple[str, int, int, datetime]] = []
+        if looked:
             net["looked_at"] = time.monotonic()
-            self._follow_dataset_event_ids(net, session)
+            finds += self._follow_dataset_event_ids(net, session)
         if only is not None or net.get("window_order", True):  # (the pass done: an empty order)
-            self._read_dataset_windows_once(net, only, session, at_once=only is not None or not interval)
-        return {dag_id: min(stamps.values()) for dag_id, stamps in found.items() if stamps}
+            finds += self._read_dataset_windows_once(net, only, session, at_once=only is not None or not interval)
+        if only is None and (finds or looked or "findings" not in net):
+            net["findings"] = self._dataset_findings(finds, session)
+        findings: dict[str, dict[int, tuple[datetime, list[int]]]] = net.setdefault("findings", {})
+        for dag_id, dataset_id, _, stamp in finds if only is not None else ():  # explain's: kept here, not written
+            stamps = findings.setdefault(dag_id, {})
+            stamps[dataset_id] = (min(stamps.get(dataset_id, (stamp, []))[0], stamp), [])
+        if only is not None:
+            return {dag_id: min(stamp for stamp, _ in found.values()) for dag_id, found in findings.items() if found}
+        return self._dags_ready_by_findings(findings, session)
 
-    def _follow_dataset_event_ids(self, net: dict[str, Any], session: Session) -> None:
+    def _dataset_findings(
+        self, finds: list[tuple[str, int, int, datetime]], session: Session
+    ) -> dict[str, dict[int, tuple[datetime, list[int]]]]:
+        """
+        Findings kept until the run that consumes them commits (BUG_REPORT, "The net"): ``finds`` (dag_id, dataset_id,
+        event_id, stamp) written, the oldest per DAG and dataset, committed on a connection of their own (a new ``log``
+        row locks nothing that others wait for); then the oldest 500 read, ``{dag_id: {dataset_id: (stamp, row ids)}}``.
+        """
+        oldest: dict[tuple[str, int], tuple[datetime, int]] = {}
+        for dag_id, dataset_id, event_id, stamp in finds:
+            oldest[dag_id, dataset_id] = min(oldest.get((dag_id, dataset_id), (stamp, event_id)), (stamp, event_id))
+        if oldest:
+            rows = [
+                {"dttm": timezone.utcnow(), "event": "dataset-race-fix-finding", "dag_id": dag_id,
+                 "map_index": dataset_id, "execution_date": stamp, "extra": f'{{"event_id": {int(event_id)}}}'}
+                for (dag_id, dataset_id), (stamp, event_id) in sorted(oldest.items())
+            ]
+            with session.get_bind().engine.begin() as connection:
+                connection.execute(Log.__table__.insert(), rows)
+            self.log.info("dataset-race-fix: the net found late dataset event(s), kept until a run consumes them "
+                          "(dag_id, dataset_id, event id, stamp): %s", finds)
+        findings: dict[str, dict[int, tuple[datetime, list[int]]]] = defaultdict(dict)
+        read = select(Log.id, Log.dag_id, Log.map_index, Log.execution_date).where(
+            Log.event == "dataset-race-fix-finding"
+        )
+        for row_id, dag_id, dataset_id, stamp in session.execute(read.order_by(Log.id).limit(500)):
+            found_stamp, row_ids = findings[dag_id].get(dataset_id, (stamp, []))
+            findings[dag_id][dataset_id] = (min(found_stamp, stamp), [*row_ids, row_id])
+        return findings
+
+    def _dags_ready_by_findings(
+        self, findings: dict[str, dict[int, tuple[datetime, list[int]]]], session: Session
+    ) -> dict[str, datetime]:
+        """
+        Of the DAGs with findings, those whose condition holds on the datasets with a finding or a queue row: an AND
+        condition still waiting keeps its finding and is left to the loops that bring its partner's row in.
+        """
+        if not findings:
+            return {}
+        queued: dict[str, set[str]] = defaultdict(set)  # their queue rows' dataset URIs
+        dag_ids = sorted(findings)  # at most 500 (``_dataset_findings``), and their datasets: a statement each
+        rows = select(DatasetDagRunQueue.target_dag_id, DatasetModel.uri).join(DatasetDagRunQueue.dataset)
+        for dag_id, uri in session.execute(rows.where(DatasetDagRunQueue.target_dag_id.in_(dag_ids))):
+            queued[dag_id].add(uri)
+        found = select(DatasetModel.id, DatasetModel.uri).where(DatasetModel.id.in_(set().union(*findings.values())))
+        uris = dict(session.execute(found).all())
+        ready = {}
+        for dag_id in dag_ids:
+            dag = self.dagbag.get_dag(dag_id, session=session)
+            if dag is None or not isinstance(dag.timetable, DatasetTriggeredTimetable):
+                continue  # gone, or scheduled otherwise now: its findings wait in the table
+            statuses = dict.fromkeys(queued[dag_id] | {uris[i] for i in findings[dag_id] if i in uris}, True)
+            try:
+                if not dag.timetable.dataset_condition.evaluate(statuses):
+                    continue
+            except AttributeError:  # serialized before 2.9: skipped, as dags_needing_dagruns does
+                continue
+            ready[dag_id] = min(stamp for stamp, _ in findings[dag_id].values())
+        return ready
+
+    def _follow_dataset_event_ids(self, net: dict[str, Any], session: Session) -> list[tuple[str, int, int, datetime]]:
         """
         The net's look at the event ids that became visible since the last (BUG_REPORT, "The net"): a late one's
-        consumers that have not consumed it and whose next read may start above it are found.
+        consumers that have not consumed it and whose next read may start above it, (dag_id, dataset_id, id, stamp).
         """
-        from sqlalchemy import true
-
         from airflow.models.dataset import association_table
 
         manager = self._dataset_manager()
@@ -295,7 +361,7 @@ class SchedulerJobRunner:
                 if count < last - first + 1:
                     there = session.connection().execute(select(ids).where(ids.between(first, last))).scalars().all()
                     missing.update(dict.fromkeys(set(range(first, last + 1)) - set(there), looked_at))
-            return
+            return []
         # At most 5 000 new and 1 000 missing ids a loop: a backlog is read in the loops after. The lowest new id by
         # min() (the key's index whatever the statistics: an open range was a sequential scan on tables never analyzed)
         first = session.scalar(select(func.min(DatasetEvent.id)).where(DatasetEvent.id > high))
@@ -317,22 +383,22 @@ class SchedulerJobRunner:
         kept = sorted(i for i, at in missing.items() if looked_at - at <= forget_after)[-10_000:]  # the newest
         net["missing"] = {i: missing[i] for i in kept}
         if not appeared:
-            return
+            return []
         # the clock read after the look: every event seen committed before it
         slow_before = manager._database_now(session) - latency
         late = net.setdefault("late", [])  # checked at most 50 a look (their consumers' probes), 100 000 kept
         late += [tuple(row) for row in appeared if row.timestamp < slow_before][: 100_000 - len(late)]
         events, net["late"] = late[:50], late[50:]
         if not events:
-            return
+            return []
         # Each event's consumers with a dataset-triggered run, not below their oldest (db clean), and the links.
         reference = DagScheduleDatasetReference
         latest_run, oldest_run = (self._latest_dataset_run_date(reference.dag_id, oldest) for oldest in (False, True))
         consumers_of: dict[int, list[tuple[str, Any, Any]]] = defaultdict(list)
         for dag_id, dataset_id, latest, oldest in session.execute(
+            # every consumer, paused or inactive too: what it finds waits in the table for the DAG's next run
             select(reference.dag_id, reference.dataset_id, latest_run, oldest_run)
-            .join(DagModel, DagModel.dag_id == reference.dag_id)
-            .where(reference.dataset_id.in_({event[1] for event in events}), DagModel.is_active == true())
+            .where(reference.dataset_id.in_({event[1] for event in events}))
         ):
             if latest is not None:
                 consumers_of[dataset_id].append((dag_id, latest, oldest))
@@ -340,42 +406,42 @@ class SchedulerJobRunner:
         links = select(link.event_id, DagRun.dag_id).join(DagRun, DagRun.id == link.dag_run_id)
         consumed = set(session.execute(links.where(link.event_id.in_([event[0] for event in events]))).all())
         checked: dict[tuple[str, int], tuple[Any, ...]] = self.__dict__.get("_dataset_race_fix_checked", {})
-        found: dict[str, dict[int, datetime]] = net["found"]
+        finds = []
         for event_id, dataset_id, stamp in events:
             for dag_id, latest, oldest in consumers_of[dataset_id]:
                 remembered = checked.get((dag_id, dataset_id), (None, None, None))[2]
                 below = stamp <= latest or (remembered and stamp < remembered)
                 if (event_id, dag_id) not in consumed and below and stamp >= oldest:
-                    stamps = found.setdefault(dag_id, {})
-                    stamps[dataset_id] = min(stamps.get(dataset_id, stamp), stamp)
+                    finds.append((dag_id, dataset_id, event_id, stamp))
+        return finds
 
     def _read_dataset_windows_once(
         self, net: dict[str, Any], only: set[str] | None, session: Session, at_once: bool = False
-    ) -> None:
+    ) -> list[tuple[str, int, int, datetime]]:
         """
-        The net after a start (BUG_REPORT, "The net"): each reference's window read once for unconsumed events, quiet
-        DAGs first, a step (10 DAGs' references, or a slice of 1-2 ms) a loop while the steps took under 3 % of
-        the time (``only``: explain's DAGs, at once).
+        The net after a start (BUG_REPORT, "The net"): each reference's window read once for its oldest unconsumed
+        event, quiet DAGs first, a step (10 DAGs' references, or a slice of 1-2 ms) a loop while the steps took under
+        3 % of the time (``only``: explain's DAGs, at once); paused DAGs too: a finding waits for their next run.
         """
-        from sqlalchemy import bindparam, false, true
+        from sqlalchemy import bindparam, true
 
         def window_page() -> Any:  # a page's references, built once a process (0.5 ms of a page's 2 ms)
             reference, page = DagScheduleDatasetReference, bindparam("page", expanding=True)
             latest_run, oldest_run = (self._latest_dataset_run_date(reference.dag_id, old) for old in (False, True))
             return (select(reference.dag_id, reference.dataset_id, latest_run, oldest_run)
                     .join(DagModel, DagModel.dag_id == reference.dag_id)  # (with a run: compared below, not in SQL,
-                    .where(DagModel.is_paused == false(), DagModel.is_active == true())  # which evaluated it twice)
+                    .where(DagModel.is_active == true())  # which evaluated it twice)
                     .where(reference.dag_id.in_(page), DagModel.dag_id.in_(page)))  # both: by their indexes
 
-        credit = self._dataset_step_credit(net)
+        credit, finds = self._dataset_step_credit(net), []
         if only is not None:
             net["windows"], net["pages"] = {}, [sorted(only)]
         elif "pages" not in net:
             if credit <= 0 and not at_once:
-                return
+                return finds
             started = time.monotonic()
-            unpaused = select(DagModel.dag_id).where(DagModel.is_paused == false(), DagModel.is_active == true())
-            dag_ids = sorted(session.connection().execute(unpaused).scalars())  # (Core rows: ORM ones 3 ms at 1 000)
+            active = select(DagModel.dag_id).where(DagModel.is_active == true())
+            dag_ids = sorted(session.connection().execute(active).scalars())  # (Core rows: ORM ones 3 ms at 1 000)
             net["windows"], net["pages"] = {}, [dag_ids[i : i + 10] for i in range(0, len(dag_ids), 10)]
             credit -= time.monotonic() - started
         windows, pages, paged = net["windows"], net["pages"], False
@@ -388,7 +454,6 @@ class SchedulerJobRunner:
                 net["window_order"] = sorted(windows, key=lambda key: (windows[key][0], key))
         order = net.get("window_order", [])
         lookback = timedelta(seconds=self._dataset_manager()._dataset_race_fix_setting("event_lookback_seconds"))
-        found: dict[str, dict[int, datetime]] = net["found"]
         while order and (at_once or (credit > 0 and not paged)):
             (dag_id, dataset_id), size = order[0], net.get("slice_size", 100)
             latest, oldest = windows[(dag_id, dataset_id)]
@@ -401,11 +466,10 @@ class SchedulerJobRunner:
             params.update(low=min(ids := [row[0] for row in rows], default=0), high=max(ids, default=0))
             for first in range(0, len(runs), 500):  # SQLite before 3.32: 999 variables
                 consumed.update(session.scalars(consumed_of, {**params, "runs": runs[first : first + 500]}))
-            for event_id, stamp, oldest_now in rows:  # the oldest left, not below the oldest run now (db clean)
-                if event_id not in consumed and oldest_now is not None and stamp >= oldest_now:
-                    stamps = found.setdefault(dag_id, {})
-                    stamps[dataset_id] = min(stamps.get(dataset_id, stamp), stamp)
-                    break
+            found = [row for row in rows if row[0] not in consumed and row[2] is not None and row[1] >= row[2]]
+            if found:  # the oldest left, not below the oldest run now (db clean): the decision reads on from it
+                finds.append((dag_id, dataset_id, found[0][0], found[0][1]))
+                rows = []
             took = time.monotonic() - slice_started
             credit -= took
             # halve or double, 100 to 1 000 events: 1-2 ms a slice, a stock loop at most (fewer events cost as much)
@@ -417,6 +481,7 @@ class SchedulerJobRunner:
             if not at_once:
                 break  # a slice a loop at most
         net["credit"] = credit
+        return finds
 
     @staticmethod
     def _dataset_step_credit(state: dict[str, Any]) -> float:
@@ -482,8 +547,9 @@ class SchedulerJobRunner:
         state = self._read_dataset_decision_state(sorted(dm.dag_id for dm in dag_models), session)
         lookback = timedelta(seconds=manager._dataset_race_fix_setting("event_lookback_seconds"))
         commit_latency = timedelta(seconds=manager._dataset_race_fix_setting("commit_latency_seconds"))
-        # DAGs the net found a late commit for: their next decision reads from its stamp.
-        net_found: dict[str, dict[int, datetime]] = self.__dict__.get("_dataset_race_fix_net", {}).get("found", {})
+        # The net's findings: a decision reads from their stamps, and they go with the run that consumes them.
+        net = self.__dict__.get("_dataset_race_fix_net", {})
+        findings: dict[str, dict[int, tuple[datetime, list[int]]]] = net.get("findings", {})
         # Nothing dated further ahead of the database's clock (a stock producer's host clock) dates a run.
         horizon = state.database_now + timedelta(seconds=manager._dataset_race_fix_setting("max_event_ahead_seconds"))
         consumed_rows: list[tuple[int, str, Any]] = []  # deleted at the end, as read
@@ -507,7 +573,8 @@ class SchedulerJobRunner:
                 dag.dag_id, (None,) * 4
             )
             dataset_ids = sorted(state.dataset_ids_of[dag.dag_id])
-            found_late = net_found.pop(dag.dag_id, {}) if latest_run_date is not None else {}
+            found = findings.get(dag.dag_id, {})
+            found_late = {dataset_id: stamp for dataset_id, (stamp, _) in found.items() if latest_run_date is not None}
             below_clock = None  # the clock behind the latest run (stepped back): read from the run before it, as stock
             if latest_run_date is not None and latest_run_date > state.database_now:
                 runs = select(DagRun.execution_date).where(DagRun.dag_id == dag.dag_id)
@@ -549,6 +616,12 @@ class SchedulerJobRunner:
                 decision["skipped"] = "serialized before Airflow 2.9"
                 continue
             consumed_rows += [(d, dag.dag_id, state.stored_as_read[(d, dag.dag_id)]) for d in choice.rows_done]
+            # a finding goes with the run, or once its dataset has nothing left to consume (consumed elsewhere)
+            with_events = {event.dataset_id for event in choice.events}
+            decision["findings_done"] = [
+                (dataset_id, row_ids) for dataset_id, (_, row_ids) in found.items()
+                if choice.execution_date is not None or dataset_id not in with_events
+            ]
             if choice.execution_date is None:
                 continue
             events = self._events_for_timetable(dag.timetable, choice.events, session)
@@ -746,9 +819,9 @@ class SchedulerJobRunner:
             if dataset_id in queued:  # a row written after the oldest run brings no event from below it (db clean's)
                 row = queued[dataset_id]
                 floor = min(floor, max(row - commit_latency, kept_from if row > kept_from else row - commit_latency))
-            if dataset_id in found_late:
-                floor = min(floor, found_late[dataset_id])
             floors[dataset_id] = max(floor, full_floor)
+            if dataset_id in found_late:  # the net's finding, however old: never below db clean's runs
+                floors[dataset_id] = min(floors[dataset_id], max(found_late[dataset_id], oldest_run_date or kept_from))
         return cls._DatasetFloors(floors, min(floors.values(), default=full_floor), full_read)
 
     def _remember_dataset_reads(
@@ -894,6 +967,16 @@ class SchedulerJobRunner:
             self._link_consumed_events(dag_run.id, [event.id for event in decision["events"]], session)
         if consumed_rows:
             self._delete_dataset_queue_rows_as_read(consumed_rows, session)
+        # the net's findings these decisions consumed or found consumed, as read (by primary key; in this transaction)
+        net_findings = self.__dict__.get("_dataset_race_fix_net", {}).get("findings", {})
+        done: list[int] = []
+        for decision in decisions:
+            for dataset_id, row_ids in decision.get("findings_done", ()):
+                done += row_ids
+                net_findings.get(decision["dag_id"], {}).pop(dataset_id, None)
+        for start in range(0, len(done), 500):
+            chunk = sorted(done)[start : start + 500]
+            session.execute(delete(Log).where(Log.id.in_(chunk)).execution_options(synchronize_session=False))
 
     @staticmethod
     def _link_consumed_events(dag_run_id: int, event_ids: list[int], session: Session) -> None:
