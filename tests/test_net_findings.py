@@ -191,3 +191,39 @@ def test_turning_the_fix_off_with_a_finding_pending_makes_no_phantom_or_doubled_
     consumed = sum(runs, [])
     assert len(consumed) == len(set(consumed)), f"an event consumed twice: {runs}"
     assert len(runs) == 3
+
+
+def test_a_full_late_queue_loses_nothing_and_says_so(world, monkeypatch):
+    """
+    The net follows at most 100 000 late events: one past that is dropped, counted
+    (``dataset_race_fix.net_ids_dropped``) and logged, and the window pass reads every window again,
+    which finds it. Before, it was dropped without a word, and lost. (A look and the windows every
+    loop: ``net_look_interval_seconds`` 0.)
+    """
+    from airflow.stats import Stats
+
+    monkeypatch.setenv(LATENCY, "1")
+    monkeypatch.setenv("AIRFLOW__DATASET_RACE_FIX__NET_LOOK_INTERVAL_SECONDS", "0")
+    counted = []
+    monkeypatch.setattr(Stats, "incr", lambda name, count=1, *args, **kwargs: counted.append((name, count)))
+    w = world
+    runners = []
+
+    def fill_the_late_queue(d):
+        net = runners[0].__dict__["_dataset_race_fix_net"]
+        assert net.get("window_order", True) == [], "the first window pass is not over"
+        net["late"] = [(-1, -1, None)] * 100_000  # events of no dataset: their probes find nobody
+
+    original = World.scheduler
+
+    def scheduler(self, name="scheduler"):
+        actor = original(self, name)
+        runners.append(actor.runner)
+        return actor
+
+    monkeypatch.setattr(World, "scheduler", scheduler)
+    d, late, s, _ = late_commit(w, "k", before_commit=fill_the_late_queue)
+    w.loop(s), s.finish()
+    assert ("dataset_race_fix.net_ids_dropped", 1) in counted
+    assert late in sum(_consumed(d), []), "the dropped late event was lost"
+    assert w.report().violations() == {}
