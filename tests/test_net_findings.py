@@ -227,3 +227,37 @@ def test_a_full_late_queue_loses_nothing_and_says_so(world, monkeypatch):
     assert ("dataset_race_fix.net_ids_dropped", 1) in counted
     assert late in sum(_consumed(d), []), "the dropped late event was lost"
     assert w.report().violations() == {}
+
+
+@pytest.mark.parametrize("then", ["the restarted scheduler", "a second scheduler, started first"])
+def test_a_restart_resumes_where_the_ids_were_followed(world, monkeypatch, then):
+    """
+    P's late COMMIT lands while no scheduler runs (the upgrade procedure stops them all), and the
+    DAG's next run (the restarted scheduler's, or a second scheduler's started just before) lies
+    more than ``event_lookback_seconds`` (5 here) past P's stamp. The restarted scheduler reads
+    the ids from where the last one followed them (its mark: P's id was missing there) and
+    consumes P's event within its first loops. A window pass from the latest run less the
+    look-back never reached it (stock loses it too).
+    """
+    monkeypatch.setenv(LATENCY, "1")
+    monkeypatch.setenv("AIRFLOW__DATASET_RACE_FIX__EVENT_LOOKBACK_SECONDS", "8")
+    w = world
+    d, late, s, (k,) = late_commit(w, "k")  # s saw P's id missing and marked it; then it stops
+    with create_session() as session:
+        marks = session.scalar(select(func.count()).select_from(Log).where(Log.event == "dataset-race-fix-followed"))
+    assert marks >= 1, "the scheduler left no mark of where it followed the ids"
+    time.sleep(9)  # longer than the look-back: the next run lies past P's stamp by more than that
+    q = w.producer("Q2")
+    w.emit(q, k), q.finish()
+    if then != "the restarted scheduler":
+        other = w.scheduler("second")
+        w.loop(other), other.finish()  # run 3, past the look-back
+    restarted = w.scheduler("restarted")
+    loops = 0
+    while late not in sum(_consumed(d), []) and loops < 6:
+        w.loop(restarted), restarted.finish()
+        loops += 1
+        time.sleep(0.6)  # a look every half second
+    assert late in sum(_consumed(d), []), f"P's late event {late} lost after a restart: {_consumed(d)}"
+    assert sorted(sum(_consumed(d), [])) == sorted(_events(w))
+    assert w.report().violations() == {}

@@ -267,6 +267,8 @@ class SchedulerJobRunner:
             finds += self._read_dataset_windows_once(net, only, session, at_once=only is not None or not interval)
         if only is None and (finds or looked or "findings" not in net):
             net["findings"] = self._dataset_findings(finds, session)
+        if looked:  # after the findings are kept: a restart never starts above a find that was not
+            self._dataset_follow_mark(net, session)
         findings: dict[str, dict[int, tuple[datetime, list[int]]]] = net.setdefault("findings", {})
         for dag_id, dataset_id, _, stamp in finds if only is not None else ():  # explain's: kept here, not written
             stamps = findings.setdefault(dag_id, {})
@@ -348,7 +350,12 @@ class SchedulerJobRunner:
         columns = (DatasetEvent.id, DatasetEvent.dataset_id, DatasetEvent.timestamp)
         missing: dict[int, float] = net.setdefault("missing", {})  # id -> when it was first missed (monotonic)
         looked_at, high = time.monotonic(), net.get("high")
-        if high is None:  # a new process: the last ids not there yet may still commit (SQLite: none, ids in order)
+        followed = self._dataset_follow_mark(net, session) if high is None else None
+        if followed is not None:  # on from where the processes before it followed the ids (no window pass)
+            net["high"], net["window_order"] = followed["high"], []
+            missing.update(dict.fromkeys(followed["missing"], looked_at))
+            return []
+        if high is None:  # a first start: the last ids not there yet may still commit (SQLite: none, ids in order)
             net["high"] = high = session.scalar(select(func.max(DatasetEvent.id))) or 0
             ids, bucket = DatasetEvent.id, (DatasetEvent.id - DatasetEvent.id % 1000).label("bucket")
             # counted by the thousand, read only where some are absent (10 000 ids as rows cost 15-25 ms); closed: the
@@ -395,32 +402,72 @@ class SchedulerJobRunner:
         if capped:  # the window pass reads every window again: what the caps dropped is found there
             net.pop("pages", None)
             net.pop("window_order", None)
-        events, net["late"] = late[:50], late[50:100_000]
-        if not events:
-            return []
-        # Each event's consumers with a dataset-triggered run, not below their oldest (db clean), and the links.
+        events, net["late"] = late[:1_000], late[1_000:100_000]
+        # Each event's consumers with a dataset-triggered run, not below their oldest (db clean), and the links of those
+        # it lies below: after a restart most lie above every run, and their links are not read.
         reference = DagScheduleDatasetReference
         latest_run, oldest_run = (self._latest_dataset_run_date(reference.dag_id, oldest) for oldest in (False, True))
+        consumers = select(reference.dag_id, reference.dataset_id, latest_run, oldest_run)
+        checked: dict[tuple[str, int], tuple[Any, ...]] = self.__dict__.get("_dataset_race_fix_checked", {})
         consumers_of: dict[int, list[tuple[str, Any, Any]]] = defaultdict(list)
-        for dag_id, dataset_id, latest, oldest in session.execute(
-            # every consumer, paused or inactive too: what it finds waits in the table for the DAG's next run
-            select(reference.dag_id, reference.dataset_id, latest_run, oldest_run)
-            .where(reference.dataset_id.in_({event[1] for event in events}))
-        ):
-            if latest is not None:
-                consumers_of[dataset_id].append((dag_id, latest, oldest))
+        datasets = sorted({event[1] for event in events})
+        for start in range(0, len(datasets), 500):  # every consumer, paused or inactive too: a finding waits for it
+            for dag_id, dataset_id, latest, oldest in session.execute(
+                consumers.where(reference.dataset_id.in_(datasets[start : start + 500]))
+            ):
+                remembered = checked.get((dag_id, dataset_id), (None, None, None))[2]
+                if latest is not None:  # below this, an event is below where the DAG's next read starts
+                    consumers_of[dataset_id].append((dag_id, max(latest, remembered or latest), oldest))
+        below = [
+            (dag_id, dataset_id, event_id, stamp)
+            for event_id, dataset_id, stamp in events
+            for dag_id, top, oldest in consumers_of[dataset_id]
+            if oldest <= stamp <= top
+        ]
         link = association_table.c
         links = select(link.event_id, DagRun.dag_id).join(DagRun, DagRun.id == link.dag_run_id)
-        consumed = set(session.execute(links.where(link.event_id.in_([event[0] for event in events]))).all())
-        checked: dict[tuple[str, int], tuple[Any, ...]] = self.__dict__.get("_dataset_race_fix_checked", {})
-        finds = []
-        for event_id, dataset_id, stamp in events:
-            for dag_id, latest, oldest in consumers_of[dataset_id]:
-                remembered = checked.get((dag_id, dataset_id), (None, None, None))[2]
-                below = stamp <= latest or (remembered and stamp < remembered)
-                if (event_id, dag_id) not in consumed and below and stamp >= oldest:
-                    finds.append((dag_id, dataset_id, event_id, stamp))
-        return finds
+        event_ids, consumed = sorted({find[2] for find in below}), set()
+        for start in range(0, len(event_ids), 500):
+            consumed.update(session.execute(links.where(link.event_id.in_(event_ids[start : start + 500]))).all())
+        return [find for find in below if (find[2], find[0]) not in consumed]
+
+    def _dataset_follow_mark(self, net: dict[str, Any], session: Session) -> dict[str, Any] | None:
+        """
+        Where the ids were followed, kept for the next process (a restart, a scheduler taking over; BUG_REPORT, "The
+        net"): a ``log`` row with ``event`` "dataset-race-fix-followed" and ``extra`` the highest id seen (below the
+        late events not probed yet) and the ids missing below it. In a new process: the last processes' marks (within
+        ``event_lookback_seconds`` of the newest) as one, the lowest high and every missing id, None if none; after: this process's mark written again where it
+        moved, at most every 5 s, in a transaction and on a connection of its own.
+        """
+        import json
+
+        manager = self._dataset_manager()
+        lookback = timedelta(seconds=manager._dataset_race_fix_setting("event_lookback_seconds"))
+        mark = "dataset-race-fix-followed"
+        if "high" not in net:  # the last processes' marks: written within the look-back of the newest, however old
+            marks = session.execute(select(Log.dttm, Log.extra).where(Log.event == mark)).all()
+            newest = max((dttm for dttm, _ in marks), default=None)
+            marks = [json.loads(extra) for dttm, extra in marks if dttm >= newest - lookback]
+            if not marks:
+                return None
+            return {"high": min(m["high"] for m in marks), "missing": set().union(*(m["missing"] for m in marks))}
+        # late events not probed yet are read again from the lowest of them by the next process
+        high = min([net["high"], *(event[0] - 1 for event in net.get("late", ()))])
+        followed = {"high": high, "missing": sorted(i for i in net["missing"] if i <= high)}
+        interval = manager._dataset_race_fix_setting("net_look_interval_seconds")
+        if followed == net.get("marked") or (interval and time.monotonic() - net.get("marked_at", float("-inf")) < 5):
+            return None
+        now = manager._database_now(session)
+        row = {"dttm": now, "event": mark, "extra": json.dumps(followed)}
+        with session.get_bind().engine.begin() as connection:
+            if "mark_id" in net:
+                connection.execute(Log.__table__.update().where(Log.id == net["mark_id"]).values(row))
+            else:
+                net["mark_id"] = connection.execute(Log.__table__.insert().values(row)).inserted_primary_key[0]
+            # the marks of processes gone for longer than the look-back: nothing reads them any more
+            connection.execute(delete(Log).where(Log.event == mark, Log.dttm < now - lookback))
+        net["marked"], net["marked_at"] = followed, time.monotonic()
+        return None
 
     def _read_dataset_windows_once(
         self, net: dict[str, Any], only: set[str] | None, session: Session, at_once: bool = False
