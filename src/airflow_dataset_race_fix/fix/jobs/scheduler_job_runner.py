@@ -151,7 +151,7 @@ class SchedulerJobRunner:
         stranded = self._dags_with_stranded_dataset_events(session)
         oldest_new = {dag_id: stamp for dag_id, stamp in stranded.items() if dag_id not in dataset_triggered_dag_info}
         sweep = self.__dict__.setdefault("_dataset_race_fix_sweep", {"at": time.monotonic(), "size": 50})  # not now
-        # a page a loop while 3 % of the time allows, sized to 1-2 ms (as the window pass's slices); tests: every loop
+        # a page a loop while 3 % of the time allows, sized to 1-2 ms; tests: every loop
         paced = interval > 0 and self._dataset_step_credit(sweep) < 0
         if not paced and (sweep.get("todo") or time.monotonic() - sweep["at"] >= interval):
             if not sweep.get("todo"):  # a round starts: its clock read once, its DAGs read by the first page
@@ -253,29 +253,20 @@ class SchedulerJobRunner:
         """
         The net (BUG_REPORT, "The net"): ``{dag_id: oldest such stamp}`` of the DAGs with a finding, an unconsumed
         event below where their next read starts, whose condition holds with it. ``net_look_interval_seconds`` 0
-        (tests): a look every loop, windows at once.
+        (tests): a look every loop. ``read_only`` (explain): no look, nothing written, the findings read.
         """
         net = self.__dict__.setdefault("_dataset_race_fix_net", {})
-        only = net.get("only")  # explain: these DAGs' windows read through at once, nothing followed or written
         interval = self._dataset_manager()._dataset_race_fix_setting("net_look_interval_seconds")
-        looked = only is None and time.monotonic() - net.get("looked_at", float("-inf")) >= interval
+        looked = not net.get("read_only") and time.monotonic() - net.get("looked_at", float("-inf")) >= interval
         finds: list[tuple[str, int, int, datetime]] = []
         if looked:
             net["looked_at"] = time.monotonic()
-            finds += self._follow_dataset_event_ids(net, session)
-        if only is not None or net.get("window_order", True):  # (the pass done: an empty order)
-            finds += self._read_dataset_windows_once(net, only, session, at_once=only is not None or not interval)
-        if only is None and (finds or looked or "findings" not in net):
+            finds = self._follow_dataset_event_ids(net, session)
+        if finds or looked or "findings" not in net:
             net["findings"] = self._dataset_findings(finds, session)
         if looked:  # after the findings are kept: a restart never starts above a find that was not
             self._dataset_follow_mark(net, session)
-        findings: dict[str, dict[int, tuple[datetime, list[int]]]] = net.setdefault("findings", {})
-        for dag_id, dataset_id, _, stamp in finds if only is not None else ():  # explain's: kept here, not written
-            stamps = findings.setdefault(dag_id, {})
-            stamps[dataset_id] = (min(stamps.get(dataset_id, (stamp, []))[0], stamp), [])
-        if only is not None:
-            return {dag_id: min(stamp for stamp, _ in found.values()) for dag_id, found in findings.items() if found}
-        return self._dags_ready_by_findings(findings, session)
+        return self._dags_ready_by_findings(net["findings"], session)
 
     def _dataset_findings(
         self, finds: list[tuple[str, int, int, datetime]], session: Session
@@ -351,23 +342,12 @@ class SchedulerJobRunner:
         missing: dict[int, float] = net.setdefault("missing", {})  # id -> when it was first missed (monotonic)
         looked_at, high = time.monotonic(), net.get("high")
         followed = self._dataset_follow_mark(net, session) if high is None else None
-        if followed is not None:  # on from where the processes before it followed the ids (no window pass)
-            net["high"], net["window_order"] = followed["high"], []
+        if followed is not None:  # on from where the processes before it followed the ids
+            net["high"] = followed["high"]
             missing.update(dict.fromkeys(followed["missing"], looked_at))
             return []
-        if high is None:  # a first start: the last ids not there yet may still commit (SQLite: none, ids in order)
-            net["high"] = high = session.scalar(select(func.max(DatasetEvent.id))) or 0
-            ids, bucket = DatasetEvent.id, (DatasetEvent.id - DatasetEvent.id % 1000).label("bucket")
-            # counted by the thousand, read only where some are absent (10 000 ids as rows cost 15-25 ms); closed: the
-            # key's index on tables never analyzed; from the oldest there: ids below it were deleted (db clean)
-            counts = select(bucket, func.count(), func.min(ids)).where(ids.between(high - 9_999, high)).group_by(bucket)
-            counted = session.connection().execute(counts).all() if session.bind.dialect.name != "sqlite" else []
-            oldest = min((row[2] for row in counted), default=high)
-            for start, count, _ in counted:
-                first, last = max(start, oldest), min(start + 999, high)
-                if count < last - first + 1:
-                    there = session.connection().execute(select(ids).where(ids.between(first, last))).scalars().all()
-                    missing.update(dict.fromkeys(set(range(first, last + 1)) - set(there), looked_at))
+        if high is None:  # a first start (no mark): the last 10 000 ids read again, as if they had just appeared
+            net["high"] = max(0, (session.scalar(select(func.max(DatasetEvent.id))) or 0) - 10_000)
             return []
         # At most 5 000 new and 1 000 missing ids a loop: a backlog is read in the loops after. The lowest new id by
         # min() (the key's index whatever the statistics: an open range was a sequential scan on tables never analyzed)
@@ -389,7 +369,7 @@ class SchedulerJobRunner:
                 missing.pop(row.id, None)
         recent = sorted(i for i, at in missing.items() if looked_at - at <= forget_after)
         net["missing"] = {i: missing[i] for i in recent[-10_000:]}  # the newest
-        late = net.setdefault("late", [])  # checked at most 50 a look (their consumers' probes), 100 000 kept
+        late = net.setdefault("late", [])  # probed 50 to 1 000 a look, 100 000 kept
         if appeared:  # the clock read after the look: every event seen committed before it
             slow_before = manager._database_now(session) - latency
             late += [tuple(row) for row in appeared if row.timestamp < slow_before]
@@ -399,10 +379,10 @@ class SchedulerJobRunner:
             Stats.incr("dataset_race_fix.net_ids_dropped", aged + capped)
             self.log.info("dataset-race-fix: the net no longer follows %d id(s) missing for event_lookback_seconds "
                           "and drops %d past its caps", aged, capped)
-        if capped:  # the window pass reads every window again: what the caps dropped is found there
-            net.pop("pages", None)
-            net.pop("window_order", None)
-        events, net["late"] = late[:1_000], late[1_000:100_000]
+        if len(late) > 100_000:  # the late events past the cap are read again, as new, when the net gets there
+            net["high"] = min(net["high"], min(event[0] for event in late[100_000:]) - 1)
+        size = net.get("probe_size", 50)  # late events probed a look: 50 to 1 000, sized to take 1-2 ms
+        events, net["late"], started = late[:size], late[size:100_000], time.monotonic()
         # Each event's consumers with a dataset-triggered run, not below their oldest (db clean), and the links of those
         # it lies below: after a restart most lie above every run, and their links are not read.
         reference = DagScheduleDatasetReference
@@ -429,6 +409,11 @@ class SchedulerJobRunner:
         event_ids, consumed = sorted({find[2] for find in below}), set()
         for start in range(0, len(event_ids), 500):
             consumed.update(session.execute(links.where(link.event_id.in_(event_ids[start : start + 500]))).all())
+        took = time.monotonic() - started
+        if len(events) == size and took < 0.001:
+            net["probe_size"] = min(1_000, size * 2)
+        elif took > 0.002:
+            net["probe_size"] = max(50, size // 2)
         return [find for find in below if (find[2], find[0]) not in consumed]
 
     def _dataset_follow_mark(self, net: dict[str, Any], session: Session) -> dict[str, Any] | None:
@@ -464,82 +449,17 @@ class SchedulerJobRunner:
                 connection.execute(Log.__table__.update().where(Log.id == net["mark_id"]).values(row))
             else:
                 net["mark_id"] = connection.execute(Log.__table__.insert().values(row)).inserted_primary_key[0]
-            # the marks of processes gone for longer than the look-back: nothing reads them any more
-            connection.execute(delete(Log).where(Log.event == mark, Log.dttm < now - lookback))
+            # the marks of processes gone for longer than the look-back (nothing reads them), by idx_log_event
+            marks = connection.execute(select(Log.id, Log.dttm).where(Log.event == mark)).all()
+            gone = [mark_id for mark_id, dttm in marks if dttm < now - lookback]
+            if gone:
+                connection.execute(delete(Log).where(Log.id.in_(gone[:500])))
         net["marked"], net["marked_at"] = followed, time.monotonic()
         return None
 
-    def _read_dataset_windows_once(
-        self, net: dict[str, Any], only: set[str] | None, session: Session, at_once: bool = False
-    ) -> list[tuple[str, int, int, datetime]]:
-        """
-        The net after a start (BUG_REPORT, "The net"): each reference's window read once for its oldest unconsumed
-        event, quiet DAGs first, a step (10 DAGs' references, or a slice of 1-2 ms) a loop while the steps took under
-        3 % of the time (``only``: explain's DAGs, at once); paused DAGs too: a finding waits for their next run.
-        """
-        from sqlalchemy import bindparam, true
-
-        def window_page() -> Any:  # a page's references, built once a process (0.5 ms of a page's 2 ms)
-            reference, page = DagScheduleDatasetReference, bindparam("page", expanding=True)
-            latest_run, oldest_run = (self._latest_dataset_run_date(reference.dag_id, old) for old in (False, True))
-            return (select(reference.dag_id, reference.dataset_id, latest_run, oldest_run)
-                    .join(DagModel, DagModel.dag_id == reference.dag_id)  # (with a run: compared below, not in SQL,
-                    .where(DagModel.is_active == true())  # which evaluated it twice)
-                    .where(reference.dag_id.in_(page), DagModel.dag_id.in_(page)))  # both: by their indexes
-
-        credit, finds = self._dataset_step_credit(net), []
-        if only is not None:
-            net["windows"], net["pages"] = {}, [sorted(only)]
-        elif "pages" not in net:
-            if credit <= 0 and not at_once:
-                return finds
-            started = time.monotonic()
-            active = select(DagModel.dag_id).where(DagModel.is_active == true())
-            dag_ids = sorted(session.connection().execute(active).scalars())  # (Core rows: ORM ones 3 ms at 1 000)
-            net["windows"], net["pages"] = {}, [dag_ids[i : i + 10] for i in range(0, len(dag_ids), 10)]
-            credit -= time.monotonic() - started
-        windows, pages, paged = net["windows"], net["pages"], False
-        while pages and (at_once or (credit > 0 and not paged)):  # a step a loop at most
-            paged, started, page = True, time.monotonic(), pages.pop(0)  # references of 10 DAGs
-            rows = session.execute(self._dataset_statement(("window page",), window_page), {"page": page})
-            windows.update(((dag, dataset), (latest, oldest)) for dag, dataset, latest, oldest in rows if latest)
-            credit -= time.monotonic() - started
-            if not pages:
-                net["window_order"] = sorted(windows, key=lambda key: (windows[key][0], key))
-        order = net.get("window_order", [])
-        lookback = timedelta(seconds=self._dataset_manager()._dataset_race_fix_setting("event_lookback_seconds"))
-        while order and (at_once or (credit > 0 and not paged)):
-            (dag_id, dataset_id), size = order[0], net.get("slice_size", 100)
-            latest, oldest = windows[(dag_id, dataset_id)]
-            start = net.get("cursor") or max(latest - lookback, oldest)  # never below db clean's runs
-            slice_started = time.monotonic()
-            events_from, runs_of, consumed_of = self._dataset_statement(("window slice",), self._stranded_events_slice)
-            params = {"dataset_id": dataset_id, "start": start, "end": latest, "dag_id": dag_id, "size": size}
-            rows = session.connection().execute(events_from, params).all()
-            runs, consumed = list(session.scalars(runs_of, params)) if rows else [], set()
-            params.update(low=min(ids := [row[0] for row in rows], default=0), high=max(ids, default=0))
-            for first in range(0, len(runs), 500):  # SQLite before 3.32: 999 variables
-                consumed.update(session.scalars(consumed_of, {**params, "runs": runs[first : first + 500]}))
-            found = [row for row in rows if row[0] not in consumed and row[2] is not None and row[1] >= row[2]]
-            if found:  # the oldest left, not below the oldest run now (db clean): the decision reads on from it
-                finds.append((dag_id, dataset_id, found[0][0], found[0][1]))
-                rows = []
-            took = time.monotonic() - slice_started
-            credit -= took
-            # halve or double, 100 to 1 000 events: 1-2 ms a slice, a stock loop at most (fewer events cost as much)
-            net["slice_size"] = max(100, size // 2) if took > 0.002 else min(1000, size * 2) if took < 0.001 else size
-            if len(rows) < size:  # the window read through
-                order.pop(0)
-            # on from this slice's newest stamp, for its ties (one microsecond on if all share it)
-            net["cursor"] = max(rows[-1][1], start + timedelta(microseconds=1)) if len(rows) == size else None
-            if not at_once:
-                break  # a slice a loop at most
-        net["credit"] = credit
-        return finds
-
     @staticmethod
     def _dataset_step_credit(state: dict[str, Any]) -> float:
-        """A paced step's credit (the window pass, the sweep): 3 % of the time since the last call, a step saved up."""
+        """A paced step's credit (the sweep's pages): 3 % of the time since the last call, a step saved up."""
         now = time.monotonic()  # (10 ms saved up made a burst of steps in the loops after a pause: the median)
         state["credit"] = min(state.get("credit", 0.0) + 0.03 * (now - state.get("credit_at", now)), 0.002)
         state["credit_at"] = now
@@ -559,31 +479,6 @@ class SchedulerJobRunner:
         searched = select(DagRun.execution_date).where(DagRun.dag_id == dag_id)
         searched = searched.where(DagRun.run_type == DagRunType.DATASET_TRIGGERED).order_by(order).limit(1)
         return func.coalesce(first_if_dataset_triggered, searched.scalar_subquery())
-
-    @classmethod
-    def _stranded_events_slice(cls) -> tuple[Any, Any, Any]:
-        """
-        A window slice (``dataset_id``, ``start`` to ``end``, ``size`` events) with the oldest dataset-triggered run of
-        ``dag_id``; its runs dated from ``start`` on (a run is dated at or after what it consumes:
-        ``_choose_dataset_run``, stock's window); and which of ids ``low`` to ``high`` the ``runs`` consumed.
-        """
-        from sqlalchemy import bindparam
-
-        from airflow.models.dataset import association_table
-
-        oldest_run = cls._latest_dataset_run_date(bindparam("dag_id"), oldest=True)
-        start, end, size = bindparam("start"), bindparam("end"), bindparam("size")
-        events = select(DatasetEvent.id, DatasetEvent.timestamp, oldest_run)
-        events = events.where(DatasetEvent.dataset_id == bindparam("dataset_id"), DatasetEvent.timestamp >= start)
-        events = events.where(DatasetEvent.timestamp <= end).order_by(DatasetEvent.timestamp).limit(size)
-        # Per run, its links by primary key (dag_run_id, event_id) within the slice's ids: the DAG's runs and the
-        # slice's links, not each event's links to every consumer (the event_id index: fan-out x events). The runs
-        # bound as a list, not joined: MariaDB probes a joined table's key by its equalities only (all a run's links).
-        # EXPLAIN, tables never analyzed: a range of the key per run on PostgreSQL, MariaDB and SQLite alike.
-        runs = select(DagRun.id).where(DagRun.dag_id == bindparam("dag_id"), DagRun.execution_date >= start)
-        link, in_slice = association_table.c, (bindparam("low"), bindparam("high"))
-        consumed = select(link.event_id).where(link.dag_run_id.in_(bindparam("runs", expanding=True)))
-        return events, runs, consumed.where(link.event_id.between(*in_slice))
 
     def _decide_dataset_triggered_runs(
         self, dag_models: Collection[DagModel], dataset_triggered_dag_info: dict[str, tuple[datetime, datetime]],
