@@ -10,7 +10,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from reproduce.benchmark.cases.busy_dataset import BUSY_DATASET_ON_SQLITE, BUSY_DATASET_STATES, bench_busy_dataset
+from reproduce.benchmark.cases.busy_dataset import (
+    BUSY_DATASET_ON_SQLITE,
+    BUSY_DATASET_STATES,
+    bench_busy_dataset,
+)
 from reproduce.benchmark.cases.busy_scheduler import bench_busy_producers
 from reproduce.benchmark.cases.explain import bench_explain
 from reproduce.benchmark.cases.fan_out import bench_fanout

@@ -6,7 +6,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from reproduce.benchmark.runner import first_line
+from reproduce.benchmark.runner import Variants, first_line
 
 
 def producer_transaction(dataset, before_commit: Callable[[Any], None] | None = None,
@@ -63,3 +63,18 @@ def run_beside_a_scheduler(scheduler: Callable[[Any], None], producers: list[Cal
         thread.join()
     stop.set()
     busy.join()
+
+
+def commit_new_events(variants: Variants, datasets: list[Any]) -> None:
+    """
+    A new event on each of ``datasets``, in one transaction of a stock producer, committed once: every sample of
+    either variant then creates the runs for them in a transaction it rolls back.
+    """
+    from airflow import settings
+    from airflow.datasets.manager import dataset_manager
+
+    variants.use("stock")
+    with settings.Session() as session:
+        for dataset in datasets:
+            dataset_manager.register_dataset_change(dataset=dataset, session=session)
+        session.commit()

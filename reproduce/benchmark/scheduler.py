@@ -118,3 +118,8 @@ def drain(runner, dag_ids: list[str], max_passes: int = 20) -> list[str]:
         session.close()
     finish_runs(dag_ids)
     return errors
+
+
+def window_pass_over(runner) -> bool:
+    """Whether a fixed runner's window pass (its safety net's read of every reference after a start) is over."""
+    return runner.__dict__.get("_dataset_race_fix_net", {}).get("window_order", True) == []

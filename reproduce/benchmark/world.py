@@ -6,7 +6,6 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 HISTORY_DAYS = 7
-
 RUN_BATCH = 10  # events consumed per historical run
 
 
@@ -149,3 +148,40 @@ def add_history(
                 ]
                 session.execute(insert(association_table), links)
             session.commit()
+
+
+def id_of(dataset) -> int:
+    """The id of ``dataset``'s row (``make_consumers`` wrote it)."""
+    from airflow import settings
+    from airflow.models.dataset import DatasetModel
+    from sqlalchemy import select
+
+    with settings.Session() as session:
+        return session.scalar(select(DatasetModel.id).where(DatasetModel.uri == dataset.uri))
+
+
+def evenly_before(end: datetime, span: timedelta, count: int) -> list[datetime]:
+    """``count`` instants evenly over the ``span`` up to ``end``, oldest first."""
+    return [end - span * (count - i) / count for i in range(count)]
+
+
+def add_consumed_events(dag_id: str, dataset_id: int, instants: list[datetime]) -> None:
+    """Events at ``instants`` on one dataset, each consumed by a run of its one DAG (``RUN_BATCH`` a run)."""
+    add_history({"single_a": dag_id}, {"a": dataset_id}, instants, 0, watches={"single_a": {"a"}})
+
+
+def event_rows(dataset_id: int, stamps: list[datetime], source_dag_id: str) -> list[dict[str, Any]]:
+    """Rows of ``dataset_event``: an event at each of ``stamps``, from ``source_dag_id``'s history."""
+    return [{"dataset_id": dataset_id, "timestamp": ts, "extra": {}, "source_dag_id": source_dag_id,
+             "source_task_id": "emit", "source_run_id": "history", "source_map_index": -1} for ts in stamps]
+
+
+def consumed_run_row(dag_id: str, first: datetime, last: datetime) -> dict[str, Any]:
+    """A row of ``dag_run``: a successful dataset-triggered run of ``dag_id``, its data interval ``first`` to ``last``."""
+    from airflow.utils.state import DagRunState
+    from airflow.utils.types import DagRunType
+
+    return {"dag_id": dag_id, "run_id": f"dataset_triggered__{last.isoformat()}", "execution_date": last,
+            "state": DagRunState.SUCCESS, "run_type": DagRunType.DATASET_TRIGGERED, "external_trigger": False,
+            "data_interval_start": first, "data_interval_end": last, "queued_at": last, "start_date": last,
+            "end_date": last, "clear_number": 0}

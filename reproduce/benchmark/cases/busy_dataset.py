@@ -17,10 +17,25 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from reproduce.benchmark.producers import producer_transaction
-from reproduce.benchmark.rounds import RoundsResult, TooFewSamples, count_findings, round_beside_a_scheduler, rounds_rows
+from reproduce.benchmark.rounds import (
+    RoundsResult,
+    TooFewSamples,
+    count_findings,
+    round_beside_a_scheduler,
+    rounds_rows,
+)
 from reproduce.benchmark.runner import VARIANTS, Variants, in_rounds, log
 from reproduce.benchmark.scheduler import drain, new_scheduler_runner
-from reproduce.benchmark.world import ANALYZED, add_history, analyze, make_consumers, quiet_other_dags, unpause_only
+from reproduce.benchmark.world import (
+    ANALYZED,
+    add_consumed_events,
+    analyze,
+    evenly_before,
+    id_of,
+    make_consumers,
+    quiet_other_dags,
+    unpause_only,
+)
 
 BUSY_OTHER_DAGS = 10  # ready DAGs beside the busy dataset's consumer, each with a new event every pass
 
@@ -77,10 +92,7 @@ def bench_busy_dataset(variants: Variants, rates: tuple[int, ...], rounds: int, 
 
 def _busy_dataset_case(variants: Variants, state: str, rate: int, rounds: int, round_seconds: float, history: int,
                        notes: list[str], producers: int, commit_latency: float) -> list[dict[str, Any]]:
-    from airflow import settings
     from airflow.datasets import Dataset
-    from airflow.models.dataset import DatasetModel
-    from sqlalchemy import select
 
     copies: dict[str, tuple[Dataset, Dataset, list[str]]] = {}
     busy_ids: dict[str, int] = {}
@@ -88,15 +100,14 @@ def _busy_dataset_case(variants: Variants, state: str, rate: int, rounds: int, r
     if state == "behind":
         analyze()  # statistics of the tables before this load: they never see it
     end = datetime.now(timezone.utc) - timedelta(seconds=5)
-    instants = [end - timedelta(minutes=10) * (history - i) / history for i in range(history)]
+    instants = evenly_before(end, timedelta(minutes=10), history)
     for variant in VARIANTS:
         uri = f"bench://busy-dataset/{state}/{rate}/{variant}"
         busy, other = Dataset(uri), Dataset(f"{uri}/other")
         names = make_consumers(f"bench_busy_{state}_{rate}_{variant}",
                                {"busy": [busy], **{f"other{i:02d}": [other] for i in range(BUSY_OTHER_DAGS)}})
-        with settings.Session() as session:
-            busy_id = session.scalar(select(DatasetModel.id).where(DatasetModel.uri == busy.uri))
-        add_history({"single_a": names[0]}, {"a": busy_id}, instants, 0, watches={"single_a": {"a"}})
+        busy_id = id_of(busy)
+        add_consumed_events(names[0], busy_id, instants)
         copies[variant], busy_ids[variant] = (busy, other, names), busy_id
     if state == "fresh":
         analyze()
@@ -147,7 +158,7 @@ def top_up_recent_events(dag_id: str, dataset_id: int, rate: int, seconds: int) 
     span = now - timedelta(milliseconds=100) - start
     if missing > 0 and span > timedelta(0):
         instants = [start + span * i / missing for i in range(missing)]
-        add_history({"single_a": dag_id}, {"a": dataset_id}, instants, 0, watches={"single_a": {"a"}})
+        add_consumed_events(dag_id, dataset_id, instants)
 
 
 def _busy_dataset_round(runner, busy, other, dag_ids: list[str], rate: int, producers: int, seconds: float,

@@ -7,7 +7,7 @@ import time
 from datetime import datetime, timedelta, timezone
 
 from reproduce.benchmark.runner import log
-from reproduce.benchmark.world import ANALYZED, RUN_BATCH, add_history, make_consumers
+from reproduce.benchmark.world import ANALYZED, RUN_BATCH, add_history, id_of, make_consumers
 
 
 def bench_explain(notes: list[str], events: int, samples: int = 3) -> None:
@@ -15,17 +15,13 @@ def bench_explain(notes: list[str], events: int, samples: int = 3) -> None:
     its time, against the issue's bound of 1 s. Not a stock/fixed ratio: stock has no explain."""
     from airflow import settings
     from airflow.datasets import Dataset
-    from airflow.models.dataset import DatasetModel
-    from sqlalchemy import select
-
     from sqlalchemy import text
 
     from airflow_dataset_race_fix.diagnostics.explain import explain
 
     dataset = Dataset("bench://explain/a")
     (dag_id,) = make_consumers("bench_explain", {"single_a": [dataset]})
-    with settings.Session() as session:
-        dataset_id = session.scalar(select(DatasetModel.id).where(DatasetModel.uri == dataset.uri))
+    dataset_id = id_of(dataset)
     end = datetime.now(timezone.utc) - timedelta(hours=1)
     step = timedelta(days=7) / events
     add_history({"single_a": dag_id}, {"a": dataset_id}, [end - (events - i) * step for i in range(events)], 0)

@@ -16,8 +16,8 @@ from typing import Any
 
 from reproduce.benchmark.figures import p99, pooled_row
 from reproduce.benchmark.runner import VARIANTS, Variants, log, pair_order
-from reproduce.benchmark.scheduler import new_scheduler_runner, scheduler_pass
-from reproduce.benchmark.world import make_consumers, quiet_other_dags
+from reproduce.benchmark.scheduler import new_scheduler_runner, scheduler_pass, window_pass_over
+from reproduce.benchmark.world import consumed_run_row, event_rows, make_consumers, quiet_other_dags
 
 FANOUT_WINDOW_SECONDS = 800  # inside event_lookback_seconds (900)
 
@@ -39,8 +39,6 @@ def bench_fanout(variants: Variants, consumers: int, datasets: int, events: int,
     from airflow.datasets import Dataset
     from airflow.models.dagrun import DagRun
     from airflow.models.dataset import DatasetEvent, DatasetModel
-    from airflow.utils.state import DagRunState
-    from airflow.utils.types import DagRunType
     from sqlalchemy import insert, select, text
 
     started = time.monotonic()
@@ -55,18 +53,12 @@ def bench_fanout(variants: Variants, consumers: int, datasets: int, events: int,
         for d, uri in enumerate(uris):
             instants = [end - step * (events - i) for i in range(events)]
             for start in range(0, events, 5000):
-                session.execute(insert(DatasetEvent), [
-                    {"dataset_id": dataset_ids[uri], "timestamp": ts, "extra": {}, "source_dag_id": "bench_fanout",
-                     "source_task_id": "emit", "source_run_id": "history", "source_map_index": -1}
-                    for ts in instants[start : start + 5000]])
+                session.execute(insert(DatasetEvent),
+                                event_rows(dataset_ids[uri], instants[start : start + 5000], "bench_fanout"))
             batches = [instants[i : i + FANOUT_RUN_EVENTS] for i in range(0, events, FANOUT_RUN_EVENTS)]
             for c in range(consumers):
-                session.execute(insert(DagRun), [
-                    {"dag_id": f"bench_fanout_{d:02d}_{c:04d}", "run_id": f"dataset_triggered__{b[-1].isoformat()}",
-                     "execution_date": b[-1], "state": DagRunState.SUCCESS, "run_type": DagRunType.DATASET_TRIGGERED,
-                     "external_trigger": False, "data_interval_start": b[0], "data_interval_end": b[-1],
-                     "queued_at": b[-1], "start_date": b[-1], "end_date": b[-1], "clear_number": 0}
-                    for b in batches])
+                session.execute(insert(DagRun),
+                                [consumed_run_row(f"bench_fanout_{d:02d}_{c:04d}", b[0], b[-1]) for b in batches])
             # every consumer's runs consumed the events of their interval: consumers x events links
             session.execute(text(
                 "INSERT INTO dagrun_dataset_event (dag_run_id, event_id) SELECT r.id, e.id FROM dag_run r "
@@ -124,7 +116,7 @@ def bench_fanout(variants: Variants, consumers: int, datasets: int, events: int,
         return done
 
     def pass_done() -> bool:  # the restart's window pass over (its order read through)
-        return runners["fixed"].__dict__.get("_dataset_race_fix_net", {}).get("window_order", True) == []
+        return window_pass_over(runners["fixed"])
 
     # Phases, a loop of each runner in turn, ABBA (a shared machine's load falls on both alike): stock and fixed just
     # started (first loop apart), on until the fixed one's window pass is over (or pass_limit seconds), then

@@ -12,6 +12,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from reproduce.benchmark.figures import ms_line, paired_row
+from reproduce.benchmark.producers import commit_new_events
 from reproduce.benchmark.runner import Variants, alternate, log
 from reproduce.benchmark.scheduler import new_scheduler_runner, timed_loop
 from reproduce.benchmark.world import analyze, make_consumers, quiet_other_dags
@@ -21,7 +22,6 @@ def bench_first_run(variants: Variants, sizes: tuple[int, ...], samples: int) ->
     """A DAG's first run over ``sizes`` events of the last 800 s (issue 49; the module's docstring)."""
     from airflow import settings
     from airflow.datasets import Dataset
-    from airflow.datasets.manager import dataset_manager
     from airflow.models.dagrun import DagRun
     from airflow.models.dataset import DatasetEvent, DatasetModel, association_table
     from airflow.utils.state import DagRunState
@@ -58,10 +58,7 @@ def bench_first_run(variants: Variants, sizes: tuple[int, ...], samples: int) ->
             session.commit()
         analyze()
         quiet_other_dags([dag_id])
-        variants.use("stock")
-        with settings.Session() as session:  # the new event, committed once; every sample rolls back
-            dataset_manager.register_dataset_change(dataset=dataset, session=session)
-            session.commit()
+        commit_new_events(variants, [dataset])
         runs: dict[str, tuple] = {}
         times = alternate(variants, samples, timed_loop(runner, [dag_id], made=made), warmup=0, prime=False)
         row = paired_row(f"first run over {size} events", times)

@@ -13,7 +13,13 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from reproduce.benchmark.producers import producer_transaction
-from reproduce.benchmark.rounds import RoundsResult, TooFewSamples, count_findings, round_beside_a_scheduler, rounds_rows
+from reproduce.benchmark.rounds import (
+    RoundsResult,
+    TooFewSamples,
+    count_findings,
+    round_beside_a_scheduler,
+    rounds_rows,
+)
 from reproduce.benchmark.runner import VARIANTS, Variants, in_rounds, log
 from reproduce.benchmark.scheduler import drain, new_scheduler_runner
 from reproduce.benchmark.world import analyze, make_consumers, quiet_other_dags, unpause_only

@@ -8,12 +8,11 @@ from __future__ import annotations
 import statistics
 import time
 from datetime import datetime, timedelta, timezone
-from typing import Any
 
 from reproduce.benchmark.cases.fan_out import FANOUT_RUN_EVENTS, FANOUT_WINDOW_SECONDS
 from reproduce.benchmark.runner import Variants, log
-from reproduce.benchmark.scheduler import new_scheduler_runner, scheduler_pass
-from reproduce.benchmark.world import make_consumers, quiet_other_dags
+from reproduce.benchmark.scheduler import new_scheduler_runner, scheduler_pass, window_pass_over
+from reproduce.benchmark.world import consumed_run_row, event_rows, make_consumers, quiet_other_dags
 
 LATE_BUSY_DAGS = 10
 
@@ -33,7 +32,6 @@ def bench_late_after_restart(variants: Variants, sizes: tuple[int, ...], notes: 
     from airflow.models.dagrun import DagRun
     from airflow.models.dataset import DatasetEvent, DatasetModel
     from airflow.utils.state import DagRunState
-    from airflow.utils.types import DagRunType
     from sqlalchemy import delete, func, insert, select, text
 
     variants.use("fixed")
@@ -45,16 +43,6 @@ def bench_late_after_restart(variants: Variants, sizes: tuple[int, ...], notes: 
         end, per_dag = datetime.now(timezone.utc) - timedelta(seconds=5), size // LATE_BUSY_DAGS
         step = timedelta(seconds=FANOUT_WINDOW_SECONDS) / per_dag
 
-        def run_row(dag_id: str, first: datetime, last: datetime) -> dict[str, Any]:
-            return {"dag_id": dag_id, "run_id": f"dataset_triggered__{last.isoformat()}", "execution_date": last,
-                    "state": DagRunState.SUCCESS, "run_type": DagRunType.DATASET_TRIGGERED, "external_trigger": False,
-                    "data_interval_start": first, "data_interval_end": last, "queued_at": last, "start_date": last,
-                    "end_date": last, "clear_number": 0}
-
-        def event_rows(dataset_id: int, stamps: list[datetime]) -> list[dict[str, Any]]:
-            return [{"dataset_id": dataset_id, "timestamp": ts, "extra": {}, "source_dag_id": "bench_late",
-                     "source_task_id": "emit", "source_run_id": "history", "source_map_index": -1} for ts in stamps]
-
         with settings.Session() as session:
             ids = dict(session.execute(select(DatasetModel.uri, DatasetModel.id).where(
                 DatasetModel.uri.in_(uris.values()))).all())
@@ -62,9 +50,9 @@ def bench_late_after_restart(variants: Variants, sizes: tuple[int, ...], notes: 
                 dag_id, dataset_id = f"bench_late_{size}_busy{b}", ids[uris[f"busy{b}"]]
                 instants = [end - step * (per_dag - i) for i in range(per_dag)]
                 for first in range(0, per_dag, 5000):
-                    session.execute(insert(DatasetEvent), event_rows(dataset_id, instants[first : first + 5000]))
+                    session.execute(insert(DatasetEvent), event_rows(dataset_id, instants[first : first + 5000], "bench_late"))
                 batches = [instants[i : i + FANOUT_RUN_EVENTS] for i in range(0, per_dag, FANOUT_RUN_EVENTS)]
-                session.execute(insert(DagRun), [run_row(dag_id, batch[0], batch[-1]) for batch in batches])
+                session.execute(insert(DagRun), [consumed_run_row(dag_id, batch[0], batch[-1]) for batch in batches])
                 session.execute(text(
                     "INSERT INTO dagrun_dataset_event (dag_run_id, event_id) SELECT r.id, e.id FROM dag_run r "
                     "JOIN dataset_event e ON e.dataset_id = :dataset_id AND e.timestamp >= r.data_interval_start "
@@ -73,9 +61,9 @@ def bench_late_after_restart(variants: Variants, sizes: tuple[int, ...], notes: 
                 session.commit()
             quiet, dataset_id = f"bench_late_{size}_quiet", ids[uris["quiet"]]
             stamps = [end - timedelta(seconds=seconds) for seconds in (700, 500, 300)]  # e1, the late one, e2
-            session.execute(insert(DatasetEvent), event_rows(dataset_id, stamps))
-            session.execute(insert(DagRun), [run_row(quiet, stamps[0], stamps[0] + timedelta(seconds=50)),
-                                             run_row(quiet, stamps[2], stamps[2] + timedelta(seconds=50))])
+            session.execute(insert(DatasetEvent), event_rows(dataset_id, stamps, "bench_late"))
+            session.execute(insert(DagRun), [consumed_run_row(quiet, stamps[0], stamps[0] + timedelta(seconds=50)),
+                                             consumed_run_row(quiet, stamps[2], stamps[2] + timedelta(seconds=50))])
             session.execute(text(
                 "INSERT INTO dagrun_dataset_event (dag_run_id, event_id) SELECT r.id, e.id FROM dag_run r "
                 "JOIN dataset_event e ON e.dataset_id = :dataset_id AND e.timestamp = r.data_interval_start "
@@ -101,7 +89,7 @@ def bench_late_after_restart(variants: Variants, sizes: tuple[int, ...], notes: 
                     notes.append(f"late after a restart, {size}: a loop failed: {error}")
                 if found_after is None and late_consumed():
                     found_after = (len(laps), time.monotonic() - began)
-                pass_over = runner.__dict__.get("_dataset_race_fix_net", {}).get("window_order", True) == []
+                pass_over = window_pass_over(runner)
                 if (found_after and (pace or pass_over)) or time.monotonic() - began > pass_limit:
                     break
                 time.sleep(max(0.0, pace - laps[-1]))

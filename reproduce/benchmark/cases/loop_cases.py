@@ -11,29 +11,29 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from reproduce.benchmark.figures import ms_line, paired_row
+from reproduce.benchmark.producers import commit_new_events
 from reproduce.benchmark.runner import VARIANTS, Variants, alternate, log
 from reproduce.benchmark.scheduler import new_scheduler_runner, timed_loop
-from reproduce.benchmark.world import add_history, analyze, make_consumers, quiet_other_dags
+from reproduce.benchmark.world import (
+    add_consumed_events,
+    analyze,
+    evenly_before,
+    id_of,
+    make_consumers,
+    quiet_other_dags,
+)
 
 
 def bench_loop_cases(variants: Variants, windows: tuple[int, ...], ready: int, samples: int) -> list[dict[str, Any]]:
     """The loop with a full look-back window, and with many ready DAGs."""
-    from airflow import settings
     from airflow.datasets import Dataset
-    from airflow.datasets.manager import dataset_manager
-    from airflow.models.dataset import DatasetModel
-    from sqlalchemy import select
 
     runner = new_scheduler_runner()
     rows = []
 
     def case(name: str, dag_names: list[str], dataset: Dataset, per_loop: int = 10, prime: bool = True) -> dict[str, Any]:
         quiet_other_dags(dag_names)
-        variants.use("stock")
-        with settings.Session() as session:  # the new event, committed once; every sample rolls back
-            dataset_manager.register_dataset_change(dataset=dataset, session=session)
-            session.commit()
-
+        commit_new_events(variants, [dataset])
         times = alternate(variants, samples, timed_loop(runner, dag_names, per_loop), warmup=1, prime=prime)
         row = paired_row(name, times)
         row["per_dag_ms"] = {v: row[f"{v}_ms"] / len(dag_names) for v in VARIANTS}
@@ -43,11 +43,9 @@ def bench_loop_cases(variants: Variants, windows: tuple[int, ...], ready: int, s
     for size in windows:  # events of the last ten minutes, all consumed by past runs
         dataset = Dataset(f"bench://window/{size}")
         (dag_id,) = make_consumers(f"bench_window_{size}", {"single_a": [dataset]})
-        with settings.Session() as session:
-            dataset_id = session.scalar(select(DatasetModel.id).where(DatasetModel.uri == dataset.uri))
+        dataset_id = id_of(dataset)
         end = datetime.now(timezone.utc) - timedelta(seconds=30)
-        instants = [end - timedelta(minutes=10) * (size - i) / size for i in range(size)]
-        add_history({"single_a": dag_id}, {"a": dataset_id}, instants, 0, watches={"single_a": {"a"}})
+        add_consumed_events(dag_id, dataset_id, evenly_before(end, timedelta(minutes=10), size))
         analyze()
         rows.append(case(f"scheduler loop, {size} consumed events in the look-back window", [dag_id], dataset))
 

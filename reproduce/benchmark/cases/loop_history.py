@@ -14,6 +14,7 @@ import time
 from datetime import datetime, timedelta, timezone
 
 from reproduce.benchmark.figures import ms_line, paired_row
+from reproduce.benchmark.producers import commit_new_events
 from reproduce.benchmark.runner import Variants, alternate, log
 from reproduce.benchmark.scheduler import new_scheduler_runner, timed_loop
 from reproduce.benchmark.world import HISTORY_DAYS, add_history, analyze, make_consumers, quiet_other_dags
@@ -28,7 +29,6 @@ def _history_times(total: int, end: datetime) -> list[datetime]:
 def bench_loop(variants: Variants, sizes: tuple[int, ...], samples: int, explain: bool) -> tuple[list[dict], list[str]]:
     from airflow import settings
     from airflow.datasets import Dataset, DatasetAll, DatasetAny
-    from airflow.datasets.manager import dataset_manager
     from airflow.models.dataset import DatasetModel
     from sqlalchemy import select
 
@@ -52,13 +52,7 @@ def bench_loop(variants: Variants, sizes: tuple[int, ...], samples: int, explain
         loaded = size
         analyze()
         log(f"  history: {size} events ({time.monotonic() - started:.0f} s to load)")
-        # The new events, committed once: every sample creates the runs for them and rolls back.
-        variants.use("stock")
-        with settings.Session() as session:
-            for dataset in (a, b):
-                dataset_manager.register_dataset_change(dataset=dataset, session=session)
-            session.commit()
-
+        commit_new_events(variants, [a, b])
         times = alternate(variants, samples, timed_loop(runner, names))
         rows.append(paired_row(f"scheduler loop, {size} events", times))
         log(f"  {rows[-1]['case']}: {ms_line(rows[-1])}")

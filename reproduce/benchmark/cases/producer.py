@@ -9,22 +9,21 @@ from typing import Any
 
 from reproduce.benchmark.figures import ms_line, paired_row
 from reproduce.benchmark.runner import Variants, alternate, log
-from reproduce.benchmark.world import make_consumers
+from reproduce.benchmark.world import id_of, make_consumers
 
 
 def bench_producer(variants: Variants, fanouts: tuple[int, ...], samples: int) -> list[dict[str, Any]]:
     from airflow import settings
     from airflow.datasets import Dataset
     from airflow.datasets.manager import dataset_manager
-    from airflow.models.dataset import DatasetDagRunQueue, DatasetModel
-    from sqlalchemy import delete, select
+    from airflow.models.dataset import DatasetDagRunQueue
+    from sqlalchemy import delete
 
     rows = []
     for fanout in fanouts:
         dataset = Dataset(f"bench://producer/{fanout}")
         make_consumers(f"bench_producer_{fanout}", {f"c{i:02d}": [dataset] for i in range(fanout)})
-        with settings.Session() as session:
-            dataset_id = session.scalar(select(DatasetModel.id).where(DatasetModel.uri == dataset.uri))
+        dataset_id = id_of(dataset)
         for queue_state in ("empty queue", "rows queued"):
 
             def measure(variant: str) -> float:

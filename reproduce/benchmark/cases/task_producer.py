@@ -22,14 +22,13 @@ def bench_task_producer(variants: Variants, samples: int) -> list[dict[str, Any]
     """
     from airflow.datasets import Dataset
     from airflow.models.dag import DAG, DagModel
+    from airflow.models.dataset import DatasetDagRunQueue
     from airflow.models.serialized_dag import SerializedDagModel
     from airflow.operators.python import PythonOperator
     from airflow.utils.session import create_session
     from airflow.utils.state import DagRunState
     from airflow.utils.types import DagRunType
     from sqlalchemy import delete, update
-
-    from airflow.models.dataset import DatasetDagRunQueue
 
     dataset = Dataset("bench://task/out")
     (consumer,) = make_consumers("bench_task", {"consumer": [dataset]})

@@ -8,9 +8,19 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from reproduce.benchmark.figures import ms_line, paired_row, percentile
+from reproduce.benchmark.producers import commit_new_events
 from reproduce.benchmark.runner import VARIANTS, Variants, in_rounds, log
 from reproduce.benchmark.scheduler import new_scheduler_runner, runs_created
-from reproduce.benchmark.world import ANALYZED, STATISTICS_STATES, add_history, analyze, make_consumers, quiet_other_dags
+from reproduce.benchmark.world import (
+    ANALYZED,
+    STATISTICS_STATES,
+    add_consumed_events,
+    analyze,
+    evenly_before,
+    id_of,
+    make_consumers,
+    quiet_other_dags,
+)
 
 
 def bench_window_as_met(variants: Variants, windows: tuple[int, ...], samples: int, notes: list[str], loops: int = 4,
@@ -27,9 +37,6 @@ def bench_window_as_met(variants: Variants, windows: tuple[int, ...], samples: i
     """
     from airflow import settings
     from airflow.datasets import Dataset
-    from airflow.datasets.manager import dataset_manager
-    from airflow.models.dataset import DatasetModel
-    from sqlalchemy import select
 
     class _NoCommit:  # the loop's own commit becomes a flush: every loop is rolled back
         def __init__(self, session) -> None:
@@ -54,18 +61,13 @@ def bench_window_as_met(variants: Variants, windows: tuple[int, ...], samples: i
     def load(size: int, name: str) -> str:
         dataset = Dataset(f"bench://window-as-met/{name}/{size}")
         (dag_id,) = make_consumers(f"bench_met_{name}_{size}", {"single_a": [dataset]})
-        with settings.Session() as session:
-            dataset_id = session.scalar(select(DatasetModel.id).where(DatasetModel.uri == dataset.uri))
+        dataset_id = id_of(dataset)
         if name == "behind":
             analyze()  # statistics of the tables before this load: they fall behind it
         end = datetime.now(timezone.utc) - timedelta(seconds=30)
-        instants = [end - timedelta(minutes=10) * (size - i) / size for i in range(size)]
-        add_history({"single_a": dag_id}, {"a": dataset_id}, instants, 0, watches={"single_a": {"a"}})
+        add_consumed_events(dag_id, dataset_id, evenly_before(end, timedelta(minutes=10), size))
         quiet_other_dags([dag_id])
-        variants.use("stock")
-        with settings.Session() as session:  # the new event; every loop rolls back
-            dataset_manager.register_dataset_change(dataset=dataset, session=session)
-            session.commit()
+        commit_new_events(variants, [dataset])  # every loop rolls back
         return dag_id
 
     def measure(size: int, dag_id: str, state: str) -> list[dict[str, Any]]:
