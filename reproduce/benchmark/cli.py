@@ -70,6 +70,54 @@ def _positive_ints(text: str) -> tuple[int, ...]:
     return tuple(_positive(int)(part) for part in text.split(","))
 
 
+def run_case(case: str, variants: Variants, args: argparse.Namespace, notes: list[str]) -> tuple[list[dict], list[str]]:
+    """Run ``case`` with its options from ``args``: its rows, and the query plans it took (``--explain``)."""
+    if case == "producer":
+        return bench_producer(variants, tuple(int(x) for x in args.fanouts.split(",")), args.samples), []
+    if case == "task-producer":
+        return bench_task_producer(variants, max(30, args.samples)), []
+    if case == "busy-scheduler":
+        return bench_busy_producers(variants, args.busy_rounds), []
+    if case == "loop-history":
+        return bench_loop(variants, tuple(int(x) for x in args.sizes.split(",")), args.loop_samples, args.explain)
+    if case == "loop-cases":
+        windows = tuple(int(x) for x in args.windows.split(",") if x)
+        return bench_loop_cases(variants, windows, args.ready, args.case_samples), []
+    if case == "first-run":
+        return bench_first_run(variants, args.first_run, args.first_run_samples), []
+    if case == "window-as-met":
+        windows = tuple(int(x) for x in args.windows.split(",") if x)
+        return bench_window_as_met(variants, windows, args.case_samples * 2, notes, args.window_loops,
+                                   args.window_statistics), []
+    if case == "busy-dataset":
+        rows = bench_busy_dataset(variants, args.busy_dataset_rates, args.busy_dataset_rounds,
+                                  args.busy_dataset_seconds, args.busy_dataset_history, notes,
+                                  states=args.busy_dataset_statistics)
+        if args.backend == "sqlite":
+            notes.append(BUSY_DATASET_ON_SQLITE)
+        return rows, []
+    if case == "fleet":
+        return bench_fleet(variants, args.fleet_dags, args.fleet_rate, args.fleet_rounds, args.fleet_seconds,
+                           args.seed, notes), []
+    if case == "fan-out":
+        return bench_fanout(variants, *args.fanout[:3], args.fanout_loops, notes, args.fanout_pass_seconds), []
+    if case == "late-restart":
+        bench_late_after_restart(variants, args.late_events, notes, args.fanout_pass_seconds)
+        return [], []
+    if case == "mixed-upgrade":
+        bench_mixed_upgrade(variants, args.mixed_rounds, notes)
+        return [], []
+    if case == "explain":
+        variants.use("fixed")
+        bench_explain(notes, args.explain_events)
+        variants.use("stock")
+        return [], []
+    if args.backend == "sqlite":  # stalled-producer
+        notes.append(STALLED_PRODUCER_SKIP)
+        return [], []
+    return bench_stalled_producer(variants, args.stall_seconds, args.stall_rounds), []
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench.py", description="fixed vs stock cost, side by side")
     parser.add_argument("--backend", choices=BACKENDS, default="sqlite")
@@ -169,47 +217,9 @@ def main(argv: list[str] | None = None) -> int:
         for case in cases:
             started = time.monotonic()
             log(f"case {case}")
-            if case == "producer":
-                rows += bench_producer(variants, tuple(int(x) for x in args.fanouts.split(",")), args.samples)
-            elif case == "task-producer":
-                rows += bench_task_producer(variants, max(30, args.samples))
-            elif case == "busy-scheduler":
-                rows += bench_busy_producers(variants, args.busy_rounds)
-            elif case == "loop-history":
-                loop_rows, plans = bench_loop(variants, tuple(int(x) for x in args.sizes.split(",")),
-                                              args.loop_samples, args.explain)
-                rows += loop_rows
-            elif case == "loop-cases":
-                rows += bench_loop_cases(variants, tuple(int(x) for x in args.windows.split(",") if x), args.ready,
-                                         args.case_samples)
-            elif case == "first-run":
-                rows += bench_first_run(variants, args.first_run, args.first_run_samples)
-            elif case == "window-as-met":
-                rows += bench_window_as_met(variants, tuple(int(x) for x in args.windows.split(",") if x),
-                                            args.case_samples * 2, notes, args.window_loops, args.window_statistics)
-            elif case == "busy-dataset":
-                rows += bench_busy_dataset(variants, args.busy_dataset_rates, args.busy_dataset_rounds,
-                                           args.busy_dataset_seconds, args.busy_dataset_history, notes,
-                                           states=args.busy_dataset_statistics)
-                if args.backend == "sqlite":
-                    notes.append(BUSY_DATASET_ON_SQLITE)
-            elif case == "fleet":
-                rows += bench_fleet(variants, args.fleet_dags, args.fleet_rate, args.fleet_rounds,
-                                    args.fleet_seconds, args.seed, notes)
-            elif case == "fan-out":
-                rows += bench_fanout(variants, *args.fanout[:3], args.fanout_loops, notes, args.fanout_pass_seconds)
-            elif case == "late-restart":
-                bench_late_after_restart(variants, args.late_events, notes, args.fanout_pass_seconds)
-            elif case == "mixed-upgrade":
-                bench_mixed_upgrade(variants, args.mixed_rounds, notes)
-            elif case == "explain":
-                variants.use("fixed")
-                bench_explain(notes, args.explain_events)
-                variants.use("stock")
-            elif args.backend == "sqlite":  # stalled-producer
-                notes.append(STALLED_PRODUCER_SKIP)
-            else:
-                rows += bench_stalled_producer(variants, args.stall_seconds, args.stall_rounds)
+            case_rows, case_plans = run_case(case, variants, args, notes)
+            rows += case_rows
+            plans += case_plans
             log(f"case {case}: {time.monotonic() - started:.0f} s")
         print(render(args.backend, rows, tuple(notes)))
         for plan in plans:
