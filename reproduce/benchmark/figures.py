@@ -20,14 +20,25 @@ def paired_row(case: str, times: dict[str, list[float]]) -> dict[str, Any]:
     fixed sample taken back to back), which cancels load that drifts between rounds."""
     stock, fixed = statistics.median(times["stock"]), statistics.median(times["fixed"])
     ratio = statistics.median(f / s for s, f in zip(times["stock"], times["fixed"]))
-    return {"case": case, "stock_ms": stock * 1000, "fixed_ms": fixed * 1000, "ratio": ratio,
-            "samples": len(times["stock"])}
+    return {
+        "case": case,
+        "stock_ms": stock * 1000,
+        "fixed_ms": fixed * 1000,
+        "ratio": ratio,
+        "samples": len(times["stock"]),
+    }
 
 
 def pooled_row(case: str, stock: float, fixed: float, samples: int, **extra: Any) -> dict[str, Any]:
     """A row from pooled values (seconds): the ratio is fixed/stock of the pooled statistic."""
-    return {"case": case, "stock_ms": stock * 1000, "fixed_ms": fixed * 1000,
-            "ratio": fixed / stock if stock else float("nan"), "samples": samples, **extra}
+    return {
+        "case": case,
+        "stock_ms": stock * 1000,
+        "fixed_ms": fixed * 1000,
+        "ratio": fixed / stock if stock else float("nan"),
+        "samples": samples,
+        **extra,
+    }
 
 
 def ms_line(row: dict[str, Any]) -> str:

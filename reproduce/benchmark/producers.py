@@ -9,8 +9,9 @@ from typing import Any
 from reproduce.benchmark.runner import Variants, first_line
 
 
-def producer_transaction(dataset, before_commit: Callable[[Any], None] | None = None,
-                         visible_after: list[float] | None = None) -> tuple[float, str | None]:
+def producer_transaction(
+    dataset, before_commit: Callable[[Any], None] | None = None, visible_after: list[float] | None = None
+) -> tuple[float, str | None]:
     """
     One producer transaction on a session of its own: register an event on ``dataset`` (a list:
     on each, in its order, as a task with several outlets), commit.
@@ -40,7 +41,9 @@ def producer_transaction(dataset, before_commit: Callable[[Any], None] | None = 
             from airflow_dataset_race_fix.fix.datasets.manager import DatasetManager as FixedManager
 
             # the clock the fix dates events on, read whichever variant is active
-            visible_after.append((FixedManager._database_now(session) - dataset_event.timestamp).total_seconds())
+            visible_after.append(
+                (FixedManager._database_now(session) - dataset_event.timestamp).total_seconds()
+            )
         return elapsed, None
     except Exception as err:  # counted by the caller, not hidden
         session.rollback()

@@ -14,7 +14,9 @@ def targets(backend: str, rows: list[dict[str, Any]]) -> list[str]:
     for state in ("empty queue", "rows queued"):  # issue 17: the stamp may cost 5 % on PostgreSQL and SQLite
         row = by_case.get(f"producer, 1 DAG(s), {state}")
         if row and backend in ("postgres", "sqlite"):
-            lines.append(f"producer path, 1 DAG, {state}: ratio {row['ratio']:.2f}, target <= 1.05: {_met(row['ratio'] <= 1.05)}")
+            lines.append(
+                f"producer path, 1 DAG, {state}: ratio {row['ratio']:.2f}, target <= 1.05: {_met(row['ratio'] <= 1.05)}"
+            )
         elif row:
             lines.append(f"producer path, 1 DAG, {state}: ratio {row['ratio']:.2f} (no target on {backend})")
     for state in ("empty queue", "rows queued"):
@@ -24,7 +26,9 @@ def targets(backend: str, rows: list[dict[str, Any]]) -> list[str]:
                 ok, goal = row["ratio"] <= 1.05, "<= 1.05"
             else:
                 ok, goal = row["ratio"] <= 0.5, "<= 0.50 (2x faster)"
-            lines.append(f"producer path, 50 DAGs, {state}: ratio {row['ratio']:.2f}, target {goal}: {'met' if ok else 'MISSED'}")
+            lines.append(
+                f"producer path, 50 DAGs, {state}: ratio {row['ratio']:.2f}, target {goal}: {'met' if ok else 'MISSED'}"
+            )
     busy = by_case.get("producer beside a busy scheduler, p99")
     if busy:
         failed = {k: v for k, v in busy["failures"].items() if v}
@@ -34,19 +38,35 @@ def targets(backend: str, rows: list[dict[str, Any]]) -> list[str]:
         )
     for row in rows:
         if row["case"].startswith("first run over"):  # issue 49: at most 1 s
-            lines.append(f"{row['case']}: fixed {row['fixed_ms']:.0f} ms (stock {row['stock_ms']:.0f} ms, ratio "
-                         f"{row['ratio']:.3f}), target <= 1000 ms: {_met(row['fixed_ms'] <= 1000)}")
+            lines.append(
+                f"{row['case']}: fixed {row['fixed_ms']:.0f} ms (stock {row['stock_ms']:.0f} ms, ratio "
+                f"{row['ratio']:.3f}), target <= 1000 ms: {_met(row['fixed_ms'] <= 1000)}"
+            )
         if "look-back window" in row["case"] or "ready DAGs" in row["case"]:
             goal = 1.2 if "look-back window" in row["case"] else 1.05
-            per_dag = (f" ({row['per_dag_ms']['stock']:.2f} vs {row['per_dag_ms']['fixed']:.2f} ms per DAG)"
-                       if "ready DAGs" in row["case"] else "")
-            lines.append(f"{row['case']}: ratio {row['ratio']:.2f}{per_dag}, target <= {goal}: "
-                         f"{'met' if row['ratio'] <= goal else 'MISSED'}")
-    loops = sorted((r for r in rows if r["case"].startswith("scheduler loop, ") and r["case"].split()[2].isdigit()
-                    and r["case"].endswith(" events")),
-                   key=lambda r: int(r["case"].split()[2]))
+            per_dag = (
+                f" ({row['per_dag_ms']['stock']:.2f} vs {row['per_dag_ms']['fixed']:.2f} ms per DAG)"
+                if "ready DAGs" in row["case"]
+                else ""
+            )
+            lines.append(
+                f"{row['case']}: ratio {row['ratio']:.2f}{per_dag}, target <= {goal}: "
+                f"{'met' if row['ratio'] <= goal else 'MISSED'}"
+            )
+    loops = sorted(
+        (
+            r
+            for r in rows
+            if r["case"].startswith("scheduler loop, ")
+            and r["case"].split()[2].isdigit()
+            and r["case"].endswith(" events")
+        ),
+        key=lambda r: int(r["case"].split()[2]),
+    )
     for loop in loops:
-        lines.append(f"{loop['case']}: ratio {loop['ratio']:.2f}, target <= 1.05: {'met' if loop['ratio'] <= 1.05 else 'MISSED'}")
+        lines.append(
+            f"{loop['case']}: ratio {loop['ratio']:.2f}, target <= 1.05: {'met' if loop['ratio'] <= 1.05 else 'MISSED'}"
+        )
     if len(loops) >= 2:
         growth = loops[-1]["fixed_ms"] / loops[0]["fixed_ms"]
         lines.append(
@@ -55,14 +75,24 @@ def targets(backend: str, rows: list[dict[str, Any]]) -> list[str]:
         )
     for row in rows:
         if "task_producer" in row:  # issue 30: the producer as a user feels it, median of >= 30 runs <= 1.03
-            lines.append(f"{row['case']}: median ratio {row['ratio']:.3f} over {row['samples']} runs, target <= 1.03: "
-                         f"{_met(row['ratio'] <= 1.03)}")
-        if "window_as_met" in row:  # issue 30: median <= 1.1 and p90 <= 1.2 after the first loop; first loop <= 2
+            lines.append(
+                f"{row['case']}: median ratio {row['ratio']:.3f} over {row['samples']} runs, target <= 1.03: "
+                f"{_met(row['ratio'] <= 1.03)}"
+            )
+        if (
+            "window_as_met" in row
+        ):  # issue 30: median <= 1.1 and p90 <= 1.2 after the first loop; first loop <= 2
             first = "first loop" in row["case"]
-            ok = row["ratio"] <= 2 if first else row["ratio"] <= 1.1 and row["window_as_met"]["p90_ratio"] <= 1.2
+            ok = (
+                row["ratio"] <= 2
+                if first
+                else row["ratio"] <= 1.1 and row["window_as_met"]["p90_ratio"] <= 1.2
+            )
             goal = "median <= 2" if first else "median <= 1.1, p90 <= 1.2"
-            lines.append(f"{row['case']}: median ratio {row['ratio']:.2f}, p90 ratio "
-                         f"{row['window_as_met']['p90_ratio']:.2f}, target {goal}: {_met(ok)}")
+            lines.append(
+                f"{row['case']}: median ratio {row['ratio']:.2f}, p90 ratio "
+                f"{row['window_as_met']['p90_ratio']:.2f}, target {goal}: {_met(ok)}"
+            )
     for row in rows:
         if "busy_dataset" in row:
             lines += _busy_dataset_targets(row, by_case)
@@ -121,17 +151,24 @@ def _stalled_producer_targets(row: dict[str, Any]) -> list[str]:
         f"{slowest['C']['fixed'] / 1000:.2f} s",
         f"{label}: B's commits {_per_variant(summary['b_commits'])}; A's transaction(s) "
         f"{_per_variant(a_ms, ' s')}; failed transactions (A, B, C) "
-        + " / ".join(f"{v} {summary['failed'][v]['A']}, {summary['failed'][v]['B']}, {summary['failed'][v]['C']}"
-                     for v in VARIANTS)
+        + " / ".join(
+            f"{v} {summary['failed'][v]['A']}, {summary['failed'][v]['B']}, {summary['failed'][v]['C']}"
+            for v in VARIANTS
+        )
         + f", target (fixed) 0: {_met(failed['fixed'] == 0)}",
     ]
 
 
 def render(backend: str, rows: list[dict[str, Any]], notes: tuple[str, ...] = ()) -> str:
     width = max((len(r["case"]) for r in rows), default=len("case"))
-    lines = [f"bench on {backend} (medians; fixed/stock is the median of back-to-back pairs)", "",
-             f"{'case':<{width}}  {'stock ms':>9}  {'fixed ms':>9}  {'fixed/stock':>11}  samples",
-             f"{'-' * width}  {'-' * 9}  {'-' * 9}  {'-' * 11}  -------"]
+    lines = [
+        f"bench on {backend} (medians; fixed/stock is the median of back-to-back pairs)",
+        "",
+        f"{'case':<{width}}  {'stock ms':>9}  {'fixed ms':>9}  {'fixed/stock':>11}  samples",
+        f"{'-' * width}  {'-' * 9}  {'-' * 9}  {'-' * 11}  -------",
+    ]
     for r in rows:
-        lines.append(f"{r['case']:<{width}}  {r['stock_ms']:9.2f}  {r['fixed_ms']:9.2f}  {r['ratio']:11.2f}  {r['samples']:7d}")
+        lines.append(
+            f"{r['case']:<{width}}  {r['stock_ms']:9.2f}  {r['fixed_ms']:9.2f}  {r['ratio']:11.2f}  {r['samples']:7d}"
+        )
     return "\n".join(lines + [""] + targets(backend, rows) + list(notes))

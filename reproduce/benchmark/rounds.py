@@ -38,9 +38,16 @@ class RoundsResult:
         return sum(1 for error in self.errors if error.startswith("producer: "))
 
 
-def round_beside_a_scheduler(runner, dag_ids: list[str], rate: int, producers: int, seconds: float,
-                              result: RoundsResult, commit: Callable[[int], Callable[[], tuple[float, str | None]]],
-                              before_pass: Callable[[], None] = lambda: None) -> None:
+def round_beside_a_scheduler(
+    runner,
+    dag_ids: list[str],
+    rate: int,
+    producers: int,
+    seconds: float,
+    result: RoundsResult,
+    commit: Callable[[int], Callable[[], tuple[float, str | None]]],
+    before_pass: Callable[[], None] = lambda: None,
+) -> None:
     """
     ``seconds`` of a scheduler thread running passes (``before_pass()`` before each, runs finished after)
     while ``producers`` processes run ``commit(n)()`` at ``rate`` transactions a second in all; into ``result``.
@@ -114,8 +121,9 @@ def round_beside_a_scheduler(runner, dag_ids: list[str], rate: int, producers: i
     result.round_medians.append(statistics.median(steady) if steady else None)
 
 
-def count_findings(label: str, results: dict[str, RoundsResult], dag_ids_of: dict[str, list[str]],
-                    since: datetime) -> None:
+def count_findings(
+    label: str, results: dict[str, RoundsResult], dag_ids_of: dict[str, list[str]], since: datetime
+) -> None:
     """After the drain: each variant's lost, doubled and unconsumed events (the invariant checker), its errors logged."""
     from airflow import settings
 
@@ -132,12 +140,15 @@ def count_findings(label: str, results: dict[str, RoundsResult], dag_ids_of: dic
             log(f"  {label}, {variant}: {len(result.errors)} error(s), e.g. {result.errors[:3]}")
 
 
-def rounds_rows(label: str, rate: int, seconds: float, results: dict[str, RoundsResult],
-                       loop_target: float = 1.2) -> list[dict[str, Any]]:
+def rounds_rows(
+    label: str, rate: int, seconds: float, results: dict[str, RoundsResult], loop_target: float = 1.2
+) -> list[dict[str, Any]]:
     stock, fixed = results["stock"], results["fixed"]
     if not stock.loops or not fixed.loops or not stock.latencies or not fixed.latencies:
-        raise TooFewSamples(f"{label}: too few samples (steady passes stock {len(stock.loops)}, fixed "
-                            f"{len(fixed.loops)}): make the rounds longer (--busy-dataset-seconds)")
+        raise TooFewSamples(
+            f"{label}: too few samples (steady passes stock {len(stock.loops)}, fixed "
+            f"{len(fixed.loops)}): make the rounds longer (--busy-dataset-seconds)"
+        )
     pairs = [f / s for s, f in zip(stock.round_medians, fixed.round_medians) if s and f]
     summary = {
         "rate": rate,
@@ -149,23 +160,55 @@ def rounds_rows(label: str, rate: int, seconds: float, results: dict[str, Rounds
         "unconsumed": {v: r.unconsumed for v, r in results.items()},
         "doubled": {v: r.doubled for v, r in results.items()},
         "steady_passes": {v: len(r.loops) for v, r in results.items()},
-        "visible_after_ms": {v: {"p50": statistics.median(r.visible_after) * 1000, "p99": p99(r.visible_after) * 1000,
-                                 "max": max(r.visible_after) * 1000} for v, r in results.items() if r.visible_after},
+        "visible_after_ms": {
+            v: {
+                "p50": statistics.median(r.visible_after) * 1000,
+                "p99": p99(r.visible_after) * 1000,
+                "max": max(r.visible_after) * 1000,
+            }
+            for v, r in results.items()
+            if r.visible_after
+        },
     }
     rows = [
-        {**pooled_row(f"{label}: scheduler loop, median", statistics.median(stock.loops),
-                      statistics.median(fixed.loops), len(stock.loops)),
-         "ratio": statistics.median(pairs) if pairs else float("nan"), "busy_dataset": summary},
-        pooled_row(f"{label}: scheduler loop, p90", percentile(stock.loops, 0.9), percentile(fixed.loops, 0.9),
-                   len(stock.loops)),
-        pooled_row(f"{label}: producer transaction, p50", statistics.median(stock.latencies),
-                   statistics.median(fixed.latencies), len(stock.latencies)),
-        pooled_row(f"{label}: producer transaction, p99", p99(stock.latencies), p99(fixed.latencies),
-                   len(stock.latencies)),
+        {
+            **pooled_row(
+                f"{label}: scheduler loop, median",
+                statistics.median(stock.loops),
+                statistics.median(fixed.loops),
+                len(stock.loops),
+            ),
+            "ratio": statistics.median(pairs) if pairs else float("nan"),
+            "busy_dataset": summary,
+        },
+        pooled_row(
+            f"{label}: scheduler loop, p90",
+            percentile(stock.loops, 0.9),
+            percentile(fixed.loops, 0.9),
+            len(stock.loops),
+        ),
+        pooled_row(
+            f"{label}: producer transaction, p50",
+            statistics.median(stock.latencies),
+            statistics.median(fixed.latencies),
+            len(stock.latencies),
+        ),
+        pooled_row(
+            f"{label}: producer transaction, p99",
+            p99(stock.latencies),
+            p99(fixed.latencies),
+            len(stock.latencies),
+        ),
     ]
     if stock.visible_after and fixed.visible_after:  # stock: flush to visible; fixed: stamp to visible
-        rows.append(pooled_row(f"{label}: event timestamp to visible, max", max(stock.visible_after),
-                               max(fixed.visible_after), len(stock.visible_after)))
+        rows.append(
+            pooled_row(
+                f"{label}: event timestamp to visible, max",
+                max(stock.visible_after),
+                max(fixed.visible_after),
+                len(stock.visible_after),
+            )
+        )
     for row in rows:
         log(f"  {row['case']}: {ms_line(row)}")
     return rows

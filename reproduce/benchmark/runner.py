@@ -59,9 +59,14 @@ class Variants:
 
         if not hasattr(self, "_members"):
             owner_of = {m: getattr(importlib.import_module(m.module), m.owner) for m in targets.MEMBERS}
-            places = {(o, runtime.MARKER) for o in owner_of.values()} | {(o, m.name) for m, o in owner_of.items()}
+            places = {(o, runtime.MARKER) for o in owner_of.values()} | {
+                (o, m.name) for m, o in owner_of.items()
+            }
             self._members = {}
-            for kind in ("fixed", "stock"):  # use() left at stock, as switch("stock") leaves it: use() works after
+            for kind in (
+                "fixed",
+                "stock",
+            ):  # use() left at stock, as switch("stock") leaves it: use() works after
                 self.use(kind)  # (self: not there in this variant)
                 self._members[kind] = [(owner, name, vars(owner).get(name, self)) for owner, name in places]
         for owner, name, value in self._members[variant]:
@@ -90,8 +95,9 @@ def in_rounds(variants: Variants, rounds: int) -> Iterator[tuple[int, str]]:
     variants.use("stock")
 
 
-def alternate(variants: Variants, samples: int, measure: Callable[[str], float], warmup: int = 3,
-              prime: bool = True) -> dict[str, list[float]]:
+def alternate(
+    variants: Variants, samples: int, measure: Callable[[str], float], warmup: int = 3, prime: bool = True
+) -> dict[str, list[float]]:
     """``samples`` timings per variant, in ABBA order so neither variant always goes first.
 
     After each switch one untimed call runs first (``prime``), so that no sample pays for the

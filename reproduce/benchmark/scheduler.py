@@ -35,8 +35,9 @@ def scheduler_pass(runner, session) -> str | None:
         return first_line(err)
 
 
-def timed_loop(runner, dag_names: list[str], per_loop: int = 10,
-               made: Callable[[str, Any], None] | None = None) -> Callable[[str], float]:
+def timed_loop(
+    runner, dag_names: list[str], per_loop: int = 10, made: Callable[[str, Any], None] | None = None
+) -> Callable[[str], float]:
     """A sample: one loop creating the runs of ``dag_names`` (all of them, or it raises), rolled back
     (``made(variant, session)`` before that)."""
     from airflow import settings
@@ -78,7 +79,9 @@ def runs_created(session, dag_ids: list[str]) -> int:
     from airflow.utils.state import DagRunState
     from sqlalchemy import func, select
 
-    return session.scalar(select(func.count()).where(DagRun.dag_id.in_(dag_ids), DagRun.state == DagRunState.QUEUED))
+    return session.scalar(
+        select(func.count()).where(DagRun.dag_id.in_(dag_ids), DagRun.state == DagRunState.QUEUED)
+    )
 
 
 def finish_runs(dag_ids: list[str]) -> None:

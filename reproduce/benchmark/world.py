@@ -18,15 +18,22 @@ def make_consumers(prefix: str, schedules: dict[str, Any]) -> list[str]:
 
     dags = []
     for name, schedule in schedules.items():
-        dag = DAG(f"{prefix}_{name}", schedule=schedule, start_date=datetime(2024, 1, 1, tzinfo=timezone.utc),
-                  catchup=False, max_active_runs=100_000)
+        dag = DAG(
+            f"{prefix}_{name}",
+            schedule=schedule,
+            start_date=datetime(2024, 1, 1, tzinfo=timezone.utc),
+            catchup=False,
+            max_active_runs=100_000,
+        )
         EmptyOperator(task_id="consume", dag=dag)
         dags.append(dag)
     with create_session() as session:
         DAG.bulk_write_to_db(dags, session=session)
         for dag in dags:
             SerializedDagModel.write_dag(dag, session=session)
-        session.execute(update(DagModel).where(DagModel.dag_id.in_([d.dag_id for d in dags])).values(is_paused=False))
+        session.execute(
+            update(DagModel).where(DagModel.dag_id.in_([d.dag_id for d in dags])).values(is_paused=False)
+        )
     return [d.dag_id for d in dags]
 
 
@@ -50,6 +57,7 @@ def unpause_only(active: list[str], paused: list[str]) -> None:
     with create_session() as session:
         session.execute(update(DagModel).where(DagModel.dag_id.in_(paused)).values(is_paused=True))
         session.execute(update(DagModel).where(DagModel.dag_id.in_(active)).values(is_paused=False))
+
 
 # the planner's statistics: none ever taken (issue 49: the run's first ANALYZE ends that state), taken before a
 # case's bulk load ("behind") or after it ("fresh")
@@ -75,6 +83,7 @@ def analyze() -> None:
         else:
             conn.execute(text("ANALYZE"))
 
+
 LOOP_WATCHES = {"single_a": {"a"}, "all_a_b": {"a", "b"}, "any_a_b": {"a", "b"}}
 
 
@@ -99,18 +108,28 @@ def add_history(
         part = instants[start : start + chunk]
         with settings.Session() as session:
             events = [
-                {"dataset_id": dataset_ids["b" if (first_index + start + i) % 3 == 2 and "b" in dataset_ids else "a"],
-                 "timestamp": ts,
-                 "extra": {}, "source_dag_id": "bench_history", "source_task_id": "emit",
-                 "source_run_id": "history", "source_map_index": -1}
+                {
+                    "dataset_id": dataset_ids[
+                        "b" if (first_index + start + i) % 3 == 2 and "b" in dataset_ids else "a"
+                    ],
+                    "timestamp": ts,
+                    "extra": {},
+                    "source_dag_id": "bench_history",
+                    "source_task_id": "emit",
+                    "source_run_id": "history",
+                    "source_map_index": -1,
+                }
                 for i, ts in enumerate(part)
             ]
             session.execute(insert(DatasetEvent), events)
             stored = session.execute(
                 select(DatasetEvent.id, DatasetEvent.dataset_id, DatasetEvent.timestamp)
-                .where(DatasetEvent.timestamp >= part[0], DatasetEvent.timestamp <= part[-1],
-                       DatasetEvent.source_dag_id == "bench_history",
-                       DatasetEvent.dataset_id.in_(dataset_ids.values()))
+                .where(
+                    DatasetEvent.timestamp >= part[0],
+                    DatasetEvent.timestamp <= part[-1],
+                    DatasetEvent.source_dag_id == "bench_history",
+                    DatasetEvent.dataset_id.in_(dataset_ids.values()),
+                )
                 .order_by(DatasetEvent.timestamp)
             ).all()
             by_dataset = {v: k for k, v in dataset_ids.items()}
@@ -118,18 +137,32 @@ def add_history(
                 mine = [e for e in stored if by_dataset[e.dataset_id] in watches[name]]
                 batches = [mine[i : i + RUN_BATCH] for i in range(0, len(mine), RUN_BATCH)]
                 runs = [
-                    {"dag_id": dag_id, "run_id": f"dataset_triggered__{b[-1].timestamp.isoformat()}_{b[-1].id}",
-                     "execution_date": b[-1].timestamp + timedelta(milliseconds=1), "state": DagRunState.SUCCESS,
-                     "run_type": DagRunType.DATASET_TRIGGERED, "external_trigger": False,
-                     "data_interval_start": b[0].timestamp, "data_interval_end": b[-1].timestamp,
-                     "queued_at": b[-1].timestamp, "start_date": b[-1].timestamp, "end_date": b[-1].timestamp,
-                     "clear_number": 0}
+                    {
+                        "dag_id": dag_id,
+                        "run_id": f"dataset_triggered__{b[-1].timestamp.isoformat()}_{b[-1].id}",
+                        "execution_date": b[-1].timestamp + timedelta(milliseconds=1),
+                        "state": DagRunState.SUCCESS,
+                        "run_type": DagRunType.DATASET_TRIGGERED,
+                        "external_trigger": False,
+                        "data_interval_start": b[0].timestamp,
+                        "data_interval_end": b[-1].timestamp,
+                        "queued_at": b[-1].timestamp,
+                        "start_date": b[-1].timestamp,
+                        "end_date": b[-1].timestamp,
+                        "clear_number": 0,
+                    }
                     for b in batches
                 ]
                 # A run the scheduler made in an earlier round may hold one of these dates already.
-                taken = set(session.scalars(select(DagRun.execution_date).where(
-                    DagRun.dag_id == dag_id, DagRun.execution_date >= part[0],
-                    DagRun.execution_date <= part[-1] + timedelta(milliseconds=1))))
+                taken = set(
+                    session.scalars(
+                        select(DagRun.execution_date).where(
+                            DagRun.dag_id == dag_id,
+                            DagRun.execution_date >= part[0],
+                            DagRun.execution_date <= part[-1] + timedelta(milliseconds=1),
+                        )
+                    )
+                )
                 for run in runs:
                     while run["execution_date"] in taken:
                         run["execution_date"] += timedelta(microseconds=1)
@@ -137,8 +170,9 @@ def add_history(
                 session.execute(insert(DagRun), runs)
                 run_ids = dict(
                     session.execute(
-                        select(DagRun.run_id, DagRun.id).where(DagRun.dag_id == dag_id,
-                                                               DagRun.run_id.in_([r["run_id"] for r in runs]))
+                        select(DagRun.run_id, DagRun.id).where(
+                            DagRun.dag_id == dag_id, DagRun.run_id.in_([r["run_id"] for r in runs])
+                        )
                     ).all()
                 )
                 links = [
@@ -172,8 +206,18 @@ def add_consumed_events(dag_id: str, dataset_id: int, instants: list[datetime]) 
 
 def event_rows(dataset_id: int, stamps: list[datetime], source_dag_id: str) -> list[dict[str, Any]]:
     """Rows of ``dataset_event``: an event at each of ``stamps``, from ``source_dag_id``'s history."""
-    return [{"dataset_id": dataset_id, "timestamp": ts, "extra": {}, "source_dag_id": source_dag_id,
-             "source_task_id": "emit", "source_run_id": "history", "source_map_index": -1} for ts in stamps]
+    return [
+        {
+            "dataset_id": dataset_id,
+            "timestamp": ts,
+            "extra": {},
+            "source_dag_id": source_dag_id,
+            "source_task_id": "emit",
+            "source_run_id": "history",
+            "source_map_index": -1,
+        }
+        for ts in stamps
+    ]
 
 
 def consumed_run_row(dag_id: str, first: datetime, last: datetime) -> dict[str, Any]:
@@ -181,7 +225,17 @@ def consumed_run_row(dag_id: str, first: datetime, last: datetime) -> dict[str, 
     from airflow.utils.state import DagRunState
     from airflow.utils.types import DagRunType
 
-    return {"dag_id": dag_id, "run_id": f"dataset_triggered__{last.isoformat()}", "execution_date": last,
-            "state": DagRunState.SUCCESS, "run_type": DagRunType.DATASET_TRIGGERED, "external_trigger": False,
-            "data_interval_start": first, "data_interval_end": last, "queued_at": last, "start_date": last,
-            "end_date": last, "clear_number": 0}
+    return {
+        "dag_id": dag_id,
+        "run_id": f"dataset_triggered__{last.isoformat()}",
+        "execution_date": last,
+        "state": DagRunState.SUCCESS,
+        "run_type": DagRunType.DATASET_TRIGGERED,
+        "external_trigger": False,
+        "data_interval_start": first,
+        "data_interval_end": last,
+        "queued_at": last,
+        "start_date": last,
+        "end_date": last,
+        "clear_number": 0,
+    }

@@ -41,13 +41,22 @@ BUSY_OTHER_DAGS = 10  # ready DAGs beside the busy dataset's consumer, each with
 
 BUSY_DATASET_STATES = ("behind", "fresh")
 
-BUSY_DATASET_ON_SQLITE = ("busy dataset on sqlite: one writer, so the producers and the scheduler take turns "
-                          "(the rate may not be reached: see the events committed)")
+BUSY_DATASET_ON_SQLITE = (
+    "busy dataset on sqlite: one writer, so the producers and the scheduler take turns "
+    "(the rate may not be reached: see the events committed)"
+)
 
 
-def bench_busy_dataset(variants: Variants, rates: tuple[int, ...], rounds: int, round_seconds: float,
-                       history: int, notes: list[str], producers: int = 4,
-                       states: tuple[str, ...] = BUSY_DATASET_STATES) -> list[dict[str, Any]]:
+def bench_busy_dataset(
+    variants: Variants,
+    rates: tuple[int, ...],
+    rounds: int,
+    round_seconds: float,
+    history: int,
+    notes: list[str],
+    producers: int = 4,
+    states: tuple[str, ...] = BUSY_DATASET_STATES,
+) -> list[dict[str, Any]]:
     """
     Producer processes commit continuously to one dataset (``rate`` events/s in all) while a
     scheduler thread runs its real loop for that dataset's consumer DAG and 10 other DAGs.
@@ -79,19 +88,31 @@ def bench_busy_dataset(variants: Variants, rates: tuple[int, ...], rounds: int, 
         for state in states:
             for rate in rates:
                 if state == "never analyzed" and ANALYZED:  # the checker of an earlier case took statistics
-                    notes.append(f"busy dataset, {rate} events/s, never analyzed: not measured, an earlier case "
-                                 "of this run took statistics (run one rate, --cases busy-dataset alone)")
+                    notes.append(
+                        f"busy dataset, {rate} events/s, never analyzed: not measured, an earlier case "
+                        "of this run took statistics (run one rate, --cases busy-dataset alone)"
+                    )
                     continue
-                rows += _busy_dataset_case(variants, state, rate, rounds, round_seconds, history, notes, producers,
-                                           commit_latency)
+                rows += _busy_dataset_case(
+                    variants, state, rate, rounds, round_seconds, history, notes, producers, commit_latency
+                )
     finally:
         DagModel.NUM_DAGS_PER_DAGRUN_QUERY = saved
         variants.use("stock")
     return rows
 
 
-def _busy_dataset_case(variants: Variants, state: str, rate: int, rounds: int, round_seconds: float, history: int,
-                       notes: list[str], producers: int, commit_latency: float) -> list[dict[str, Any]]:
+def _busy_dataset_case(
+    variants: Variants,
+    state: str,
+    rate: int,
+    rounds: int,
+    round_seconds: float,
+    history: int,
+    notes: list[str],
+    producers: int,
+    commit_latency: float,
+) -> list[dict[str, Any]]:
     from airflow.datasets import Dataset
 
     copies: dict[str, tuple[Dataset, Dataset, list[str]]] = {}
@@ -104,15 +125,19 @@ def _busy_dataset_case(variants: Variants, state: str, rate: int, rounds: int, r
     for variant in VARIANTS:
         uri = f"bench://busy-dataset/{state}/{rate}/{variant}"
         busy, other = Dataset(uri), Dataset(f"{uri}/other")
-        names = make_consumers(f"bench_busy_{state}_{rate}_{variant}",
-                               {"busy": [busy], **{f"other{i:02d}": [other] for i in range(BUSY_OTHER_DAGS)}})
+        names = make_consumers(
+            f"bench_busy_{state}_{rate}_{variant}",
+            {"busy": [busy], **{f"other{i:02d}": [other] for i in range(BUSY_OTHER_DAGS)}},
+        )
         busy_id = id_of(busy)
         add_consumed_events(names[0], busy_id, instants)
         copies[variant], busy_ids[variant] = (busy, other, names), busy_id
     if state == "fresh":
         analyze()
-    log(f"  statistics {state}, {rate} events/s: {history} consumed events per variant "
-         f"({time.monotonic() - started:.0f} s to load)")
+    log(
+        f"  statistics {state}, {rate} events/s: {history} consumed events per variant "
+        f"({time.monotonic() - started:.0f} s to load)"
+    )
     quiet_other_dags([name for *_, names in copies.values() for name in names])
     runner = new_scheduler_runner()  # a new scheduler process: its first pass per DAG reads in full
     since = datetime.now(timezone.utc) - timedelta(seconds=1)
@@ -149,10 +174,17 @@ def top_up_recent_events(dag_id: str, dataset_id: int, rate: int, seconds: int) 
 
     now = datetime.now(timezone.utc)
     with settings.Session() as session:
-        present = session.scalar(select(func.count()).where(
-            DatasetEvent.dataset_id == dataset_id, DatasetEvent.timestamp >= now - timedelta(seconds=seconds)))
-        newest_history = session.scalar(select(func.max(DatasetEvent.timestamp)).where(
-            DatasetEvent.dataset_id == dataset_id, DatasetEvent.source_dag_id == "bench_history"))
+        present = session.scalar(
+            select(func.count()).where(
+                DatasetEvent.dataset_id == dataset_id,
+                DatasetEvent.timestamp >= now - timedelta(seconds=seconds),
+            )
+        )
+        newest_history = session.scalar(
+            select(func.max(DatasetEvent.timestamp)).where(
+                DatasetEvent.dataset_id == dataset_id, DatasetEvent.source_dag_id == "bench_history"
+            )
+        )
     missing = rate * seconds - present
     start = max(now - timedelta(seconds=seconds), newest_history + timedelta(milliseconds=1))
     span = now - timedelta(milliseconds=100) - start
@@ -161,12 +193,20 @@ def top_up_recent_events(dag_id: str, dataset_id: int, rate: int, seconds: int) 
         add_consumed_events(dag_id, dataset_id, instants)
 
 
-def _busy_dataset_round(runner, busy, other, dag_ids: list[str], rate: int, producers: int, seconds: float,
-                        result: RoundsResult) -> None:
+def _busy_dataset_round(
+    runner, busy, other, dag_ids: list[str], rate: int, producers: int, seconds: float, result: RoundsResult
+) -> None:
     def before_pass() -> None:
         if error := producer_transaction(other)[1]:  # the 10 other DAGs get a new event every pass
             result.errors.append(f"other producer: {error}")
 
-    round_beside_a_scheduler(runner, dag_ids, rate, producers, seconds, result,
-                              commit=lambda n: lambda: producer_transaction(busy, visible_after=result.visible_after),
-                              before_pass=before_pass)
+    round_beside_a_scheduler(
+        runner,
+        dag_ids,
+        rate,
+        producers,
+        seconds,
+        result,
+        commit=lambda n: lambda: producer_transaction(busy, visible_after=result.visible_after),
+        before_pass=before_pass,
+    )

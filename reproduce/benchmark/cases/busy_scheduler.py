@@ -18,7 +18,9 @@ from reproduce.benchmark.scheduler import new_scheduler_runner, scheduler_pass
 from reproduce.benchmark.world import make_consumers, quiet_other_dags
 
 
-def bench_busy_producers(variants: Variants, rounds: int, producers: int = 4, commits: int = 30) -> list[dict[str, Any]]:
+def bench_busy_producers(
+    variants: Variants, rounds: int, producers: int = 4, commits: int = 30
+) -> list[dict[str, Any]]:
     """Producer transaction latency (median, p99) while a scheduler thread creates runs for the same DAGs."""
     import threading
 
@@ -61,9 +63,16 @@ def bench_busy_producers(variants: Variants, rounds: int, producers: int = 4, co
     rows = []
     for name, pick in (("median", statistics.median), ("p99", p99)):
         stock, fixed = pick(latencies["stock"]), pick(latencies["fixed"])
-        rows.append({"case": f"producer beside a busy scheduler, {name}", "stock_ms": stock * 1000,
-                     "fixed_ms": fixed * 1000, "ratio": fixed / stock, "samples": len(latencies["stock"]),
-                     "failures": failures})
+        rows.append(
+            {
+                "case": f"producer beside a busy scheduler, {name}",
+                "stock_ms": stock * 1000,
+                "fixed_ms": fixed * 1000,
+                "ratio": fixed / stock,
+                "samples": len(latencies["stock"]),
+                "failures": failures,
+            }
+        )
         log(f"  {rows[-1]['case']}: {ms_line(rows[-1])}")
     if errors:
         log(f"  {len(errors)} error(s) beside the busy scheduler, e.g. {errors[:3]}")

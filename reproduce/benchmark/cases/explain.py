@@ -24,7 +24,9 @@ def bench_explain(notes: list[str], events: int, samples: int = 3) -> None:
     dataset_id = id_of(dataset)
     end = datetime.now(timezone.utc) - timedelta(hours=1)
     step = timedelta(days=7) / events
-    add_history({"single_a": dag_id}, {"a": dataset_id}, [end - (events - i) * step for i in range(events)], 0)
+    add_history(
+        {"single_a": dag_id}, {"a": dataset_id}, [end - (events - i) * step for i in range(events)], 0
+    )
     # Fresh planner statistics, as autovacuum/InnoDB keep them on a live database: right after
     # a bulk load, PostgreSQL planned the audit's event query badly in one run out of three
     # (3.9 s instead of 0.3-0.5 s).

@@ -30,8 +30,16 @@ def bench_first_run(variants: Variants, sizes: tuple[int, ...], samples: int) ->
 
     def made(variant: str, session) -> None:  # the run each variant made: the same, or the case fails
         run = session.scalar(select(DagRun).where(DagRun.dag_id == dag_id))
-        links = session.scalars(select(association_table.c.event_id).where(association_table.c.dag_run_id == run.id))
-        runs[variant] = (run.run_id, run.execution_date, run.data_interval_start, run.data_interval_end, sorted(links))
+        links = session.scalars(
+            select(association_table.c.event_id).where(association_table.c.dag_run_id == run.id)
+        )
+        runs[variant] = (
+            run.run_id,
+            run.execution_date,
+            run.data_interval_start,
+            run.data_interval_end,
+            sorted(links),
+        )
 
     runner, rows = new_scheduler_runner(), []
     for size in sizes:
@@ -41,20 +49,43 @@ def bench_first_run(variants: Variants, sizes: tuple[int, ...], samples: int) ->
         with settings.Session() as session:
             dataset_id = session.scalar(select(DatasetModel.id).where(DatasetModel.uri == dataset.uri))
             for start in range(0, size, 5_000):
-                stamps = [end - timedelta(seconds=800) * (size - i) / size
-                          for i in range(start, min(size, start + 5_000))]
-                session.execute(insert(DagRun), [
-                    {"dag_id": producer, "run_id": f"run_{start + i}", "run_type": DagRunType.SCHEDULED,
-                     "execution_date": stamp, "state": DagRunState.SUCCESS, "external_trigger": False,
-                     "data_interval_start": stamp - timedelta(minutes=1), "data_interval_end": stamp, "clear_number": 0}
-                    for i, stamp in enumerate(stamps) if i % 50 == 0
-                ])
-                session.execute(insert(DatasetEvent), [
-                    {"dataset_id": dataset_id, "timestamp": stamp, "extra": {}, "source_map_index": -1,
-                     "source_dag_id": None if i % 10 == 9 else producer, "source_task_id": "emit",
-                     "source_run_id": None if i % 10 == 9 else f"run_{start + i - i % 50}"}
-                    for i, stamp in enumerate(stamps)
-                ])
+                stamps = [
+                    end - timedelta(seconds=800) * (size - i) / size
+                    for i in range(start, min(size, start + 5_000))
+                ]
+                session.execute(
+                    insert(DagRun),
+                    [
+                        {
+                            "dag_id": producer,
+                            "run_id": f"run_{start + i}",
+                            "run_type": DagRunType.SCHEDULED,
+                            "execution_date": stamp,
+                            "state": DagRunState.SUCCESS,
+                            "external_trigger": False,
+                            "data_interval_start": stamp - timedelta(minutes=1),
+                            "data_interval_end": stamp,
+                            "clear_number": 0,
+                        }
+                        for i, stamp in enumerate(stamps)
+                        if i % 50 == 0
+                    ],
+                )
+                session.execute(
+                    insert(DatasetEvent),
+                    [
+                        {
+                            "dataset_id": dataset_id,
+                            "timestamp": stamp,
+                            "extra": {},
+                            "source_map_index": -1,
+                            "source_dag_id": None if i % 10 == 9 else producer,
+                            "source_task_id": "emit",
+                            "source_run_id": None if i % 10 == 9 else f"run_{start + i - i % 50}",
+                        }
+                        for i, stamp in enumerate(stamps)
+                    ],
+                )
             session.commit()
         analyze()
         quiet_other_dags([dag_id])
@@ -63,8 +94,10 @@ def bench_first_run(variants: Variants, sizes: tuple[int, ...], samples: int) ->
         times = alternate(variants, samples, timed_loop(runner, [dag_id], made=made), warmup=0, prime=False)
         row = paired_row(f"first run over {size} events", times)
         if runs["stock"] != runs["fixed"] or len(runs["fixed"][-1]) != size + 1:
-            raise AssertionError(f"first run over {size} events: the fixed run differs from stock's: "
-                                 f"{[r[:4] + (len(r[-1]),) for r in runs.values()]}")
+            raise AssertionError(
+                f"first run over {size} events: the fixed run differs from stock's: "
+                f"{[r[:4] + (len(r[-1]),) for r in runs.values()]}"
+            )
         log(f"  {row['case']}: {ms_line(row)}; the same run_id, dates and {size + 1} events in both")
         rows.append(row)
     return rows

@@ -27,8 +27,16 @@ from reproduce.benchmark.world import analyze, make_consumers, quiet_other_dags,
 FLEET_DAGS_PER_DATASET = 10  # 600 DAGs on 60 datasets: an event queues about 20 of them
 
 
-def bench_fleet(variants: Variants, dags: int, rate: int, rounds: int, round_seconds: float, seed: int,
-                notes: list[str], producers: int = 4) -> list[dict[str, Any]]:
+def bench_fleet(
+    variants: Variants,
+    dags: int,
+    rate: int,
+    rounds: int,
+    round_seconds: float,
+    seed: int,
+    notes: list[str],
+    producers: int = 4,
+) -> list[dict[str, Any]]:
     """
     A fleet (issue 30: "nothing gets worse"): ``dags`` dataset-triggered DAGs on a tenth as many datasets,
     a third on one dataset, a third on two (``a & b``), a third on either of two (``a | b``),
@@ -55,8 +63,10 @@ def bench_fleet(variants: Variants, dags: int, rate: int, rounds: int, round_sec
             schedules[f"{i:04d}"] = [a] if i % 3 == 0 else (a & b) if i % 3 == 1 else (a | b)
         copies[variant] = (datasets, make_consumers(f"bench_fleet_{variant}", schedules))
     analyze()
-    log(f"  {dags} DAGs per variant on {count} datasets ({time.monotonic() - started:.0f} s to write); "
-         f"producers' seed {seed}")
+    log(
+        f"  {dags} DAGs per variant on {count} datasets ({time.monotonic() - started:.0f} s to write); "
+        f"producers' seed {seed}"
+    )
     quiet_other_dags([name for _, names in copies.values() for name in names])
     runner = new_scheduler_runner()
     since = datetime.now(timezone.utc) - timedelta(seconds=1)
@@ -78,8 +88,16 @@ def bench_fleet(variants: Variants, dags: int, rate: int, rounds: int, round_sec
         return []
 
 
-def _fleet_round(runner, datasets: list[Any], dag_ids: list[str], rate: int, producers: int,
-                 seconds: float, result: RoundsResult, seed: str) -> None:
+def _fleet_round(
+    runner,
+    datasets: list[Any],
+    dag_ids: list[str],
+    rate: int,
+    producers: int,
+    seconds: float,
+    result: RoundsResult,
+    seed: str,
+) -> None:
     """One round of ``bench_fleet``: each producer process draws its outlets from a generator of its own."""
     import random
 

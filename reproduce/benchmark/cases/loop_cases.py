@@ -24,14 +24,18 @@ from reproduce.benchmark.world import (
 )
 
 
-def bench_loop_cases(variants: Variants, windows: tuple[int, ...], ready: int, samples: int) -> list[dict[str, Any]]:
+def bench_loop_cases(
+    variants: Variants, windows: tuple[int, ...], ready: int, samples: int
+) -> list[dict[str, Any]]:
     """The loop with a full look-back window, and with many ready DAGs."""
     from airflow.datasets import Dataset
 
     runner = new_scheduler_runner()
     rows = []
 
-    def case(name: str, dag_names: list[str], dataset: Dataset, per_loop: int = 10, prime: bool = True) -> dict[str, Any]:
+    def case(
+        name: str, dag_names: list[str], dataset: Dataset, per_loop: int = 10, prime: bool = True
+    ) -> dict[str, Any]:
         quiet_other_dags(dag_names)
         commit_new_events(variants, [dataset])
         times = alternate(variants, samples, timed_loop(runner, dag_names, per_loop), warmup=1, prime=prime)
@@ -47,7 +51,9 @@ def bench_loop_cases(variants: Variants, windows: tuple[int, ...], ready: int, s
         end = datetime.now(timezone.utc) - timedelta(seconds=30)
         add_consumed_events(dag_id, dataset_id, evenly_before(end, timedelta(minutes=10), size))
         analyze()
-        rows.append(case(f"scheduler loop, {size} consumed events in the look-back window", [dag_id], dataset))
+        rows.append(
+            case(f"scheduler loop, {size} consumed events in the look-back window", [dag_id], dataset)
+        )
 
     dataset = Dataset("bench://ready")
     names = make_consumers("bench_ready", {f"c{i:03d}": [dataset] for i in range(ready)})

@@ -26,19 +26,26 @@ def _history_times(total: int, end: datetime) -> list[datetime]:
     return [end - step * (total - i) for i in range(total)]
 
 
-def bench_loop(variants: Variants, sizes: tuple[int, ...], samples: int, explain: bool) -> tuple[list[dict], list[str]]:
+def bench_loop(
+    variants: Variants, sizes: tuple[int, ...], samples: int, explain: bool
+) -> tuple[list[dict], list[str]]:
     from airflow import settings
     from airflow.datasets import Dataset, DatasetAll, DatasetAny
     from airflow.models.dataset import DatasetModel
     from sqlalchemy import select
 
     a, b = Dataset("bench://loop/a"), Dataset("bench://loop/b")
-    names = make_consumers("bench_loop", {"single_a": [a], "all_a_b": DatasetAll(a, b), "any_a_b": DatasetAny(a, b)})
+    names = make_consumers(
+        "bench_loop", {"single_a": [a], "all_a_b": DatasetAll(a, b), "any_a_b": DatasetAny(a, b)}
+    )
     dag_ids = dict(zip(("single_a", "all_a_b", "any_a_b"), names))
     quiet_other_dags(names)
     with settings.Session() as session:
-        dataset_ids = dict(session.execute(select(DatasetModel.uri, DatasetModel.id)
-                                           .where(DatasetModel.uri.in_([a.uri, b.uri]))).all())
+        dataset_ids = dict(
+            session.execute(
+                select(DatasetModel.uri, DatasetModel.id).where(DatasetModel.uri.in_([a.uri, b.uri]))
+            ).all()
+        )
         dataset_ids = {"a": dataset_ids[a.uri], "b": dataset_ids[b.uri]}
     runner = new_scheduler_runner()
 
@@ -70,34 +77,48 @@ def explain_event_queries(dag_id: str, dataset_ids: dict[str, int], size: int) -
     from sqlalchemy import and_, func, select
 
     with settings.Session() as session:
-        latest = session.scalar(select(func.max(DagRun.execution_date)).where(
-            DagRun.dag_id == dag_id, DagRun.run_type == DagRunType.DATASET_TRIGGERED))
+        latest = session.scalar(
+            select(func.max(DagRun.execution_date)).where(
+                DagRun.dag_id == dag_id, DagRun.run_type == DagRunType.DATASET_TRIGGERED
+            )
+        )
         ids = sorted(dataset_ids.values())
         dialect = session.bind.dialect.name
         now = _ts(dialect, datetime.now(timezone.utc))
         floor = _ts(dialect, latest - timedelta(seconds=900))
         latest = _ts(dialect, latest)
         stock = select(DatasetEvent).where(
-            DatasetEvent.dataset_id.in_(ids), DatasetEvent.timestamp <= now, DatasetEvent.timestamp > latest)
+            DatasetEvent.dataset_id.in_(ids), DatasetEvent.timestamp <= now, DatasetEvent.timestamp > latest
+        )
         fixed = select(DatasetEvent).where(
-            DatasetEvent.dataset_id.in_(ids), ~DatasetEvent.created_dagruns.any(DagRun.dag_id == dag_id),
-            DatasetEvent.timestamp >= floor)
+            DatasetEvent.dataset_id.in_(ids),
+            ~DatasetEvent.created_dagruns.any(DagRun.dag_id == dag_id),
+            DatasetEvent.timestamp >= floor,
+        )
         # A run consumes events dated up to its logical date, so only runs dated >= floor can
         # have consumed an event above the floor: bounds the subquery to recent runs.
         suggested = select(DatasetEvent).where(
             DatasetEvent.dataset_id.in_(ids),
             ~DatasetEvent.created_dagruns.any(and_(DagRun.dag_id == dag_id, DagRun.execution_date >= floor)),
-            DatasetEvent.timestamp >= floor)
+            DatasetEvent.timestamp >= floor,
+        )
         latest_run = select(func.max(DagRun.execution_date)).where(
-            DagRun.dag_id == dag_id, DagRun.run_type == DagRunType.DATASET_TRIGGERED)
+            DagRun.dag_id == dag_id, DagRun.run_type == DagRunType.DATASET_TRIGGERED
+        )
         out = []
-        cases = (("stock events", stock), ("fixed events", fixed), ("suggested fixed events", suggested),
-                 ("fixed latest run", latest_run))
+        cases = (
+            ("stock events", stock),
+            ("fixed events", fixed),
+            ("suggested fixed events", suggested),
+            ("fixed latest run", latest_run),
+        )
         for name, stmt in cases:
             started = time.perf_counter()
             found = len(session.execute(stmt).all())
             elapsed = (time.perf_counter() - started) * 1000
-            out.append(f"--- {size} events: {name} ({found} rows, {elapsed:.1f} ms)\n{_explain(session, stmt)}")
+            out.append(
+                f"--- {size} events: {name} ({found} rows, {elapsed:.1f} ms)\n{_explain(session, stmt)}"
+            )
     return out
 
 
@@ -118,6 +139,8 @@ def _explain(session, stmt) -> str:
 
     dialect = session.bind.dialect
     sql = str(stmt.compile(dialect=dialect, compile_kwargs={"literal_binds": True}))
-    prefix = {"postgresql": "EXPLAIN ANALYZE ", "mysql": "EXPLAIN ", "sqlite": "EXPLAIN QUERY PLAN "}[dialect.name]
+    prefix = {"postgresql": "EXPLAIN ANALYZE ", "mysql": "EXPLAIN ", "sqlite": "EXPLAIN QUERY PLAN "}[
+        dialect.name
+    ]
     rows = session.execute(text(prefix + sql)).all()
     return "\n".join(" | ".join(str(c) for c in row) for row in rows)

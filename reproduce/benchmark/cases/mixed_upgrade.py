@@ -47,8 +47,9 @@ def _use_state(variants: Variants, state: str):
     return stock
 
 
-def bench_mixed_upgrade(variants: Variants, rounds: int, notes: list[str], producers: int = 4,
-                        commits: int = 50) -> None:
+def bench_mixed_upgrade(
+    variants: Variants, rounds: int, notes: list[str], producers: int = 4, commits: int = 50
+) -> None:
     """
     The mixed states of the upgrade procedure's shortcuts: fixed producers beside a stock
     scheduler and the reverse, against all stock and all fixed. Each state has its own DAGs (on ``a``, on
@@ -69,7 +70,9 @@ def bench_mixed_upgrade(variants: Variants, rounds: int, notes: list[str], produ
         for state in MIXED_STATES:
             tag = f"r{round_no}_{MIXED_STATES.index(state)}"
             a, b = Dataset(f"bench://mixed/{tag}/a"), Dataset(f"bench://mixed/{tag}/b")
-            names = make_consumers(f"bench_mixed_{tag}", {"on_a": [a], "on_b": [b], "a_or_b": DatasetAny(a, b)})
+            names = make_consumers(
+                f"bench_mixed_{tag}", {"on_a": [a], "on_b": [b], "a_or_b": DatasetAny(a, b)}
+            )
             quiet_other_dags(names)
             manager = _use_state(variants, state)
             since = datetime.now(timezone.utc) - timedelta(seconds=1)
@@ -104,7 +107,9 @@ def bench_mixed_upgrade(variants: Variants, rounds: int, notes: list[str], produ
                     slowest[0] = max(slowest[0], time.perf_counter() - started)
                     time.sleep(rng.uniform(0, 0.01))
 
-            run_beside_a_scheduler(scheduler, [lambda seed=round_no * 100 + n: producer(seed) for n in range(producers)])
+            run_beside_a_scheduler(
+                scheduler, [lambda seed=round_no * 100 + n: producer(seed) for n in range(producers)]
+            )
             scheduler_errors += drain(runner, names)
 
             def judged() -> str:
@@ -117,9 +122,11 @@ def bench_mixed_upgrade(variants: Variants, rounds: int, notes: list[str], produ
                 _use_state(variants, "fixed")
                 drain(new_scheduler_runner(), names)
                 outcome += f"; after a fixed scheduler's drain: {judged()}"
-            line = (f"mixed upgrade, {state}, round {round_no + 1}: {producers * commits} producer transactions "
-                    f"(2 outlets), failed {len(failed)}, slowest {slowest[0]:.2f} s, scheduler errors "
-                    f"{len(scheduler_errors)}; {outcome}")
+            line = (
+                f"mixed upgrade, {state}, round {round_no + 1}: {producers * commits} producer transactions "
+                f"(2 outlets), failed {len(failed)}, slowest {slowest[0]:.2f} s, scheduler errors "
+                f"{len(scheduler_errors)}; {outcome}"
+            )
             log(f"  {line}")
             if failed or scheduler_errors:
                 log(f"    e.g. {(failed + scheduler_errors)[:3]}")

@@ -30,7 +30,9 @@ def bench_producer(variants: Variants, fanouts: tuple[int, ...], samples: int) -
                 session = settings.Session.session_factory()
                 try:
                     if queue_state == "empty queue":
-                        session.execute(delete(DatasetDagRunQueue).where(DatasetDagRunQueue.dataset_id == dataset_id))
+                        session.execute(
+                            delete(DatasetDagRunQueue).where(DatasetDagRunQueue.dataset_id == dataset_id)
+                        )
                         session.commit()
                     started = time.perf_counter()
                     dataset_manager.register_dataset_change(dataset=dataset, session=session)

@@ -18,9 +18,11 @@ from reproduce.benchmark.world import make_consumers, quiet_other_dags
 
 STEADY_PRODUCER_PERIOD = 0.5  # seconds between the commits of producers B and C
 
-STALLED_PRODUCER_SKIP = ("producer beside a stalled producer: skipped on sqlite (one writer: a stalled "
-                         "transaction holds the database's write lock, so every producer waits for it, stock "
-                         "and fixed alike)")
+STALLED_PRODUCER_SKIP = (
+    "producer beside a stalled producer: skipped on sqlite (one writer: a stalled "
+    "transaction holds the database's write lock, so every producer waits for it, stock "
+    "and fixed alike)"
+)
 
 
 def bench_stalled_producer(variants: Variants, stall: float, rounds: int) -> list[dict[str, Any]]:
@@ -61,8 +63,10 @@ def bench_stalled_producer(variants: Variants, stall: float, rounds: int) -> lis
 
     for _, variant in in_rounds(variants, rounds):
         stop = threading.Event()
-        threads = [threading.Thread(target=steady, args=(variant, name, dataset, stop))
-                   for name, dataset in (("B", same), ("C", other))]
+        threads = [
+            threading.Thread(target=steady, args=(variant, name, dataset, stop))
+            for name, dataset in (("B", same), ("C", other))
+        ]
         for thread in threads:
             thread.start()
         time.sleep(1)
@@ -75,17 +79,28 @@ def bench_stalled_producer(variants: Variants, stall: float, rounds: int) -> lis
         log(f"  {len(errors)} failed transaction(s) beside the stalled producer, e.g. {errors[:3]}")
     stock, fixed = latencies["stock"], latencies["fixed"]
     label = f"stalled producer ({stall:g} s)"
-    summary = {"stall_seconds": stall, "b_commits": {v: len(latencies[v]["B"]) for v in VARIANTS},
-               "failed": failed, "a_ms": {v: [t * 1000 for t in latencies[v]["A"]] for v in VARIANTS},
-               "slowest_ms": {name: {v: max(latencies[v][name], default=0) * 1000 for v in VARIANTS}
-                              for name in ("B", "C")}}
+    summary = {
+        "stall_seconds": stall,
+        "b_commits": {v: len(latencies[v]["B"]) for v in VARIANTS},
+        "failed": failed,
+        "a_ms": {v: [t * 1000 for t in latencies[v]["A"]] for v in VARIANTS},
+        "slowest_ms": {
+            name: {v: max(latencies[v][name], default=0) * 1000 for v in VARIANTS} for name in ("B", "C")
+        },
+    }
     rows = []
     for name, what in (("B", "same dataset"), ("C", "other dataset")):
         if not stock[name] or not fixed[name]:
             continue
         for statistic, pick in (("p50", statistics.median), ("p99", p99), ("slowest", max)):
-            rows.append(pooled_row(f"{label}: {name}, {what}, {statistic}", pick(stock[name]), pick(fixed[name]),
-                                   len(stock[name])))
+            rows.append(
+                pooled_row(
+                    f"{label}: {name}, {what}, {statistic}",
+                    pick(stock[name]),
+                    pick(fixed[name]),
+                    len(stock[name]),
+                )
+            )
     if rows:
         rows[0]["stalled_producer"] = summary
     for row in rows:

@@ -32,7 +32,12 @@ def bench_task_producer(variants: Variants, samples: int) -> list[dict[str, Any]
 
     dataset = Dataset("bench://task/out")
     (consumer,) = make_consumers("bench_task", {"consumer": [dataset]})
-    dag = DAG("bench_task_producer", schedule=None, start_date=datetime(2024, 1, 1, tzinfo=timezone.utc), catchup=False)
+    dag = DAG(
+        "bench_task_producer",
+        schedule=None,
+        start_date=datetime(2024, 1, 1, tzinfo=timezone.utc),
+        catchup=False,
+    )
     PythonOperator(task_id="emit", python_callable=lambda: None, outlets=[dataset], dag=dag)
     with create_session() as session:
         DAG.bulk_write_to_db([dag], session=session)
@@ -47,11 +52,17 @@ def bench_task_producer(variants: Variants, samples: int) -> list[dict[str, Any]
         n = next(counter)
         if drained:
             with create_session() as session:
-                session.execute(delete(DatasetDagRunQueue).where(DatasetDagRunQueue.target_dag_id == consumer))
+                session.execute(
+                    delete(DatasetDagRunQueue).where(DatasetDagRunQueue.target_dag_id == consumer)
+                )
         logical_date = base + timedelta(seconds=n)
         run = dag.create_dagrun(
-            run_id=f"bench_{n}", run_type=DagRunType.MANUAL, execution_date=logical_date,
-            data_interval=(logical_date, logical_date), state=DagRunState.RUNNING, external_trigger=True,
+            run_id=f"bench_{n}",
+            run_type=DagRunType.MANUAL,
+            execution_date=logical_date,
+            data_interval=(logical_date, logical_date),
+            state=DagRunState.RUNNING,
+            external_trigger=True,
         )
         ti = run.get_task_instance("emit")
         ti.task = dag.get_task("emit")
@@ -67,9 +78,14 @@ def bench_task_producer(variants: Variants, samples: int) -> list[dict[str, Any]
         marks_before = _marks()
         times = alternate(variants, samples, measure, warmup=2, prime=False)
         marks = _marks() - marks_before  # the fixed task's evidence: one audit-log row a task instance
-        row = paired_row(f"a real task with one dataset outlet (TaskInstance.run), 1 consuming DAG, {label}; "
-                   f"{marks} marks for {len(times['fixed']) + 2} fixed tasks", times)
-        row["task_producer"] = {"p90_ratio": percentile(times["fixed"], 0.9) / percentile(times["stock"], 0.9)}
+        row = paired_row(
+            f"a real task with one dataset outlet (TaskInstance.run), 1 consuming DAG, {label}; "
+            f"{marks} marks for {len(times['fixed']) + 2} fixed tasks",
+            times,
+        )
+        row["task_producer"] = {
+            "p90_ratio": percentile(times["fixed"], 0.9) / percentile(times["stock"], 0.9)
+        }
         log(f"  {row['case']}: {ms_line(row)}")
         rows.append(row)
     return rows

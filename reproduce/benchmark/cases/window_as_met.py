@@ -23,8 +23,14 @@ from reproduce.benchmark.world import (
 )
 
 
-def bench_window_as_met(variants: Variants, windows: tuple[int, ...], samples: int, notes: list[str], loops: int = 4,
-                        states: tuple[str, ...] = STATISTICS_STATES) -> list[dict[str, Any]]:
+def bench_window_as_met(
+    variants: Variants,
+    windows: tuple[int, ...],
+    samples: int,
+    notes: list[str],
+    loops: int = 4,
+    states: tuple[str, ...] = STATISTICS_STATES,
+) -> list[dict[str, Any]]:
     """
     The look-back window as users meet it (issues 30, 49): history just bulk-loaded on tables
     never analyzed (a restore or a new server's bulk load with autovacuum off; only while no
@@ -86,15 +92,19 @@ def bench_window_as_met(variants: Variants, windows: tuple[int, ...], samples: i
                 "stock_p90_ms": percentile(times["stock"], 0.9) * 1000,
                 "fixed_p90_ms": percentile(times["fixed"], 0.9) * 1000,
             }
-            log(f"  {row['case']}: {ms_line(row)}; p90 stock {row['window_as_met']['stock_p90_ms']:.2f} ms, "
-                 f"fixed {row['window_as_met']['fixed_p90_ms']:.2f} ms, ratio {row['window_as_met']['p90_ratio']:.2f}")
+            log(
+                f"  {row['case']}: {ms_line(row)}; p90 stock {row['window_as_met']['stock_p90_ms']:.2f} ms, "
+                f"fixed {row['window_as_met']['fixed_p90_ms']:.2f} ms, ratio {row['window_as_met']['p90_ratio']:.2f}"
+            )
             rows.append(row)
         return rows
 
     rows = []
     if "never analyzed" in states and ANALYZED:
-        notes.append("window as met, never analyzed: not measured, an earlier case of this run took statistics "
-                     "(run --cases window-as-met alone)")
+        notes.append(
+            "window as met, never analyzed: not measured, an earlier case of this run took statistics "
+            "(run --cases window-as-met alone)"
+        )
     elif "never analyzed" in states:
         for size in windows:  # every load before any ANALYZE
             rows += measure(size, load(size, "never"), "never analyzed")
