@@ -1,4 +1,4 @@
-"""Producers as the cases run them: one transaction on a session of its own, and threads beside a scheduler."""
+"""Producers as the cases run them: a transaction on a session of its own, threads beside a scheduler."""
 
 from __future__ import annotations
 
@@ -70,8 +70,8 @@ def run_beside_a_scheduler(scheduler: Callable[[Any], None], producers: list[Cal
 
 def commit_new_events(variants: Variants, datasets: list[Any]) -> None:
     """
-    A new event on each of ``datasets``, in one transaction of a stock producer, committed once: every sample of
-    either variant then creates the runs for them in a transaction it rolls back.
+    A new event on each of ``datasets``, in one transaction of a stock producer, committed once: every
+    sample of either variant then creates the runs for them in a transaction it rolls back.
     """
     from airflow import settings
     from airflow.datasets.manager import dataset_manager

@@ -79,14 +79,14 @@ class Variants:
 
 
 def pair_order(pair: int) -> tuple[str, ...]:
-    """The variants of the ``pair``-th pair in turn: stock first in even pairs, fixed first in odd ones (ABBA)."""
+    """The variants of the ``pair``-th pair in turn: stock first in even pairs, fixed first in odd ones."""
     return VARIANTS if pair % 2 == 0 else VARIANTS[::-1]
 
 
 def in_rounds(variants: Variants, rounds: int) -> Iterator[tuple[int, str]]:
     """
-    ``rounds`` rounds per variant, in ABBA order (stock, fixed, fixed, stock, ...): the round's index and variant,
-    its code in place (``variants.use``). Stock is put back after the last round.
+    ``rounds`` rounds per variant, in ABBA order (stock, fixed, fixed, stock, ...): the round's index
+    and variant, its code in place (``variants.use``). Stock is put back after the last round.
     """
     for i in range(rounds * 2):
         variant = pair_order(i // 2)[i % 2]

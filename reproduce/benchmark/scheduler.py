@@ -1,4 +1,4 @@
-"""The scheduler as the cases run it: a runner of its own, its real passes, a sample's rolled-back loop, a drain."""
+"""The scheduler as the cases run it: a runner of its own, its passes, a rolled-back loop, a drain."""
 
 from __future__ import annotations
 
@@ -124,5 +124,5 @@ def drain(runner, dag_ids: list[str], max_passes: int = 20) -> list[str]:
 
 
 def window_pass_over(runner) -> bool:
-    """Whether a fixed runner's window pass (its safety net's read of every reference after a start) is over."""
+    """Whether a fixed runner's window pass (its net's read of every reference after a start) is over."""
     return runner.__dict__.get("_dataset_race_fix_net", {}).get("window_order", True) == []

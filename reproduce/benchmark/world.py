@@ -1,4 +1,4 @@
-"""Building the world the cases measure: consumer DAGs, historical events and runs, the planner's statistics."""
+"""The world the cases measure: consumer DAGs, historical events and runs, the planner's statistics."""
 
 from __future__ import annotations
 
@@ -221,7 +221,7 @@ def event_rows(dataset_id: int, stamps: list[datetime], source_dag_id: str) -> l
 
 
 def consumed_run_row(dag_id: str, first: datetime, last: datetime) -> dict[str, Any]:
-    """A row of ``dag_run``: a successful dataset-triggered run of ``dag_id``, its data interval ``first`` to ``last``."""
+    """A row of ``dag_run``: a successful dataset-triggered run of ``dag_id`` over ``first`` to ``last``."""
     from airflow.utils.state import DagRunState
     from airflow.utils.types import DagRunType
 

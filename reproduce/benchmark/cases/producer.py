@@ -1,6 +1,8 @@
-"""``producer``: ``DatasetManager.register_dataset_change`` plus commit, for a dataset with 1, 10 and 50
-consuming DAGs, with the queue empty (first event after the scheduler drained it) and with the queue rows already
-there (a burst)."""
+"""
+``producer``: ``DatasetManager.register_dataset_change`` plus commit, for a dataset with 1, 10 and 50
+consuming DAGs, with the queue empty (first event after the scheduler drained it) and with the queue
+rows already there (a burst).
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``window-as-met``: the look-back window as users meet it, statistics never taken, behind a bulk load and fresh."""
+"""``window-as-met``: the look-back window as users meet it: statistics never taken, behind a load, fresh."""
 
 from __future__ import annotations
 
