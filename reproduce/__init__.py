@@ -8,7 +8,7 @@
   optionally with faults injected (``e2e_celery``).
 
 ``runner`` is the parent (no Airflow import); each variant runs in ``child`` in a fresh
-interpreter on its own scratch database; ``report`` renders the tables. ``bench`` measures
+interpreter on its own scratch database; ``report`` renders the tables. ``benchmark`` measures
 what the fix costs (``python reproduce/bench.py``).
 
 The lab lives in the repository, not in the wheel: ``import reproduce`` works from a clone

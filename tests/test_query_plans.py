@@ -33,7 +33,7 @@ from airflow.models.dataset import DatasetDagRunQueue, DatasetModel
 from airflow.utils.session import create_session
 
 from reproduce.harness.world import DONE, World
-from reproduce.bench import add_history
+from reproduce.benchmark.world import add_history
 
 from conftest import BACKEND
 from matrix import ON_MAIN_RELEASE_ONLY
