@@ -307,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
         type=_positive(float),
         default=900.0,
         metavar="S",
-        help="fan-out: longest wait for the restart's window pass, its rest then read at once "
+        help="fan-out: longest wait for the net to catch up after a start, its rest then skipped "
         "(default %(default)s)",
     )
     parser.add_argument(

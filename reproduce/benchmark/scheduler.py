@@ -123,6 +123,15 @@ def drain(runner, dag_ids: list[str], max_passes: int = 20) -> list[str]:
     return errors
 
 
-def window_pass_over(runner) -> bool:
-    """Whether a fixed runner's window pass (its net's read of every reference after a start) is over."""
-    return runner.__dict__.get("_dataset_race_fix_net", {}).get("window_order", True) == []
+def net_caught_up(runner) -> bool:
+    """Whether a fixed runner's net has read every committed id since its start (a first start reads the last 10 000
+    again, a restart on from the marks) and probed every late event among them."""
+    from airflow import settings
+    from airflow.models.dataset import DatasetEvent
+    from sqlalchemy import func, select
+
+    net = runner.__dict__.get("_dataset_race_fix_net", {})
+    if "high" not in net or net.get("late"):
+        return False
+    with settings.Session() as session:
+        return net["high"] >= (session.scalar(select(func.max(DatasetEvent.id))) or 0)

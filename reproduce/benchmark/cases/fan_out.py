@@ -1,6 +1,7 @@
 """
 ``fan-out``: consumers x datasets x events consumed in the window; loops of a stock and a fixed
-scheduler just started, the fixed one's until its window pass is over, long-running ones after it and
+scheduler just started, the fixed one's until its net has caught up (a first start reads the last 10 000 event ids
+again), long-running ones after it and
 a sweep round's loops: median, p99, max, the net's and sweep's share.
 """
 
@@ -16,7 +17,7 @@ from typing import Any
 
 from reproduce.benchmark.figures import p99, pooled_row
 from reproduce.benchmark.runner import VARIANTS, Variants, log, pair_order
-from reproduce.benchmark.scheduler import new_scheduler_runner, scheduler_pass, window_pass_over
+from reproduce.benchmark.scheduler import new_scheduler_runner, scheduler_pass, net_caught_up
 from reproduce.benchmark.world import consumed_run_row, event_rows, make_consumers, quiet_other_dags
 
 FANOUT_WINDOW_SECONDS = 800  # inside event_lookback_seconds (900)
@@ -37,7 +38,7 @@ def bench_fanout(
     Issue 47's fan-out: ``datasets`` datasets with ``consumers`` DAGs each and ``events`` events per dataset over the
     last 800 s, each consumed by a run of every consumer (100 a run): consumers x events links a dataset. Tables never
     analyzed (as a bulk load or a restore leaves them). Per variant a new scheduler runner (a scheduler just started:
-    its first loop apart) runs ``loops`` loops; both run on until the fixed one's restart's window pass is over (at
+    its first loop apart) runs ``loops`` loops; both run on until the fixed one's net has caught up (at
     most ``pass_limit`` seconds), then each runs ``2 * loops`` more (long-running) and a sweep round's. Nothing
     new happens, so a loop is the scheduler's heartbeat and the fix's net all it adds. Rows: the loop's median;
     notes: its p99, max and the net's and sweep's share of the fixed loops' time.
@@ -139,11 +140,11 @@ def bench_fanout(
             done += 1
         return done
 
-    def pass_done() -> bool:  # the restart's window pass over (its order read through)
-        return window_pass_over(runners["fixed"])
+    def pass_done() -> bool:  # the start's re-read of the last ids over, every late one probed
+        return net_caught_up(runners["fixed"])
 
     # Phases, a loop of each runner in turn, ABBA (a shared machine's load falls on both alike): stock and fixed just
-    # started (first loop apart), on until the fixed one's window pass is over (or pass_limit seconds), then
+    # started (first loop apart), on until the fixed one's net has caught up (or pass_limit seconds), then
     # long-running; last, the fix's sweep: a round set due and the loops until it is over (its pages paced by its
     # credit, as in a scheduler alone: the credit does not earn from stock's loops).
     laps: dict[str, dict[str, list[tuple[float, float]]]] = {v: defaultdict(list) for v in VARIANTS}
@@ -153,16 +154,14 @@ def bench_fanout(
     pass_started = time.monotonic()
     in_turn("pass", 10**9, lambda: pass_done() or time.monotonic() - pass_started >= pass_limit)
     pass_seconds, pass_over = time.monotonic() - pass_started, pass_done()
-    if not pass_over:  # a long-running scheduler has the pass behind it: its rest skipped, its rate noted
+    if not pass_over:  # a long-running scheduler has the start behind it: the rest skipped, its rate noted
         state = runners["fixed"].__dict__["_dataset_race_fix_net"]
-        total = len(state.get("windows") or {})
-        left = len(state["window_order"]) if "window_order" in state else total  # (still paging: none read)
         notes.append(
-            f"fan-out: the window pass not over after {pass_seconds:.0f} s ({len(laps['fixed']['pass'])} "
-            f"loops): {total - left} of {total} references read (slices of {state.get('slice_size')} events "
-            f"at its end); the rest skipped"
+            f"fan-out: the net not caught up after {pass_seconds:.0f} s ({len(laps['fixed']['pass'])} loops): "
+            f"{len(state.get('late', []))} late events left to probe ({state.get('probe_size')} a look at its end); "
+            "the rest skipped"
         )
-        state["window_order"] = []
+        state["late"] = []
     in_turn("running", 2 * loops)
     sweep = runners["fixed"].__dict__.setdefault("_dataset_race_fix_sweep", {})
     sweep["at"] = float("-inf")  # a round due now (at once, credit allowing)
@@ -175,7 +174,7 @@ def bench_fanout(
     label = f"fan-out {consumers} x {datasets} datasets, {events} events each"
     during = laps["fixed"]["pass"]
     notes.append(
-        f"{label}: the window pass {'took' if pass_over else 'not over in'} {pass_seconds:.1f} s, "
+        f"{label}: the net's start {'took' if pass_over else 'not over in'} {pass_seconds:.1f} s, "
         f"{len(during)} fixed loops after the just-started ones"
         + (
             f": loop median {statistics.median(t for t, _ in during) * 1000:.2f} ms, "
@@ -189,8 +188,8 @@ def bench_fanout(
     for phase, what in (
         ("first", "first loop"),
         ("restarted", "just started"),
-        ("pass", "during the window pass"),
-        ("running", "long-running, pass over"),
+        ("pass", "while the net catches up"),
+        ("running", "long-running"),
         ("sweep", "a sweep round"),
     ):
         stock, fixed = ([t for t, _ in laps[v][phase]] for v in VARIANTS)

@@ -11,7 +11,7 @@ from datetime import datetime, timedelta, timezone
 
 from reproduce.benchmark.cases.fan_out import FANOUT_RUN_EVENTS, FANOUT_WINDOW_SECONDS
 from reproduce.benchmark.runner import Variants, log
-from reproduce.benchmark.scheduler import new_scheduler_runner, scheduler_pass, window_pass_over
+from reproduce.benchmark.scheduler import new_scheduler_runner, scheduler_pass, net_caught_up
 from reproduce.benchmark.world import consumed_run_row, event_rows, make_consumers, quiet_other_dags
 
 LATE_BUSY_DAGS = 10
@@ -117,7 +117,7 @@ def bench_late_after_restart(
                     notes.append(f"late after a restart, {size}: a loop failed: {error}")
                 if found_after is None and late_consumed():
                     found_after = (len(laps), time.monotonic() - began)
-                pass_over = window_pass_over(runner)
+                pass_over = net_caught_up(runner)
                 if (found_after and (pace or pass_over)) or time.monotonic() - began > pass_limit:
                     break
                 time.sleep(max(0.0, pace - laps[-1]))
@@ -131,7 +131,7 @@ def bench_late_after_restart(
                     else f"not consumed after {time.monotonic() - began:.0f} s"
                 )
                 + (
-                    f"; the window pass over after {len(laps)} loops, {time.monotonic() - began:.1f} s"
+                    f"; the net caught up after {len(laps)} loops, {time.monotonic() - began:.1f} s"
                     if not pace and pass_over
                     else ""
                 )
