@@ -30,9 +30,9 @@ def _mark_extra(component: str, started=None) -> str:
     """The mark's ``extra``: the same text for every task of a host and verdict, so the reader groups them."""
     from airflow.utils.net import get_hostname
 
-    from airflow_dataset_race_fix import __version__, runtime
+    from airflow_dataset_race_fix import __version__, runtime, verdict
 
-    fixed, how = runtime.process_verdict()
+    fixed, how = verdict.process_verdict()
     extra = {"component": component, "fixed": fixed, "how" if fixed else "why": how, "host": get_hostname(),
              "airflow": runtime.airflow_version(), "package": __version__}
     if started is not None:

@@ -76,7 +76,8 @@ class Member:
 
 
 _MANAGER = ("airflow.datasets.manager", "DatasetManager")
-_SCHEDULER = ("airflow.jobs.scheduler_job_runner", "SchedulerJobRunner")
+SCHEDULER_MODULE = "airflow.jobs.scheduler_job_runner"
+_SCHEDULER = (SCHEDULER_MODULE, "SchedulerJobRunner")
 # Fingerprints of the pristine members the fix replaces; every other member is one the fix adds.
 _ORIGINAL_SHA256 = {
     "register_dataset_change": "002d718a4a06b2ad7957c1cba24b72330cbad78d07f128feb5e542586f83b770",

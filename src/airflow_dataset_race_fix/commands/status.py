@@ -211,9 +211,9 @@ def _why_inactive(shim: dict) -> str:
     if shim["disabled"]:
         return "the shim is disabled by AIRFLOW_DATASET_RACE_FIX_DISABLED"
     if not shim["loaded_in_this_process"]:
-        from airflow_dataset_race_fix import runtime
+        from airflow_dataset_race_fix import verdict
 
-        why = runtime.why_not_started()
+        why = verdict.why_not_started()
         if why and why[1].startswith("displaced"):
             return f"the shim is {why[1]}"
         return (

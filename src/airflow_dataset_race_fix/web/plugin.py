@@ -43,9 +43,9 @@ def on_dataset_changed(dataset) -> None:
 
 
 def _announce() -> None:
-    from airflow_dataset_race_fix import runtime
+    from airflow_dataset_race_fix import verdict
 
-    runtime.announce_process()
+    verdict.announce_process()
 
 
 class DatasetRunsPlugin(AirflowPlugin):
