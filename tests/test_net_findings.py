@@ -225,7 +225,7 @@ def test_a_full_late_queue_loses_nothing_and_says_so(world, monkeypatch):
     w.loop(s), s.finish()  # P's event appears past the cap: dropped, and the ids followed from below it again
     assert ("dataset_race_fix.net_ids_dropped", 1) in counted
     assert late not in sum(_consumed(d), [])
-    s.runner.__dict__["_dataset_race_fix_net"]["late"] = []  # as if the 100 000 were probed (50 to 1 000 a look)
+    s.runner.__dict__["_dataset_race_fix_net"]["late"] = []  # as if the 100 000 were probed (5 to 1 000 a look)
     for _ in range(3):
         w.loop(s), s.finish()
     assert late in sum(_consumed(d), []), "the dropped late event was lost"

@@ -369,7 +369,7 @@ class SchedulerJobRunner:
                 missing.pop(row.id, None)
         recent = sorted(i for i, at in missing.items() if looked_at - at <= forget_after)
         net["missing"] = {i: missing[i] for i in recent[-10_000:]}  # the newest
-        late = net.setdefault("late", [])  # probed 50 to 1 000 a look, 100 000 kept
+        late = net.setdefault("late", [])  # probed 5 to 1 000 a look, 100 000 kept
         if appeared:  # the clock read after the look: every event seen committed before it
             slow_before = manager._database_now(session) - latency
             late += [tuple(row) for row in appeared if row.timestamp < slow_before]
@@ -381,7 +381,7 @@ class SchedulerJobRunner:
                           "and drops %d past its caps", aged, capped)
         if len(late) > 100_000:  # the late events past the cap are read again, as new, when the net gets there
             net["high"] = min(net["high"], min(event[0] for event in late[100_000:]) - 1)
-        size = net.get("probe_size", 50)  # late events probed a look: 50 to 1 000, sized to take 1-2 ms
+        size = net.get("probe_size", 10)  # late events probed a look: 5 to 1 000, sized to take 1-2 ms
         events, net["late"], started = late[:size], late[size:100_000], time.monotonic()
         # Each event's consumers with a dataset-triggered run, not below their oldest (db clean), and the links of those
         # it lies below: after a restart most lie above every run, and their links are not read.
@@ -413,7 +413,7 @@ class SchedulerJobRunner:
         if len(events) == size and took < 0.001:
             net["probe_size"] = min(1_000, size * 2)
         elif took > 0.002:
-            net["probe_size"] = max(50, size // 2)
+            net["probe_size"] = max(5, size // 2)
         return [find for find in below if (find[2], find[0]) not in consumed]
 
     def _dataset_follow_mark(self, net: dict[str, Any], session: Session) -> dict[str, Any] | None:
