@@ -230,7 +230,10 @@ class DatasetRunsView(BaseView):
 
         from airflow_dataset_race_fix.diagnostics import deployment
 
-        hours = min(max(request.args.get("hours", 24.0, type=float), 0.1), 24 * 31.0)
+        try:
+            hours = deployment.period_hours(request.args.get("hours", "24"))
+        except ValueError as err:
+            abort(400, description=str(err))
         with _read_only_session() as session:
             found = deployment.collect(session, timezone.utcnow() - timedelta(hours=hours))
         readable = set(_permitted(sorted({r["dag_id"] for r in found["producers"] if r["dag_id"]}), _Access()))
