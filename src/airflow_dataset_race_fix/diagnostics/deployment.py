@@ -7,14 +7,15 @@ dataset events' task instances (every producer's host). The JSON form: docs/depl
 from __future__ import annotations
 
 import json
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 
 SCHEMA = "airflow-dataset-race-fix/deployment/1"
 MAX_HOURS = 24 * 366  # --hours and ?hours=: a year, leap day included
+WORDS = {True: "FIXED    ", False: "NOT FIXED", None: "UNKNOWN  "}  # a row's "fixed", as render says it
 NO_MARK = "no mark: this package was not installed or loaded there (stock code, or a release before marks)"
 JOBS = {"SchedulerJob": "scheduler", "TriggererJob": "triggerer", "DagProcessorJob": "dag-processor"}
 # A component's mark carries its Job()'s start; the job row's start is later, when run_job begins.
-MARK_BEFORE_JOB = timedelta(minutes=1)
+MARK_BEFORE_JOB, MARK_AFTER_JOB = timedelta(minutes=1), timedelta(seconds=1)
 
 
 def period_hours(text: str) -> float:
@@ -28,7 +29,8 @@ def period_hours(text: str) -> float:
     return hours
 
 
-def collect(session, since: datetime) -> dict:
+def collect(session, hours: float) -> dict:
+    """What ``deployment`` prints: each process seen over the last ``hours``, and whether it ran the fix."""
     from sqlalchemy import and_, func, or_, select
     from sqlalchemy.orm import aliased
 
@@ -39,21 +41,25 @@ def collect(session, since: datetime) -> dict:
 
     from airflow_dataset_race_fix.evidence import MARK_EVENT
 
+    since = datetime.now(timezone.utc) - timedelta(hours=hours)
     jobs = session.scalars(select(Job).where(Job.job_type.in_(JOBS), Job.latest_heartbeat >= since)
                            .order_by(Job.start_date)).all()
     # A job alive in the period may have started, and written its mark, long before it.
-    marked_before = [Log.dttm.between(job.start_date - MARK_BEFORE_JOB, job.start_date + timedelta(seconds=1))
+    marked_before = [Log.dttm.between(job.start_date - MARK_BEFORE_JOB, job.start_date + MARK_AFTER_JOB)
                      for job in jobs if job.start_date < since]
     marks = [{**json.loads(extra), "at": dttm} for dttm, extra in session.execute(
         select(Log.dttm, Log.extra).where(Log.event == MARK_EVENT, Log.dag_id.is_(None),
                                           or_(Log.dttm >= since, *marked_before)).order_by(Log.dttm))]
     components = []
     for job in jobs:
-        mark = next((m for m in marks if _marked_by(m, JOBS[job.job_type], job)), None)
+        component, host = JOBS[job.job_type], job.hostname
+        own = [m for m in marks if (m["component"], m["host"]) == (component, host) and "started" in m]
+        offsets = [(datetime.fromisoformat(m["started"]) - job.start_date, m) for m in own]
+        mark = next((m for offset, m in offsets if -MARK_BEFORE_JOB < offset < MARK_AFTER_JOB), None)
         if mark is not None:
             marks.remove(mark)
         stopped = None if job.is_alive() else job.end_date or job.latest_heartbeat
-        components.append({"component": JOBS[job.job_type], "job_id": job.id, "host": job.hostname,
+        components.append({"component": component, "job_id": job.id, "host": host,
                            "first": job.start_date, "last": job.latest_heartbeat, "stopped": stopped,
                            **_verdict(mark)})
     # The webserver workers'. A job component's mark that matches no job came from a task forked from a
@@ -93,15 +99,8 @@ def collect(session, since: datetime) -> dict:
         producers.append({"host": where,
                           "dag_id": dag_id, "task_id": task_id, "events": int(events), "task_instances": tasks,
                           "first": first, "last": last, **_verdict(mark if dag_id is not None else {})})
-    everything = components + producers
     return {"schema": SCHEMA, "since": since, "components": components, "producers": producers,
-            "all_fixed": all(row["fixed"] is not False for row in everything)}
-
-
-def _marked_by(mark: dict, component: str, job) -> bool:
-    if mark["component"] != component or mark["host"] != job.hostname or "started" not in mark:
-        return False
-    return -MARK_BEFORE_JOB < datetime.fromisoformat(mark["started"]) - job.start_date < timedelta(seconds=1)
+            "all_fixed": all(row["fixed"] is not False for row in components + producers)}
 
 
 def _verdict(mark: dict | None) -> dict:
@@ -119,19 +118,15 @@ def render(found: dict) -> str:
     for row in found["components"]:
         job = f" (job {row['job_id']})" if row["job_id"] else ""
         until = f"stopped {row['stopped']:{time}}" if row["stopped"] else f"seen {row['last']:{time}}"
-        lines.append(f"  {_word(row)} {row['component']}{job} on {row['host']}, "
+        lines.append(f"  {WORDS[row['fixed']]} {row['component']}{job} on {row['host']}, "
                      f"started {row['first']:{time}}, {until}: {row['why']}")
     lines += [] if found["components"] else ["  none seen"]
     lines.append("Producers (dataset events by the host of the task instance that made them):")
     for row in found["producers"]:
         task = f"{row['dag_id'] or ''}.{row['task_id'] or ''}, {row['events']} events"
-        lines.append(f"  {_word(row)} {row['host']}: {task} of {row['task_instances']} "
+        lines.append(f"  {WORDS[row['fixed']]} {row['host']}: {task} of {row['task_instances']} "
                      f"task instances, {row['first']:{time}} to {row['last']:{time}}: {row['why']}")
     lines += [] if found["producers"] else ["  none seen"]
     lines.append("Every process seen ran the fix" if found["all_fixed"]
                  else "NOT every process seen ran the fix (the NOT FIXED lines above)")
     return "\n".join(lines)
-
-
-def _word(row: dict) -> str:
-    return {True: "FIXED    ", False: "NOT FIXED", None: "UNKNOWN  "}[row["fixed"]]
