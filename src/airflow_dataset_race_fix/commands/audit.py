@@ -213,8 +213,9 @@ def render(result, where: str, since, dag_ids: list[str], seconds: float, limit:
     lines += ["", f"{summary}; scanned in {seconds:.1f}s."]
     if report.total("not_queued_unpaused"):
         lines.append("Not queued unpaused: stranded events of an unpaused DAG, newer than its latest run, "
-                     "that no queue row names: nothing starts a run for them until their dataset's next "
-                     "event. 'audit --requeue' (dry run) shows how to give them back.")
+                     "that no queue row names: stock Airflow starts no run for them until their dataset's "
+                     "next event (the fix's sweep takes those within its reach: 'explain DAG_ID' tells). "
+                     "'audit --requeue' (dry run) shows how to give them back.")
     if report.total("suspected_lost"):
         lines.append(
             "Suspected: Airflow records no pauses, schedule changes or deleted runs, so an event may show "
