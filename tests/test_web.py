@@ -446,7 +446,11 @@ def test_the_deployment_page_names_a_stock_scheduler_and_this_webserver(site):
         webserver = [line for line in components.splitlines() if "webserver" in line]
         assert webserver and all("NOT fixed" in line and "no route turned the shim on" in line for line in webserver)
         assert browser.find_all("#not-all-fixed")
+        assert browser.script("return document.title") == "Dataset runs: processes - Airflow"
         browser.screenshot(SCREENSHOTS / "deployment.png")
+        browser.get(f"{base}/dataset-race-fix/deployment?hours=nan")  # the command's rule and line, in the browser
+        shown = browser.script("return document.body.innerText")
+        assert "Bad Request" in shown and "hours 'nan': expected a number above 0 and at most 8784" in shown, shown
     finally:
         browser.close()
 
