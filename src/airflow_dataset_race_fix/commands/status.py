@@ -50,10 +50,7 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     report = collect(import_targets=not args.no_import)
-    if args.json:
-        print(json.dumps(report, indent=2))
-    else:
-        print(render(report))
+    print(json.dumps(report, indent=2) if args.json else render(report))
     return EXIT_ACTIVE if report["fix_active"] else EXIT_NOT_ACTIVE
 
 

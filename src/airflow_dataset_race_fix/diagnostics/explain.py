@@ -300,7 +300,7 @@ def explain(
     rows = {
         name: [i.run_id if hasattr(i, "run_id") else i.event_id for i in getattr(found, name)
                if not (name == "suspected_lost" and i.event_id in pending_ids)]
-        for name in invariant.FINDINGS
+        for name in invariant.FINDINGS if name != "not_queued_unpaused"  # a count: the verdict tells of those
     }
     return {
         "schema": SCHEMA,
