@@ -104,23 +104,26 @@ def test_an_and_dags_late_event_is_consumed_once_its_condition_is_met(world, mon
     assert w.report().violations() == {}
 
 
-@pytest.mark.parametrize("fault", ["an OperationalError, retried", "the scheduler dies before its COMMIT"])
+@pytest.mark.parametrize(
+    "fault", ["on the run's link insert", "on the net's finding insert", "the scheduler dies before its COMMIT"]
+)
 def test_a_loop_that_fails_after_the_find_loses_nothing(world, monkeypatch, fault):
     """
-    The loop that would consume P's event fails after the net found it: once on the run's link
-    insert (``retry_db_transaction`` runs the loop again at once), or the scheduler dies before its
-    COMMIT and another one starts. The finding was committed on its own: the retry or the new
-    scheduler consumes it. In memory, the find was popped by the failed decision and lost.
+    The loop that would consume P's event fails after the net found it: an ``OperationalError``
+    once on the run's link insert, or on the finding's own insert (``retry_db_transaction`` runs
+    the loop again at once), or the scheduler dies before its COMMIT and another one starts. The
+    finding was committed on its own, or the failed look undone: the retry or the new scheduler
+    consumes it. In memory, the find was popped by the failed decision and lost.
     """
     monkeypatch.setenv(LATENCY, "1")
     w = world
     d, late, s, _ = late_commit(w, "k")
     time.sleep(0.6)
-    if fault == "an OperationalError, retried":
-        failed = []
+    if fault != "the scheduler dies before its COMMIT":
+        failed, target = [], "INSERT INTO dagrun_dataset_event" if "link" in fault else "INSERT INTO log"
 
         def fail_once(conn, cursor, statement, parameters, context, executemany):
-            if statement.startswith("INSERT INTO dagrun_dataset_event") and not failed:
+            if statement.startswith(target) and not failed:
                 failed.append(statement)
                 raise OperationalError(statement, parameters, Exception("injected: deadlock found"))
 

@@ -259,11 +259,19 @@ class SchedulerJobRunner:
         interval = self._dataset_manager()._dataset_race_fix_setting("net_look_interval_seconds")
         looked = not net.get("read_only") and time.monotonic() - net.get("looked_at", float("-inf")) >= interval
         finds: list[tuple[str, int, int, datetime]] = []
-        if looked:
-            net["looked_at"] = time.monotonic()
-            finds = self._follow_dataset_event_ids(net, session)
-        if finds or looked or "findings" not in net:
-            net["findings"] = self._dataset_findings(finds, session)
+        moved = ("high", "missing", "late", "looked_at")  # what a look moves
+        followed = {key: net[key].copy() if key in ("missing", "late") else net[key] for key in moved if key in net}
+        try:
+            if looked:
+                net["looked_at"] = time.monotonic()
+                finds = self._follow_dataset_event_ids(net, session)
+            if finds or looked or "findings" not in net:
+                net["findings"] = self._dataset_findings(finds, session)
+        except BaseException:  # a look is undone until its findings are kept: the retried loop looks again
+            for key in moved:
+                net.pop(key, None)
+            net.update(followed)
+            raise
         if looked:  # after the findings are kept: a restart never starts above a find that was not
             self._dataset_follow_mark(net, session)
         return self._dags_ready_by_findings(net["findings"], session)
@@ -381,8 +389,9 @@ class SchedulerJobRunner:
                           "and drops %d past its caps", aged, capped)
         if len(late) > 100_000:  # the late events past the cap are read again, as new, when the net gets there
             net["high"] = min(net["high"], min(event[0] for event in late[100_000:]) - 1)
-        size = net.get("probe_size", 10)  # late events probed a look: 5 to 1 000, sized to take 1-2 ms
-        events, net["late"], started = late[:size], late[size:100_000], time.monotonic()
+        # late events probed a look: 5 to 1 000, sized to take 1-2 ms, the newest first (a start's backlog after)
+        size, late, started = net.get("probe_size", 10), late[:100_000], time.monotonic()
+        events, net["late"] = late[len(late) - size :][::-1], late[: max(0, len(late) - size)]
         # Each event's consumers with a dataset-triggered run, not below their oldest (db clean), and the links of those
         # it lies below: after a restart most lie above every run, and their links are not read.
         reference = DagScheduleDatasetReference
