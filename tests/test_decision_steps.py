@@ -65,9 +65,13 @@ def test_nothing_is_read_below_the_oldest_run_db_clean_left():
     # issue 47 item 4: the runs below it were deleted with their consumption records
     # the latency below the newest consumed event still reads below it (a late commit just below a first run)
     assert floors([1, 2], T, newest={1: T - S}, oldest=T).floors == {1: T - S - LATENCY, 2: T}
-    # a late commit the net found (never below the oldest run either), or a queue row, reads below it
+    # a late commit the net found reads from its stamp, however far below the look-back, but never below the
+    # oldest run: runs deleted since the find (db clean) took their consumption records with them
     assert floors([1, 2], T, newest={1: T - S}, found_late={1: T - 60 * S}, oldest=T - 30 * S).floors == {
-        1: T - 60 * S, 2: T - 30 * S
+        1: T - 30 * S, 2: T - 30 * S
+    }
+    assert floors([1], T, newest={1: T - S}, found_late={1: T - 2000 * S}, oldest=T - 3000 * S).floors == {
+        1: T - 2000 * S
     }
     assert floors([1], T, queued={1: T - 20 * S}, newest={1: T - S}, oldest=T).floors == {1: T - 30 * S}
     # a row written after it reads from the latency before the row, not below the oldest run (the explorer's

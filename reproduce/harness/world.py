@@ -234,10 +234,25 @@ class World:
 
     # -- building the world ------------------------------------------------------------
     def _quiet_other_worlds(self) -> None:
-        """Earlier worlds' DAGs must not take part in this world's scheduler loops."""
+        """
+        Earlier worlds' DAGs must not take part in this world's scheduler loops, nor their events in its net: the
+        fix's findings and marks of where the ids were followed (``log`` rows) go, and one mark at the newest id
+        says that every id before this world was followed (as a scheduler that ran on would have).
+        """
+        import json
+
+        from sqlalchemy import func
+
+        from airflow.models.dataset import DatasetEvent
+        from airflow.models.log import Log
+
         with create_session() as session:
             session.execute(delete(DatasetDagRunQueue))
             session.execute(update(DagModel).values(is_paused=True))
+            net = ("dataset-race-fix-finding", "dataset-race-fix-followed")
+            session.execute(delete(Log).where(Log.event.in_(net)))
+            newest = session.scalar(select(func.max(DatasetEvent.id))) or 0
+            session.add(Log(net[1], extra=json.dumps({"high": newest, "missing": []})))
 
     def dataset(self, name: str) -> Dataset:
         return Dataset(f"race://{self.prefix}/{name}")

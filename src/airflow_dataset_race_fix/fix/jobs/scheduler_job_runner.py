@@ -352,7 +352,7 @@ class SchedulerJobRunner:
         followed = self._dataset_follow_mark(net, session) if high is None else None
         if followed is not None:  # on from where the processes before it followed the ids
             net["high"] = followed["high"]
-            missing.update(dict.fromkeys(followed["missing"], looked_at))
+            missing.update(dict.fromkeys(followed["missing"], looked_at - followed["age"]))  # missed by then
             return []
         if high is None:  # a first start (no mark): the last 10 000 ids read again, as if they had just appeared
             net["high"] = max(0, (session.scalar(select(func.max(DatasetEvent.id))) or 0) - 10_000)
@@ -366,10 +366,11 @@ class SchedulerJobRunner:
             last = net["high"] = appeared[-1].id
             gaps = set(range(high + 1, min(high + 5_001, last))) | set(range(max(high + 1, last - 5_000), last))
             missing.update(dict.fromkeys(gaps - {row.id for row in appeared}, looked_at))
-        waiting = sorted(missing)
-        probe_from = net.get("probe_from", 0) if net.get("probe_from", 0) < len(waiting) else 0
-        probe = waiting[probe_from : probe_from + 1000]
-        net["probe_from"] = probe_from + len(probe)
+        # the 500 missed last (in flight: they commit soon), and 500 of the others in turn (a rollback never does)
+        waiting = sorted(missing, key=lambda i: (-missing[i], -i))
+        probe_from = net.get("probe_from", 500) if net.get("probe_from", 500) < len(waiting) else 500
+        probe = waiting[:500] + waiting[probe_from : probe_from + 500]
+        net["probe_from"] = probe_from + 500
         for start in range(0, len(probe), 500):
             probed = select(*columns).where(DatasetEvent.id.in_(probe[start : start + 500]))
             for row in session.connection().execute(probed):
@@ -389,9 +390,13 @@ class SchedulerJobRunner:
                           "and drops %d past its caps", aged, capped)
         if len(late) > 100_000:  # the late events past the cap are read again, as new, when the net gets there
             net["high"] = min(net["high"], min(event[0] for event in late[100_000:]) - 1)
-        # late events probed a look: 5 to 1 000, sized to take 1-2 ms, the newest first (a start's backlog after)
+        # late events probed a look: 5 to 1 000, sized to take 1-2 ms, from both ends of the queue: the oldest (a
+        # restart's backlog in id order) and the newest (a commit late now) are not kept behind the rest
         size, late, started = net.get("probe_size", 10), late[:100_000], time.monotonic()
-        events, net["late"] = late[len(late) - size :][::-1], late[: max(0, len(late) - size)]
+        first = (size + 1) // 2
+        last = min(size // 2, max(0, len(late) - first))
+        events = late[:first] + late[len(late) - last :]
+        net["late"] = late[first : len(late) - last]
         # Each event's consumers with a dataset-triggered run, not below their oldest (db clean), and the links of those
         # it lies below: after a restart most lie above every run, and their links are not read.
         reference = DagScheduleDatasetReference
@@ -429,8 +434,8 @@ class SchedulerJobRunner:
         """
         Where the ids were followed, kept for the next process (a restart, a scheduler taking over; BUG_REPORT, "The
         net"): a ``log`` row with ``event`` "dataset-race-fix-followed" and ``extra`` the highest id seen (below the
-        late events not probed yet) and the ids missing below it. In a new process: the last processes' marks (within
-        ``event_lookback_seconds`` of the newest) as one, the lowest high and every missing id, None if none; after: this process's mark written again where it
+        late events not probed yet) and the ids missing below it. In a new process: the newest mark (its process
+        followed every id below its high but the missing ones), None if none; after: this process's mark written again where it
         moved, at most every 5 s, in a transaction and on a connection of its own.
         """
         import json
@@ -438,13 +443,12 @@ class SchedulerJobRunner:
         manager = self._dataset_manager()
         lookback = timedelta(seconds=manager._dataset_race_fix_setting("event_lookback_seconds"))
         mark = "dataset-race-fix-followed"
-        if "high" not in net:  # the last processes' marks: written within the look-back of the newest, however old
-            marks = session.execute(select(Log.dttm, Log.extra).where(Log.event == mark)).all()
-            newest = max((dttm for dttm, _ in marks), default=None)
-            marks = [json.loads(extra) for dttm, extra in marks if dttm >= newest - lookback]
-            if not marks:
-                return None
-            return {"high": min(m["high"] for m in marks), "missing": set().union(*(m["missing"] for m in marks))}
+        if "high" not in net:  # the newest mark, however old: its process started from the marks before it
+            newest = select(Log.dttm, Log.extra).where(Log.event == mark).order_by(Log.dttm.desc()).limit(1)
+            for dttm, extra in session.execute(newest):
+                age = (manager._database_now(session) - dttm).total_seconds()
+                return {**json.loads(extra), "age": max(0.0, age)}
+            return None
         # late events not probed yet are read again from the lowest of them by the next process
         high = min([net["high"], *(event[0] - 1 for event in net.get("late", ()))])
         followed = {"high": high, "missing": sorted(i for i in net["missing"] if i <= high)}
