@@ -1,10 +1,11 @@
 """
 Which processes of a deployment ran the fix (issue 48, "one place to see it"), on the session's
 database: simulated hosts (``[core] hostname_callable`` per process), each process a real
-``airflow`` command. host-a runs the fix (scheduler and a producer task), host-b has no
+``airflow`` command. host-a runs the fix (scheduler and a producer task, twice), host-b has no
 airflow-dataset-race-fix at all (its entry points hidden: no plugin, no shim; a scheduler and a
 producer), host-c has the package with the fix switched off. ``deployment`` names host-b and
-host-c, says why, and exits 1; the marks cost one INSERT in a producer's transaction.
+host-c, says why, and exits 1; a host writes one producer mark an hour and verdict, and a task
+forked from a LocalExecutor scheduler writes no scheduler mark.
 """
 
 from __future__ import annotations
@@ -80,7 +81,7 @@ def deployment(tmp_path_factory):
     import pendulum
 
     with create_session() as session:
-        for day, host in enumerate(("host-a", "host-b", "host-c"), start=1):
+        for day, host in enumerate(("host-a", "host-b", "host-c", "host-a-again"), start=1):
             producer.create_dagrun(run_id=f"adrf_deployment_{host}", state=DagRunState.RUNNING,
                                    execution_date=pendulum.datetime(2026, 2, day, tz="UTC"),
                                    run_type=DagRunType.MANUAL, session=session)
@@ -104,8 +105,9 @@ def deployment(tmp_path_factory):
 
     airflow("host-a", "fixed", "scheduler", "--num-runs", "1")
     airflow("host-b", "without-package", "scheduler", "--num-runs", "1")
-    for host, kind in (("host-a", "fixed"), ("host-b", "without-package"), ("host-c", "off")):
-        airflow(host, kind, "tasks", "run", "adrf_deployment_producer", "emit", f"adrf_deployment_{host}", "--local")
+    for run, kind in (("host-a", "fixed"), ("host-b", "without-package"), ("host-c", "off"), ("host-a-again", "fixed")):
+        host = run.removesuffix("-again")
+        airflow(host, kind, "tasks", "run", "adrf_deployment_producer", "emit", f"adrf_deployment_{run}", "--local")
     proc = subprocess.run([PYTHON, "-m", "airflow_dataset_race_fix", "deployment", "--json", "--hours", "1"],
                           env=child_env([REPO]), capture_output=True, text=True, timeout=300)
     return proc
@@ -125,14 +127,15 @@ def test_deployment_names_the_hosts_that_ran_without_the_fix(deployment):
     assert "host-c" not in schedulers
     producers = _ours(found["producers"])
     assert {host: (row["fixed"], row["events"], row["task_instances"]) for host, row in producers.items()} == {
-        "host-a": (True, 2, 1), "host-b": (False, 2, 1), "host-c": (False, 2, 1)}
+        "host-a": (True, 4, 2), "host-b": (False, 2, 1), "host-c": (False, 2, 1)}
     assert producers["host-b"]["why"].startswith("no mark")
     assert producers["host-c"]["why"] == "disabled by AIRFLOW_DATASET_RACE_FIX_DISABLED"
     assert producers["host-a"]["dag_id"] == "adrf_deployment_producer" and producers["host-a"]["task_id"] == "emit"
 
 
-def test_a_producer_marks_once_inside_its_own_transaction(deployment):
-    """One mark a task instance (two outlets, two events), written with the events: the host-a task's."""
+def test_a_host_writes_one_producer_mark_an_hour_and_verdict(deployment):
+    """host-a ran two producer tasks, each in fresh processes: one mark, naming the task that wrote it;
+    host-c's (off) says why; host-b (no package) wrote none. No task wrote a component mark."""
     from sqlalchemy import select
 
     from airflow.models.log import Log
@@ -141,12 +144,14 @@ def test_a_producer_marks_once_inside_its_own_transaction(deployment):
     from airflow_dataset_race_fix.evidence import MARK_EVENT
 
     with create_session() as session:
-        marks = session.execute(select(Log.run_id, Log.task_id, Log.extra).where(
-            Log.event == MARK_EVENT, Log.dag_id == "adrf_deployment_producer")).all()
-    by_run = {run_id: json.loads(extra) for run_id, _, extra in marks}
-    assert sorted(run_id for run_id, _, _ in marks) == ["adrf_deployment_host-a", "adrf_deployment_host-c"]
-    assert by_run["adrf_deployment_host-a"]["host"] == "host-a" and by_run["adrf_deployment_host-a"]["fixed"] is True
-    assert by_run["adrf_deployment_host-c"]["fixed"] is False
+        marks = [(run_id, json.loads(extra)) for run_id, extra in session.execute(
+            select(Log.run_id, Log.extra).where(Log.event == MARK_EVENT))]
+    ours = [(run_id, mark) for run_id, mark in marks if mark["host"] in ("host-a", "host-b", "host-c")]
+    producers = sorted((mark["host"], mark["fixed"], run_id) for run_id, mark in ours if mark["component"] == "task")
+    assert producers == [("host-a", True, "adrf_deployment_host-a"), ("host-c", False, "adrf_deployment_host-c")]
+    assert [m for _, m in ours if m["component"] == "task" and m["host"] == "host-c"][0]["why"] == (
+        "disabled by AIRFLOW_DATASET_RACE_FIX_DISABLED")
+    assert sorted(m["component"] for _, m in ours if m["component"] != "task") == ["scheduler"]
 
 
 def test_deployment_text_and_bad_input():
@@ -159,52 +164,3 @@ def test_deployment_text_and_bad_input():
     print(proc.stdout)  # with -s: what an operator reads
 
 
-@pytest.mark.skipif(BACKEND == "sqlite", reason="SQLite has one writer: any producer waits for another's COMMIT")
-def test_a_producer_frozen_after_its_mark_holds_up_no_other_producer(variant_fixed):
-    """The lock argument of evidence.py: producer A's mark and event are written (flushed) and A stops
-    before its COMMIT; producer B, another task on the same dataset, marks and commits meanwhile."""
-    import threading
-    import time
-    from types import SimpleNamespace
-
-    from sqlalchemy import select
-
-    from airflow import settings
-    from airflow.datasets import Dataset
-    from airflow.datasets.manager import dataset_manager
-    from airflow.models.dataset import DatasetModel
-    from airflow.models.log import Log
-    from airflow.utils.session import create_session
-
-    from airflow_dataset_race_fix.evidence import MARK_EVENT
-
-    uri = "adrf://deployment/frozen"
-    with create_session() as session:
-        session.add(DatasetModel(uri=uri))
-
-    def task(name: str) -> SimpleNamespace:
-        return SimpleNamespace(dag_id="adrf_deployment_frozen", task_id=name, run_id="r1", map_index=-1, try_number=1)
-
-    frozen = settings.Session.session_factory()
-    dataset_manager.register_dataset_change(task_instance=task("a"), dataset=Dataset(uri), session=frozen)
-    frozen.flush()
-    took: list[float] = []
-
-    def other_producer() -> None:
-        started = time.monotonic()
-        session = settings.Session.session_factory()
-        dataset_manager.register_dataset_change(task_instance=task("b"), dataset=Dataset(uri), session=session)
-        session.commit()
-        session.close()
-        took.append(time.monotonic() - started)
-
-    thread = threading.Thread(target=other_producer)
-    thread.start()
-    thread.join(20)
-    frozen.commit()
-    frozen.close()
-    assert took and took[0] < 5, f"producer B waited for the frozen producer A: {took}"
-    with create_session() as session:
-        marked = session.scalars(select(Log.task_id).where(Log.event == MARK_EVENT,
-                                                             Log.dag_id == "adrf_deployment_frozen")).all()
-    assert sorted(marked) == ["a", "b"]

@@ -420,27 +420,36 @@ def announce_process() -> None:
 
 
 def process_verdict() -> tuple[bool, str]:
-    """Whether the targets this process imported run the fixed code, and how, or why not (its mark says it).
-    Remembered until a target is imported, patched or refused here: judging unpatched ones hashes their source."""
+    """Whether the targets this process imported run the fixed code, and how, or why not (its marks say it).
+    Remembered until a target is imported, patched or refused (a forked child keeps its parent's answer)."""
     global _verdict
     from airflow_dataset_race_fix import bootstrap
 
-    key = (os.getpid(), bootstrap.started, _refusal, tuple((sys.modules.get(n), _states.get(n)) for n in TARGET_MODULES))
+    key = (bootstrap.started, _refusal, tuple((sys.modules.get(n), _states.get(n)) for n in TARGET_MODULES))
     if _verdict is None or _verdict[0] != key:
         _verdict = key, _process_verdict()
     return _verdict[1]
 
 
 def _process_verdict() -> tuple[bool, str]:
-    states = [module_state(name) for name in TARGET_MODULES if name in sys.modules]
+    why = why_not_started()
+    imported = [sys.modules[name] for name in TARGET_MODULES if name in sys.modules]
+    if why is not None and not all(_has_added_members(module) for module in imported):
+        return False, why[1]  # stock code without the shim: known without hashing a line of it
+    states = [module_state(module.__name__) for module in imported]
     refused = next((s for s in states if s.state == REFUSED), None)
     if refused is not None:
         return False, f"refused: {refused.module}: {refused.detail}"
-    why = why_not_started()
     if all(s.state in (PATCHED, SOURCE_PATCHED) for s in states) and (states or why is None):
         shim = any(s.state == PATCHED for s in states) or not states  # none imported yet: the shim waits for them
         return True, "patched by the shim" if shim else "the source patches"
     return False, why[1] if why else "not patched"
+
+
+def _has_added_members(module: ModuleType) -> bool:
+    """Whether ``module`` has the members the fix adds: only the source patches give them to unpatched code."""
+    added = [m for m in members_of(module.__name__) if m.original_sha256 is None]
+    return all(m.name in vars(getattr(module, m.owner, object)) for m in added)
 
 
 def _warn_half_source(states: list[ModuleState]) -> None:

@@ -19,27 +19,28 @@ PLUGIN_NAME = "airflow_dataset_race_fix_ui"
 
 # This module is the plugin's listener: each component as it starts (a Job, 'tasks run') and each
 # task process (in its own task log) says once whether its code is fixed, and if not, why; the
-# components that schedule, and each producer with its first event, leave a mark (evidence.py).
+# components that schedule, and each task with outlets, leave a mark (evidence.py).
+_in_task = False  # a task command runs here: its Job is a task's, even in a child of 'airflow scheduler'
+
+
 @hookimpl
 def on_starting(component) -> None:
+    global _in_task
     _announce()
     from airflow_dataset_race_fix import evidence, runtime
 
+    _in_task = _in_task or type(component).__name__ == "TaskCommandMarker"
     command = runtime.command_name()
-    if command in ("scheduler", "triggerer", "dag-processor") and hasattr(component, "start_date"):
+    if command in ("scheduler", "triggerer", "dag-processor") and hasattr(component, "start_date") and not _in_task:
         evidence.mark_component(command, component.start_date)  # its Job row has the same host and start
 
 
 @hookimpl
 def on_task_instance_running(previous_state, task_instance) -> None:
     _announce()
-
-
-@hookimpl
-def on_dataset_changed(dataset) -> None:
     from airflow_dataset_race_fix import evidence
 
-    evidence.mark_producer()
+    evidence.mark_producer(task_instance)
 
 
 def _announce() -> None:
