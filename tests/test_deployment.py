@@ -164,3 +164,60 @@ def test_deployment_text_and_bad_input():
     print(proc.stdout)  # with -s: what an operator reads
 
 
+
+
+LOCAL_DAG = '''
+import pendulum
+from airflow import DAG
+from airflow.datasets import Dataset
+from airflow.operators.empty import EmptyOperator
+
+with DAG("adrf_deployment_local", start_date=pendulum.datetime(2026, 1, 1, tz="UTC"), schedule=None):
+    EmptyOperator(task_id="emit", outlets=[Dataset("adrf://deployment/local")])
+    for index in range(3):
+        EmptyOperator(task_id=f"plain_{index}")
+'''
+
+
+@pytest.mark.skipif(BACKEND == "sqlite", reason="Airflow runs no LocalExecutor on SQLite")
+def test_tasks_forked_from_a_local_executor_scheduler_write_no_scheduler_mark(tmp_path, deployment):
+    """Four tasks run in processes forked from 'airflow scheduler' (LocalExecutor), their command line
+    the scheduler's: one scheduler mark for the one scheduler start, one producer mark, no other."""
+    import pendulum
+    from sqlalchemy import select
+
+    from airflow.models.dag import DagModel
+    from airflow.models.dagbag import DagBag
+    from airflow.models.log import Log
+    from airflow.models.serialized_dag import SerializedDagModel
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.utils.session import create_session
+    from airflow.utils.state import DagRunState
+    from airflow.utils.types import DagRunType
+
+    from airflow_dataset_race_fix.evidence import MARK_EVENT
+
+    (tmp_path / "dags").mkdir()
+    (tmp_path / "dags" / "adrf_deployment_local.py").write_text(textwrap.dedent(LOCAL_DAG))
+    (tmp_path / "adrf_host.py").write_text(HOST_MODULE)
+    dagbag = DagBag(str(tmp_path / "dags"), include_examples=False)
+    dagbag.sync_to_db()
+    dag = dagbag.dags["adrf_deployment_local"]
+    with create_session() as session:
+        dag.create_dagrun(run_id="adrf_local", state=DagRunState.RUNNING, run_type=DagRunType.MANUAL,
+                          execution_date=pendulum.datetime(2026, 3, 1, tz="UTC"), session=session)
+        SerializedDagModel.write_dag(dag, session=session)
+    DagModel.get_dagmodel(dag.dag_id).set_is_paused(False)
+    DagModel.get_dagmodel("adrf_deployment_consumer").set_is_paused(True)  # the other test's: not ours to run
+    env = shim_env(str(tmp_path), REPO, ADRF_HOST="host-l", AIRFLOW__CORE__HOSTNAME_CALLABLE="adrf_host.name",
+                   AIRFLOW__CORE__DAGS_FOLDER=str(tmp_path / "dags"), AIRFLOW__CORE__EXECUTOR="LocalExecutor",
+                   AIRFLOW__CORE__PARALLELISM="4", AIRFLOW__SCHEDULER__STANDALONE_DAG_PROCESSOR="True")
+    proc = subprocess.run([AIRFLOW, "scheduler", "--num-runs", "3"], env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, output(proc)[-4000:]
+    with create_session() as session:
+        states = dict(session.execute(select(TaskInstance.task_id, TaskInstance.state).where(
+            TaskInstance.dag_id == dag.dag_id)).all())
+        marks = [json.loads(extra) for extra in session.scalars(select(Log.extra).where(Log.event == MARK_EVENT))]
+    assert states == {task_id: "success" for task_id in ("emit", "plain_0", "plain_1", "plain_2")}, output(proc)[-4000:]
+    assert sorted(m["component"] for m in marks if m["host"] == "host-l") == ["scheduler", "task"]
