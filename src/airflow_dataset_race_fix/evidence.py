@@ -1,15 +1,9 @@
 """
-What each process leaves in Airflow's ``log`` table (the audit log) about its own code, so one
-command and the page can tell which components and producer hosts ran the fix (docs/activation.md,
-"Which processes run the fix"). No migration: a mark is a ``log`` row with ``event`` = MARK_EVENT,
-written in a session and transaction of its own (one INSERT and COMMIT), never in a producer's.
-
-- A long-running component (scheduler, triggerer, dag-processor, a webserver worker) writes one
-  mark as it starts; a task process (even one forked from a scheduler) writes none of these.
-- A task with outlets, as it starts, writes its host's producer mark: at most one per host,
-  verdict and hour. A claim file in the host's temporary directory, locked while the mark is
-  written, holds the hour of the last one; the other tasks of that hour read it and go on.
-  A host without this package writes nothing; its events are named by their task instance's host.
+What each process leaves in Airflow's ``log`` table (the audit log) about its own code, so one command and
+the page can tell which components and producer hosts ran the fix. No migration: a mark is a ``log`` row
+with ``event`` = MARK_EVENT, written in a transaction of its own, never a producer's: one as each component
+starts (never from a task process), and one per host, verdict and hour from the tasks with outlets as they
+start. A host without this package writes nothing. What, when, and its bound: docs/activation.md, "The marks".
 """
 
 from __future__ import annotations

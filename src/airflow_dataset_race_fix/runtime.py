@@ -21,6 +21,7 @@ from types import ModuleType
 
 from airflow_dataset_race_fix.targets import (
     SUPPORTED_AIRFLOW_VERSIONS,
+    MEMBERS,
     TARGET_MODULES,
     Member,
     environment_problem,
@@ -433,10 +434,10 @@ def process_verdict() -> tuple[bool, str]:
 
 def _process_verdict() -> tuple[bool, str]:
     why = why_not_started()
-    imported = [sys.modules[name] for name in TARGET_MODULES if name in sys.modules]
-    if why is not None and not all(_has_added_members(module) for module in imported):
+    added = [m for m in MEMBERS if m.original_sha256 is None and m.module in sys.modules]  # only the fix has them
+    if why is not None and not all(m.name in vars(getattr(sys.modules[m.module], m.owner, object)) for m in added):
         return False, why[1]  # stock code without the shim: known without hashing a line of it
-    states = [module_state(module.__name__) for module in imported]
+    states = [module_state(name) for name in TARGET_MODULES if name in sys.modules]
     refused = next((s for s in states if s.state == REFUSED), None)
     if refused is not None:
         return False, f"refused: {refused.module}: {refused.detail}"
@@ -444,12 +445,6 @@ def _process_verdict() -> tuple[bool, str]:
         shim = any(s.state == PATCHED for s in states) or not states  # none imported yet: the shim waits for them
         return True, "patched by the shim" if shim else "the source patches"
     return False, why[1] if why else "not patched"
-
-
-def _has_added_members(module: ModuleType) -> bool:
-    """Whether ``module`` has the members the fix adds: only the source patches give them to unpatched code."""
-    added = [m for m in members_of(module.__name__) if m.original_sha256 is None]
-    return all(m.name in vars(getattr(module, m.owner, object)) for m in added)
 
 
 def _warn_half_source(states: list[ModuleState]) -> None:

@@ -63,12 +63,12 @@ def collect(session, since: datetime) -> dict:
     host_marks: dict[str, list] = {}
     for dttm, extra in session.execute(select(Log.dttm, Log.extra).where(
             Log.event == MARK_EVENT, Log.dttm >= earliest, Log.extra.like('%"component": "task"%'))):
-        host_marks.setdefault(json.loads(extra)["host"], []).append((dttm, json.loads(extra)))
+        mark = json.loads(extra)
+        host_marks.setdefault(mark["host"], []).append((dttm, mark))
     groups: dict[tuple, dict] = {}
     for host, dag_id, task_id, events, first, last, started in rows:
-        started = started or first
-        near = [mark for dttm, mark in host_marks.get(host, []) if abs(dttm - started) <= hour]
-        verdict = _verdict(min(near, key=lambda m: m["fixed"]) if near else None) if dag_id is not None else _verdict({})
+        near = [mark for dttm, mark in host_marks.get(host, []) if abs(dttm - (started or first)) <= hour]
+        verdict = _verdict(min(near, key=lambda m: m["fixed"], default=None) if dag_id is not None else {})
         where = host or ("(no task instance row)" if dag_id is not None else "(not a task: the REST API or a script)")
         row = groups.setdefault((where, dag_id or "", task_id or "", verdict["fixed"], verdict["why"]), {
             "host": where, "dag_id": dag_id, "task_id": task_id, "events": 0, "task_instances": 0,
