@@ -8,9 +8,21 @@ start. A host without this package writes nothing. What, when, and its bound: do
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import json
 import logging
 import os
+import tempfile
+import time
+
+from sqlalchemy.orm import Session
+
+from airflow import settings
+from airflow.models.log import Log
+from airflow.utils.net import get_hostname
+
+from airflow_dataset_race_fix import __version__, runtime
 
 MARK_EVENT = "dataset-race-fix"
 
@@ -19,10 +31,6 @@ log = logging.getLogger("airflow_dataset_race_fix")
 
 def _mark_extra(component: str, started=None) -> str:
     """The mark's ``extra``: the same text for every task of a host and verdict, so the reader groups them."""
-    from airflow.utils.net import get_hostname
-
-    from airflow_dataset_race_fix import __version__, runtime
-
     fixed, how = runtime.process_verdict()
     extra = {"component": component, "fixed": fixed, "how" if fixed else "why": how, "host": get_hostname(),
              "airflow": runtime.airflow_version(), "package": __version__}
@@ -49,13 +57,6 @@ def mark_producer(task_instance) -> None:
 
 
 def _once_an_hour(extra: str, task_instance) -> None:
-    import fcntl
-    import hashlib
-    import tempfile
-    import time
-
-    from airflow import settings
-
     key = hashlib.sha256(f"{settings.SQL_ALCHEMY_CONN}\n{extra}".encode()).hexdigest()[:16]
     hour = str(int(time.time() // 3600))
     with open(os.path.join(tempfile.gettempdir(), f"airflow-dataset-race-fix-{os.getuid()}-{key}"), "a+") as claim:
@@ -71,11 +72,6 @@ def _once_an_hour(extra: str, task_instance) -> None:
 
 
 def _write(extra: str, task_instance=None) -> None:
-    from sqlalchemy.orm import Session
-
-    from airflow import settings
-    from airflow.models.log import Log
-
     with Session(bind=settings.engine) as session:
         session.add(Log(MARK_EVENT, task_instance=task_instance, extra=extra))
         session.commit()
