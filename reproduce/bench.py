@@ -113,7 +113,7 @@ class Variants:
         self._fix.apply(strict=True)
         if variant == "stock":
             self._fix.unapply()
-        # A stock host has no package, so its producers leave no mark (evidence.py); a fixed one's do (one an hour).
+        # A stock host has no package, so its producers leave no mark (evidence.py); a fixed host's do.
         evidence.mark_producer = self._mark_producer if variant == "fixed" else lambda task_instance: None
 
     def switch(self, variant: str) -> None:

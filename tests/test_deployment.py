@@ -105,9 +105,11 @@ def deployment(tmp_path_factory):
 
     airflow("host-a", "fixed", "scheduler", "--num-runs", "1")
     airflow("host-b", "without-package", "scheduler", "--num-runs", "1")
-    for run, kind in (("host-a", "fixed"), ("host-b", "without-package"), ("host-c", "off"), ("host-a-again", "fixed")):
+    runs = (("host-a", "fixed"), ("host-b", "without-package"), ("host-c", "off"), ("host-a-again", "fixed"))
+    for run, kind in runs:
         host = run.removesuffix("-again")
-        airflow(host, kind, "tasks", "run", "adrf_deployment_producer", "emit", f"adrf_deployment_{run}", "--local")
+        airflow(host, kind, "tasks", "run", "adrf_deployment_producer", "emit", f"adrf_deployment_{run}",
+                "--local")
     proc = subprocess.run([PYTHON, "-m", "airflow_dataset_race_fix", "deployment", "--json", "--hours", "1"],
                           env=child_env([REPO]), capture_output=True, text=True, timeout=300)
     return proc
@@ -147,8 +149,9 @@ def test_a_host_writes_one_producer_mark_an_hour_and_verdict(deployment):
         marks = [(run_id, json.loads(extra)) for run_id, extra in session.execute(
             select(Log.run_id, Log.extra).where(Log.event == MARK_EVENT))]
     ours = [(run_id, mark) for run_id, mark in marks if mark["host"] in ("host-a", "host-b", "host-c")]
-    producers = sorted((mark["host"], mark["fixed"], run_id) for run_id, mark in ours if mark["component"] == "task")
-    assert producers == [("host-a", True, "adrf_deployment_host-a"), ("host-c", False, "adrf_deployment_host-c")]
+    producers = sorted((m["host"], m["fixed"], run_id) for run_id, m in ours if m["component"] == "task")
+    assert producers == [("host-a", True, "adrf_deployment_host-a"),
+                         ("host-c", False, "adrf_deployment_host-c")]
     assert [m for _, m in ours if m["component"] == "task" and m["host"] == "host-c"][0]["why"] == (
         "disabled by AIRFLOW_DATASET_RACE_FIX_DISABLED")
     assert sorted(m["component"] for _, m in ours if m["component"] != "task") == ["scheduler"]
@@ -218,6 +221,7 @@ def test_tasks_forked_from_a_local_executor_scheduler_write_no_scheduler_mark(tm
     with create_session() as session:
         states = dict(session.execute(select(TaskInstance.task_id, TaskInstance.state).where(
             TaskInstance.dag_id == dag.dag_id)).all())
-        marks = [json.loads(extra) for extra in session.scalars(select(Log.extra).where(Log.event == MARK_EVENT))]
-    assert states == {task_id: "success" for task_id in ("emit", "plain_0", "plain_1", "plain_2")}, output(proc)[-4000:]
+        marks = [json.loads(x) for x in session.scalars(select(Log.extra).where(Log.event == MARK_EVENT))]
+    tasks = ("emit", "plain_0", "plain_1", "plain_2")
+    assert states == {task_id: "success" for task_id in tasks}, output(proc)[-4000:]
     assert sorted(m["component"] for m in marks if m["host"] == "host-l") == ["scheduler", "task"]

@@ -1,8 +1,8 @@
 """
 How the marks are written (evidence.py), in this interpreter, on the session's database: the verdict a
 mark carries is known without hashing source where the fix is off, and from what activation judged where
-it is on; a producer's mark is one per host, verdict and hour, and never fails its task. The real
-processes (a host with the fix, without the package, with it off; a LocalExecutor scheduler): test_deployment.py.
+it is on; a producer's mark is one per host, verdict and hour, and never fails its task. In real
+processes (with the fix, without the package, with it off; a LocalExecutor scheduler): test_deployment.py.
 """
 
 from __future__ import annotations
@@ -44,7 +44,8 @@ def test_the_verdict_where_the_fix_is_off_hashes_nothing(variant_stock, no_hashi
 
     monkeypatch.setattr(bootstrap, "started", False)
     monkeypatch.delenv(bootstrap.ENV_DISABLED, raising=False)
-    assert no_hashing.process_verdict() == (False, "no route turned the shim on in this process (docs/activation.md)")
+    not_activated = "no route turned the shim on in this process (docs/activation.md)"
+    assert no_hashing.process_verdict() == (False, not_activated)
     monkeypatch.setenv(bootstrap.ENV_DISABLED, "1")
     monkeypatch.setattr(no_hashing, "_verdict", None)
     assert no_hashing.process_verdict() == (False, "disabled by AIRFLOW_DATASET_RACE_FIX_DISABLED")

@@ -48,7 +48,7 @@ def mark_component(component: str, started=None) -> None:
 
 
 def mark_producer(task_instance) -> None:
-    """A task's start: the host's producer mark, if the task has outlets and no task here wrote it this hour."""
+    """At a task's start: its host's producer mark, if the task has outlets and none was written this hour."""
     try:
         if getattr(getattr(task_instance, "task", None), "outlets", None):
             _once_an_hour(_mark_extra("task"), task_instance)
@@ -59,7 +59,8 @@ def mark_producer(task_instance) -> None:
 def _once_an_hour(extra: str, task_instance) -> None:
     key = hashlib.sha256(f"{settings.SQL_ALCHEMY_CONN}\n{extra}".encode()).hexdigest()[:16]
     hour = str(int(time.time() // 3600))
-    with open(os.path.join(tempfile.gettempdir(), f"airflow-dataset-race-fix-{os.getuid()}-{key}"), "a+") as claim:
+    path = os.path.join(tempfile.gettempdir(), f"airflow-dataset-race-fix-{os.getuid()}-{key}")
+    with open(path, "a+") as claim:
         try:
             fcntl.flock(claim, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -431,8 +431,9 @@ def process_verdict() -> tuple[bool, str]:
 
 def _process_verdict() -> tuple[bool, str]:
     why = why_not_started()
-    added = [m for m in MEMBERS if m.original_sha256 is None and m.module in sys.modules]  # only the fix has them
-    if why is not None and not all(m.name in vars(getattr(sys.modules[m.module], m.owner, object)) for m in added):
+    added = [m for m in MEMBERS if m.original_sha256 is None and m.module in sys.modules]
+    has_added = all(m.name in vars(getattr(sys.modules[m.module], m.owner, object)) for m in added)
+    if why is not None and not has_added:  # only the source patches give unpatched code the fix's members
         return False, why[1]  # stock code without the shim: known without hashing a line of it
     states = [module_state(name) for name in TARGET_MODULES if name in sys.modules]
     refused = next((s for s in states if s.state == REFUSED), None)

@@ -30,8 +30,8 @@ def on_starting(component) -> None:
 
     runtime.announce_process()
     _in_task = _in_task or type(component).__name__ == "TaskCommandMarker"
-    command = runtime.command_name()
-    if command in ("scheduler", "triggerer", "dag-processor") and hasattr(component, "start_date") and not _in_task:
+    command = None if _in_task else runtime.command_name()
+    if command in ("scheduler", "triggerer", "dag-processor") and hasattr(component, "start_date"):
         evidence.mark_component(command, component.start_date)  # its Job row has the same host and start
 
 
@@ -55,7 +55,7 @@ class DatasetRunsPlugin(AirflowPlugin):
             from airflow_dataset_race_fix import evidence, runtime
             from airflow_dataset_race_fix.web.views import DatasetRunsView, fix_active_here
 
-            runtime.announce_process()  # each webserver worker: it serves the REST API that posts dataset events
+            runtime.announce_process()  # each webserver worker: it serves the REST API's dataset events
             if runtime.command_name() != "":  # gunicorn's worker, not a short 'airflow users ...' command
                 evidence.mark_component("webserver")
                 fix_active_here()  # judged as the worker starts (it reads source: 0.3 s), not in its first request
