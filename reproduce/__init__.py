@@ -8,12 +8,12 @@
   optionally with faults injected (``e2e_celery``).
 
 ``runner`` is the parent (no Airflow import); each variant runs in ``child`` in a fresh
-interpreter on its own scratch database; ``report`` renders the tables. ``bench`` measures
+interpreter on its own scratch database; ``report`` renders the tables. ``benchmark`` measures
 what the fix costs (``python reproduce/bench.py``).
 
 The lab lives in the repository, not in the wheel: ``import reproduce`` works from a clone
-(the tests put its root on sys.path; ``airflow-dataset-race-fix reproduce`` finds it next to
-the package's ``src``). It uses the package; the package never imports it.
+(the tests put its root on sys.path; ``reproduce/run`` runs ``python -m reproduce``). It uses
+the package; the package never imports it.
 """
 
 from __future__ import annotations

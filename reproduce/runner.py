@@ -19,7 +19,6 @@ import tempfile
 import time
 from typing import Any
 
-from airflow_dataset_race_fix.cli import UsageError
 from reproduce import lab_command, report, requirements
 from reproduce.harness import catalog
 from reproduce.harness.database import BACKENDS, DatabaseExists, DatabaseUnavailable, ScratchDatabase
@@ -29,7 +28,7 @@ DEFAULT_SEED = 20261130
 URL_SCHEMES = {"postgresql": "postgres", "postgres": "postgres", "mysql": "mysql", "mariadb": "mysql"}
 
 
-class ReproduceError(UsageError):
+class ReproduceError(Exception):
     """A clear, one-line reason to stop (bad input, database unreachable, wrong Airflow)."""
 
 
@@ -93,7 +92,7 @@ def _terminate(signum, frame):
 
 def main(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _terminate)  # clean up children and databases as on Ctrl-C
-    return _main(args)  # errors and Ctrl-C are reported by airflow_dataset_race_fix.cli.main
+    return _main(args)  # errors and Ctrl-C are reported by reproduce.__main__
 
 
 def _main(args: argparse.Namespace) -> int:

@@ -274,6 +274,40 @@ def test_healthy_database_audits_clean(variant_fixed, capsys):
     assert "nothing to requeue" in capsys.readouterr().out
 
 
+def test_a_stranded_event_is_a_finding_on_an_unpaused_dag_only(variant_fixed, capsys):
+    """Events registered while their DAG was paused get no queue row (Airflow queues none for a paused DAG).
+    Paused, they are listed as stranded and are no finding (exit 0). Unpaused, stock Airflow starts no run for
+    them until their dataset's next event: a finding (exit 1), for a DAG that never ran and for one that did."""
+    from airflow.models.dag import DagModel
+
+    w = World("stranded")
+    try:
+        a, b = w.dataset("a"), w.dataset("b")
+        never_ran, ran = w.consumer("never_ran", [a]), w.consumer("ran", [b])
+        p, s = w.producer("P"), w.scheduler()
+        w.emit(p, b), p.finish()
+        w.loop(s), s.finish()  # ran's one run
+        for dag_id in (never_ran, ran):
+            DagModel.get_dagmodel(dag_id).set_is_paused(True)
+        w.emit(p, a), p.finish()
+        w.emit(p, b), p.finish()
+    finally:
+        w.close()
+    status, report = audit(capsys, "--dag-id", never_ran, "--dag-id", ran)
+    assert (status, report["findings_total"]) == (0, {}), report["findings"]["stranded"]
+    stranded = {g["dag_id"]: (g["not_queued"], g["suspected_lost"]) for g in report["findings"]["stranded"]}
+    assert stranded == {never_ran: (1, 0), ran: (1, 0)}
+    for dag_id in (never_ran, ran):
+        DagModel.get_dagmodel(dag_id).set_is_paused(False)
+    status, report = audit(capsys, "--dag-id", never_ran, "--dag-id", ran)
+    assert (status, report["findings_total"]) == (1, {"not_queued_unpaused": 2})
+    assert {d["dag_id"]: d["not_queued_unpaused"] for d in report["dags"]} == {never_ran: 1, ran: 1}
+    capsys.readouterr()
+    assert cli.main(["audit", "--dag-id", never_ran, "--dag-id", ran]) == 1
+    out = capsys.readouterr().out
+    assert "2 not queued unpaused; scanned in" in out and "stock Airflow starts no run for them" in out, out
+
+
 def test_table_output_and_filters(variant_stock, capsys):
     outcome = run_scenario(next(s for s in SCENARIOS if s.id == "S6"))
     dag_id = outcome.report.dags[0].dag_id

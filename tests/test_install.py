@@ -95,7 +95,8 @@ def test_a_test_session_leaves_no_airflow_home_behind(tmp_path):
 
 def _quick_start_script(repo: Path) -> str:
     """The README's quick start as a bash script for a clone at ``repo``: the database migrated
-    before ``status``, and each of ``status``, ``audit`` and ``explain`` followed by its exit code."""
+    before ``status``, and each of ``status``, ``audit``, ``explain`` and ``deployment`` followed by its
+    exit code."""
     from test_readme import quick_start_commands
 
     lines = ["set -euo pipefail"]
@@ -104,7 +105,7 @@ def _quick_start_script(repo: Path) -> str:
             command = f"ADRF={shlex.quote(str(repo))}"
         if command.endswith(" status"):
             lines += ["airflow db migrate >/dev/null", "set +e"]
-        if command.endswith((" status", " audit")):
+        if command.endswith((" status", " audit", " deployment")):
             command += f'; echo "exit of {command.split()[-1]}: $?"'
         if " explain " in command:  # DAG_ID is the reader's: in this empty database, exit 2 naming it
             command += '; echo "exit of explain: $?"'
@@ -166,6 +167,7 @@ def test_quick_start_install_outside_the_repository(tmp_path):
     assert run.returncode == 0, f"{script}\n{output[-4000:]}"
     assert "exit of status: 0" in run.stdout, output[-4000:]
     assert "exit of audit: 0" in run.stdout, output[-4000:]
+    assert "exit of deployment: 0" in run.stdout and "Every process seen ran the fix" in run.stdout, output[-4000:]
     assert "exit of explain: 2" in run.stdout and "no DAG 'DAG_ID' in the metadata database" in output, output[-4000:]
     assert "Traceback" not in output, output[-4000:]
     after = freeze()

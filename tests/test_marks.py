@@ -30,13 +30,13 @@ def no_hashing(monkeypatch):
     import airflow.datasets.manager  # noqa: F401  the targets a task process has imported
     import airflow.jobs.scheduler_job_runner  # noqa: F401
 
-    from airflow_dataset_race_fix import runtime
+    from airflow_dataset_race_fix import runtime, verdict
     from airflow_dataset_race_fix.source_patches import members
 
     monkeypatch.setattr(runtime, "fingerprint", _never)
     monkeypatch.setattr(members, "dedented_sha256", _never)
-    monkeypatch.setattr(runtime, "_verdict", None)
-    return runtime
+    monkeypatch.setattr(verdict, "_verdict", None)
+    return verdict
 
 
 def test_the_verdict_where_the_fix_is_off_hashes_nothing(variant_stock, no_hashing, monkeypatch):

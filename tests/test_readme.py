@@ -30,6 +30,7 @@ CLI = "airflow-dataset-race-fix"
 # these or be one of our CLI's commands (which test_cli_commands_parse checks).
 EXERCISED_ELSEWHERE = {
     "reproduce/run": "test_reproduce_run_script_starts (and the reproduction tests)",
+    "python -m reproduce": "tests/test_reproduce.py runs every reproduction that way",
     ".ci/run": "CI itself",
     "ADRF=": "test_install.py's test_quick_start_install_outside_the_repository sets it",
     "python3 -m pip wheel": "test_install.py's test_quick_start_install_outside_the_repository",

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def reproduce(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "airflow_dataset_race_fix", "reproduce", *args],
+        [sys.executable, "-m", "reproduce", *args],  # from the clone's root, as reproduce/run runs it
         capture_output=True,
         text=True,
         timeout=timeout,

@@ -226,7 +226,8 @@ def test_a_database_clock_stepped_forward_then_back_loses_nothing_stock_consumes
 def test_db_clean_of_runs_makes_nothing_be_consumed_again(world, monkeypatch, then, with_events):
     """
     Issue 47 item 4: three runs of one event each; ``airflow db clean`` of ``dag_run`` (Airflow's own
-    cleanup, which keeps each DAG's latest run), with or without ``dataset_event``. Stock creates
+    cleanup, which keeps each DAG's run started last: here the latest, each run started at its logical
+    date; an older run kept: ``test_time_and_deletion.py``), with or without ``dataset_event``. Stock creates
     nothing; the fix's net read the cleaned runs' events as never consumed and ran them again. Nothing
     may be consumed again by the same or a restarted scheduler; a new event makes a run of itself.
     """

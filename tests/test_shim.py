@@ -767,7 +767,7 @@ def test_fix_in_place_is_logged_at_info_only_by_long_running_processes(monkeypat
     from airflow_dataset_race_fix import runtime
 
     monkeypatch.setattr(sys, "argv", argv)
-    assert logging.getLevelName(runtime._announce_level()) == level
+    assert logging.getLevelName(runtime.announce_level()) == level
 
 
 def test_shim_cli_rejects_a_missing_site_dir(tmp_path):

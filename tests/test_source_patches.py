@@ -429,14 +429,6 @@ def test_hunks_are_found_at_an_offset_never_with_fuzz():
         unidiff.apply(file_patch, "a\nb2\nc\n")
 
 
-def test_generate_patches_outside_a_clone_says_it_is_a_development_command(tmp_path, capsys, monkeypatch):
-    import airflow_dataset_race_fix
-
-    monkeypatch.setattr(airflow_dataset_race_fix, "__file__", str(tmp_path / "lib" / "site" / "pkg" / "__init__.py"))
-    assert main(["generate-patches", "--check"]) == 2
-    assert "development command" in capsys.readouterr().err
-
-
 def test_apply_refuses_a_sqlite_database_whose_library_has_no_upsert(tmp_path, capsys, monkeypatch):
     import sqlite3
 

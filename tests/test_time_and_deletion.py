@@ -7,7 +7,9 @@ test drives the decided behaviour deterministically on a real database.
   host's clock is the database's; the servers' cases are in ``test_commit_stamps.py``);
 - data intervals never go backwards or overlap the previous run's;
 - deleting the latest run gives its events back, as in stock; deleting an older one
-  gives back only those within ``commit_latency_seconds``;
+  gives back only those within ``commit_latency_seconds``; ``airflow db clean`` keeps the
+  run started last, which may be an older (cleared) or a scheduled run: the deleted runs'
+  events are consumed again, as in stock, but at once instead of with the next event;
 - during a rolling upgrade a producer still on stock code can strand an event; audit
   finds it and ``--requeue`` recovers it.
 """
@@ -16,10 +18,11 @@ from __future__ import annotations
 
 import json
 import logging
-from datetime import timedelta
+import time
+from datetime import datetime, timedelta
 
 import pytest
-from sqlalchemy import delete, select
+from sqlalchemy import delete, select, update
 
 from airflow.datasets import DatasetAny
 from airflow.models.dagrun import DagRun
@@ -218,3 +221,97 @@ def test_deleting_a_run_stock_and_fixed_alike(request, variant, deleted, monkeyp
         assert consumed == ([[e1], [e2, e3]] if deleted == "latest" else [[e2], [e3]])
     finally:
         w.close()
+
+
+@pytest.mark.parametrize("then", ["the same scheduler", "a restarted scheduler"])
+@pytest.mark.parametrize("kept", ["a cleared older run", "a scheduled run"])
+def test_db_clean_keeps_the_run_started_last(variant, kept, then, monkeypatch):
+    """
+    ``airflow db clean`` keeps, per DAG, the run with the newest ``start_date`` among those not
+    externally triggered, not the latest run. Three dataset-triggered runs of one event each;
+    then the first is cleared and runs again (its start date is now the newest), or, on a
+    ``DatasetOrTimeSchedule``, a scheduled run starts last. db clean keeps that run alone, and
+    the deleted runs' events are consumed again: by stock with the next event, by the fix at
+    once (the sweep, every ``requeue_interval_seconds``; 0 here). The existing db clean test
+    starts each run at its logical date, so the run kept there is the latest.
+    """
+    from airflow.models.taskinstance import TaskInstance, clear_task_instances
+    from airflow.timetables.datasets import DatasetOrTimeSchedule
+    from airflow.timetables.trigger import CronTriggerTimetable
+    from airflow.utils import timezone
+    from airflow.utils.db_cleanup import run_cleanup
+    from airflow.utils.state import DagRunState
+    from airflow.utils.types import DagRunType
+
+    monkeypatch.setenv("AIRFLOW__DATASET_RACE_FIX__REQUEUE_INTERVAL_SECONDS", "0")
+    monkeypatch.setenv("AIRFLOW__DATASET_RACE_FIX__COMMIT_LATENCY_SECONDS", "1")
+    w = World(f"clean_{kept.split()[1]}_{then.split()[1]}_{variant}")
+    try:
+        a = w.dataset("a")
+        yearly = DatasetOrTimeSchedule(timetable=CronTriggerTimetable("0 0 1 1 *", timezone="UTC"),
+                                       datasets=[a])
+        d = w.consumer("d", yearly if kept == "a scheduled run" else [a])
+        p, s = w.producer("P"), w.scheduler()
+        w.clock.stop()
+        for _ in range(3):
+            w.emit(p, a), p.finish()
+            w.loop(s), s.finish()
+            time.sleep(1.1)
+        e1, e2, e3 = _event_ids(a)
+        with create_session() as session:  # each ran when it was made
+            ran = update(DagRun).where(DagRun.dag_id == d)
+            session.execute(ran.values(start_date=DagRun.queued_at, state="success"))
+        with create_session() as session:
+            if kept == "a cleared older run":  # a user clears R1's task: R1 is queued, then starts again
+                first = session.scalars(select(DagRun).where(DagRun.dag_id == d).order_by(DagRun.id)).first()
+                tis = select(TaskInstance).where(TaskInstance.dag_id == d)
+                tis = tis.where(TaskInstance.run_id == first.run_id)
+                clear_task_instances(session.scalars(tis).all(), session)
+                assert (first.state, first.start_date) == (DagRunState.QUEUED, None)
+                first.state, first.start_date = DagRunState.SUCCESS, timezone.utcnow()
+                kept_id = first.id
+            else:  # the yearly run, dated at its cron instant, started after the dataset-triggered runs
+                when = datetime(timezone.utcnow().year, 1, 1, tzinfo=timezone.utc)
+                run = DagRun(dag_id=d, run_id=f"scheduled__{when.isoformat()}", run_type=DagRunType.SCHEDULED,
+                             execution_date=when, data_interval=(when, when), state=DagRunState.SUCCESS,
+                             start_date=timezone.utcnow(), external_trigger=False)
+                session.add(run)
+                session.flush()
+                kept_id = run.id
+        run_cleanup(clean_before_timestamp=timezone.utcnow(), table_names=["dag_run"], dry_run=False,
+                    confirm=False, skip_archive=True)
+        with create_session() as session:
+            assert session.scalars(select(DagRun.id).where(DagRun.dag_id == d)).all() == [kept_id]
+        scheduler = s if then == "the same scheduler" else w.scheduler("restarted")
+        for _ in range(5):
+            w.loop(scheduler), scheduler.finish()
+        again = _consumed_by_new_runs(d, kept_id)
+        w.emit(p, a), p.finish()
+        w.loop(scheduler), scheduler.finish()
+        (e4,) = set(_event_ids(a)) - {e1, e2, e3}
+        deleted = [e2, e3] if kept == "a cleared older run" else [e1, e2, e3]  # no dataset-triggered run left
+        after_the_event = _consumed_by_new_runs(d, kept_id)[len(again) :]
+        if variant == "stock":  # the next event's run takes the deleted runs' events again, with its own
+            assert (again, after_the_event) == ([], [deleted + [e4]])
+        else:  # the sweep runs them at once (they are newer than the kept run); the event runs alone
+            assert (again, after_the_event) == ([deleted], [[e4]])
+    finally:
+        w.close()
+
+
+def _event_ids(dataset) -> list[int]:
+    with create_session() as session:
+        return list(session.scalars(
+            select(DatasetEvent.id).join(DatasetModel, DatasetModel.id == DatasetEvent.dataset_id)
+            .where(DatasetModel.uri == dataset.uri).order_by(DatasetEvent.id)
+        ))
+
+
+def _consumed_by_new_runs(dag_id: str, kept_id: int) -> list[list[int]]:
+    with create_session() as session:
+        return [
+            sorted(e.id for e in run.consumed_dataset_events)
+            for run in session.scalars(
+                select(DagRun).where(DagRun.dag_id == dag_id, DagRun.id != kept_id).order_by(DagRun.id)
+            )
+        ]

@@ -446,6 +446,32 @@ def test_the_deployment_page_names_a_stock_scheduler_and_this_webserver(site):
         webserver = [line for line in components.splitlines() if "webserver" in line]
         assert webserver and all("NOT fixed" in line and "no route turned the shim on" in line for line in webserver)
         assert browser.find_all("#not-all-fixed")
+        assert browser.script("return document.title") == "Dataset runs: processes - Airflow"
         browser.screenshot(SCREENSHOTS / "deployment.png")
+        browser.get(f"{base}/dataset-race-fix/deployment?hours=nan")  # the command's rule and line, in the browser
+        shown = browser.script("return document.body.innerText")
+        assert "Bad Request" in shown and "hours 'nan': expected a number above 0 and at most 8784" in shown, shown
     finally:
         browser.close()
+
+
+def test_the_deployment_page_takes_hours_by_the_commands_rule_and_the_pages_have_titles(site):
+    """``?hours=`` follows ``deployment --hours``' rule (diagnostics.deployment.period_hours): bad values answer
+    400 with the command's one-line message, 0.005 is taken as given. Each page has a title of its own."""
+    import html
+
+    base, dags, _ = site
+    cookies = _login_cookies(base, "admin")
+    for hours in ("nan", "inf", "1e9", "-1", "0", "abc"):
+        answer = requests.get(f"{base}/dataset-race-fix/deployment", params={"hours": hours}, cookies=cookies,
+                              timeout=60)
+        message = f"hours {hours!r}: expected a number above 0 and at most 8784 (366 days)"
+        assert answer.status_code == 400 and message in html.unescape(answer.text), (hours, answer.text[-2000:])
+    answer = requests.get(f"{base}/dataset-race-fix/deployment?hours=0.005", cookies=cookies, timeout=60)
+    assert answer.ok and "over the last 0.005 hours" in answer.text
+    titles = {}
+    for path in ("", f"dag/{dags['bulk']}", "deployment"):
+        page = requests.get(f"{base}/dataset-race-fix/{path}", cookies=cookies, timeout=60).text
+        titles[path] = re.search(r"<title>\s*(.*?)\s*</title>", page, re.S)[1]
+    assert titles == {"": "Dataset runs - Airflow", f"dag/{dags['bulk']}": f"Dataset runs: {dags['bulk']} - Airflow",
+                      "deployment": "Dataset runs: processes - Airflow"}

@@ -18,7 +18,7 @@ from airflow_dataset_race_fix import __version__
 from airflow_dataset_race_fix.diagnostics.database import DatabaseError
 
 # Subcommand modules, in the order --help lists them.
-COMMAND_MODULES = ("status", "deployment", "shim", "source_patches", "reproduce", "audit", "explain")
+COMMAND_MODULES = ("status", "deployment", "shim", "source_patches", "audit", "explain")
 
 # The reader of stdout (or stderr) went away, as in 'audit | head -1': the status a shell
 # reports for a tool killed by SIGPIPE (128 + 13). No command gives it a verdict's meaning,

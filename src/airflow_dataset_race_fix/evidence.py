@@ -22,7 +22,7 @@ from airflow import settings
 from airflow.models.log import Log
 from airflow.utils.net import get_hostname
 
-from airflow_dataset_race_fix import __version__, runtime
+from airflow_dataset_race_fix import __version__, runtime, verdict
 
 MARK_EVENT = "dataset-race-fix"
 
@@ -31,7 +31,7 @@ log = logging.getLogger("airflow_dataset_race_fix")
 
 def _mark_extra(component: str, started=None) -> str:
     """The mark's ``extra``: the same text for every task of a host and verdict, so the reader groups them."""
-    fixed, how = runtime.process_verdict()
+    fixed, how = verdict.process_verdict()
     extra = {"component": component, "fixed": fixed, "how" if fixed else "why": how, "host": get_hostname(),
              "airflow": runtime.airflow_version(), "package": __version__}
     if started is not None:

@@ -23,8 +23,8 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from airflow_dataset_race_fix.diagnostics.invariant import StrandedGroup
+from airflow_dataset_race_fix.targets import SCHEDULER_MODULE
 
-SCHEDULER_MODULE = "airflow.jobs.scheduler_job_runner"
 INSERT, LOWER, KEEP = "insert", "lower", "keep"
 
 

@@ -21,7 +21,6 @@ from types import ModuleType
 
 from airflow_dataset_race_fix.targets import (
     SUPPORTED_AIRFLOW_VERSIONS,
-    MEMBERS,
     TARGET_MODULES,
     Member,
     environment_problem,
@@ -59,15 +58,13 @@ _refusal: ModuleState | None = None
 _announced: set[str] = set()  # targets whose "fix in place" line is logged
 _warned = False  # the refusal's WARNING
 _warned_half_source = False
-_said_not_started = False  # announce_process()'s line for a process without the shim
-_verdict: tuple | None = None  # process_verdict()'s last answer, with what it depends on
 
 
 def _forget_reports() -> None:
     """A forked child (LocalExecutor's task, a task runner's raw task) logs to its own task log: it says it again."""
-    global _warned, _said_not_started
+    global _warned
     _announced.clear()
-    _warned = _said_not_started = False
+    _warned = False
 
 
 os.register_at_fork(after_in_child=_forget_reports)
@@ -347,7 +344,7 @@ def command_name() -> str | None:
     return next((" ".join(c) for c in LONG_RUNNING_COMMANDS if words[: len(c)] == c), "")
 
 
-def _announce_level() -> int:
+def announce_level() -> int:
     """INFO in processes that run for a while, DEBUG in short 'airflow' CLI commands."""
     return logging.DEBUG if command_name() == "" else logging.INFO
 
@@ -376,73 +373,20 @@ def report(state: ModuleState, strict: bool = False) -> None:
     # One line per target, each as it is fixed: a worker never imports the scheduler, and a
     # scheduler's log then says that its own code is fixed.
     _announced.add(state.module)
-    log.log(_announce_level(), "airflow-dataset-race-fix: fix in place (%s: %s; Airflow %s)", state.module, how,
+    log.log(announce_level(), "airflow-dataset-race-fix: fix in place (%s: %s; Airflow %s)", state.module, how,
             airflow_version())
 
 
-def why_not_started() -> tuple[int, str] | None:
-    """Why the shim did not start in this process, and how loudly to say it; None when it started."""
-    from airflow_dataset_race_fix import activation, bootstrap
-
-    if bootstrap.started:
-        return None
-    if bootstrap.env_flag(bootstrap.ENV_DISABLED):
-        return _announce_level(), f"disabled by {bootstrap.ENV_DISABLED}"
-    if activation.pythonpath_entries() and not (sys.flags.no_site or sys.flags.ignore_environment):
-        hiding = getattr(sys.modules.get("sitecustomize"), "__file__", None) or "no sitecustomize"
-        return logging.WARNING, (
-            f"displaced: its directory is on PYTHONPATH, but {hiding} ran instead of its sitecustomize (a tool put "
-            "its own first and does not chain to ours, as opentelemetry-instrument does); the .pth route survives "
-            "that: 'airflow-dataset-race-fix shim install-pth' (docs/activation.md)"
-        )
-    return _announce_level(), "no route turned the shim on in this process (docs/activation.md)"
-
-
-def announce_process() -> None:
-    """Say once per process that imported a target (a forked task is a process of its own, with its own log)
-    whether its code is fixed, and if not, why. Called by the plugin's listener as each Airflow
-    component or task starts; reads nothing but this interpreter."""
-    global _said_not_started
-    imported = [name for name in TARGET_MODULES if name in sys.modules]
-    why = why_not_started() if imported else None
-    if why is not None and not _said_not_started:
-        _said_not_started = True
-        if process_verdict()[0]:
-            why = None  # fixed without the shim: the source patches
-        else:
-            log.log(why[0], "airflow-dataset-race-fix: the fix is NOT in place in this process: %s (Airflow %s)",
-                    why[1], airflow_version())
-    if why is None:
-        for name in (name for name in imported if name not in _announced):
+def announce_imported() -> None:
+    """Log each imported target's state that this process has not logged yet."""
+    for name in TARGET_MODULES:
+        if name in sys.modules and name not in _announced:
             report(module_state(name))
 
 
-def process_verdict() -> tuple[bool, str]:
-    """Whether the targets this process imported run the fixed code, and how, or why not (its marks say it).
-    Remembered until a target is imported, patched or refused (a forked child keeps its parent's answer)."""
-    global _verdict
-    from airflow_dataset_race_fix import bootstrap
-
-    key = (bootstrap.started, _refusal, tuple((sys.modules.get(n), _states.get(n)) for n in TARGET_MODULES))
-    if _verdict is None or _verdict[0] != key:
-        _verdict = key, _process_verdict()
-    return _verdict[1]
-
-
-def _process_verdict() -> tuple[bool, str]:
-    why = why_not_started()
-    added = [m for m in MEMBERS if m.original_sha256 is None and m.module in sys.modules]
-    has_added = all(m.name in vars(getattr(sys.modules[m.module], m.owner, object)) for m in added)
-    if why is not None and not has_added:  # only the source patches give unpatched code the fix's members
-        return False, why[1]  # stock code without the shim: known without hashing a line of it
-    states = [module_state(name) for name in TARGET_MODULES if name in sys.modules]
-    refused = next((s for s in states if s.state == REFUSED), None)
-    if refused is not None:
-        return False, f"refused: {refused.module}: {refused.detail}"
-    if all(s.state in (PATCHED, SOURCE_PATCHED) for s in states) and (states or why is None):
-        shim = any(s.state == PATCHED for s in states) or not states  # none imported yet: the shim waits for them
-        return True, "patched by the shim" if shim else "the source patches"
-    return False, why[1] if why else "not patched"
+def decisions() -> tuple:
+    """What this interpreter decided so far: it changes when a target is imported, patched or refused."""
+    return _refusal, tuple((sys.modules.get(n), _states.get(n)) for n in TARGET_MODULES)
 
 
 def _warn_half_source(states: list[ModuleState]) -> None:

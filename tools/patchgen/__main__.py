@@ -3,7 +3,7 @@ Regenerate ``patches/`` (the series and ``verified-releases``) from ``src/.../fi
 
     python -m tools.patchgen [--check] [--airflow-version V ...] [--patches-dir DIR] [--wheel-cache DIR]
 
-``airflow-dataset-race-fix generate-patches`` (same options) runs this from a clone.
+from the root of a clone, with the package installed (``pip install -e .``).
 Exit codes: 0 up to date (or written), 1 not up to date (``--check``) or the fix does
 not fit a release, 2 bad usage.
 """

@@ -89,7 +89,9 @@ PATCHES = (
         What: a dataset-triggered run gets the events of its DAG's datasets that no run of
         the DAG consumed yet, is created only when the DAG's dataset condition holds on them,
         and the scheduler deletes the queue rows exactly as it read them (SKIP LOCKED, never
-        waiting for a producer); a periodic sweep requeues DAGs with unqueued events.
+        waiting for a producer); a periodic sweep requeues DAGs with unqueued events, and a
+        net that follows the event ids keeps each late commit it finds as a row of the log
+        table until the run that consumes it commits.
         .
         Why: stock Airflow takes the events in a timestamp window, creates runs for empty
         windows and deletes every queue row of the DAG, so events committed late are never

@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import argparse
-import configparser
 import contextlib
 import fnmatch
 import json
@@ -54,13 +53,12 @@ def run(args: argparse.Namespace) -> int:
     if args.limit is not None and args.limit < 0:
         raise UsageError("--limit must be 0 or more")
     limit = args.limit if args.limit is not None else (None if args.json else TABLE_LIMIT)
-    database.prepare_airflow_import(args.db_url)
     # Airflow logs to stdout (e.g. while deserializing DAGs); keep stdout for the report alone.
     with contextlib.redirect_stdout(sys.stderr):
         result, where, dag_ids, seconds, writes, written = _audit_and_requeue(args, since, limit)
     if args.json:
         data = _as_json(result, where, since, dag_ids, seconds, args, writes, written)
-        print_result(json.dumps(data, default=_json_default, indent=2))
+        print_result(json.dumps(data, default=datetime.isoformat, indent=2))  # the only values not JSON's own
     else:
         text = render(result, where, since, dag_ids, seconds, limit)
         print_result(text + "\n\n" + render_requeue(writes, written) if args.requeue else text)
@@ -68,28 +66,19 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _audit_and_requeue(args: argparse.Namespace, since: datetime | None, limit: int | None):
-    try:
-        from sqlalchemy.exc import SQLAlchemyError
-
+    with database.reading(args.db_url, read_only=not args.yes) as (session, engine, where):
         from airflow_dataset_race_fix import requeue
         from airflow_dataset_race_fix.diagnostics import invariant
-    except (ImportError, configparser.Error) as err:  # a broken install, an unreadable airflow.cfg
-        raise UsageError(f"cannot import Airflow here: {database.first_line(err)}") from None
 
-    database.finish_airflow_library_set_up()
-    if args.requeue:
-        try:
-            requeue.ensure_fix_active()
-        except requeue.RequeueRefused as err:
-            raise UsageError(str(err)) from None
-    engine, where = database.open_database(args.db_url, read_only=not args.yes)
-    started = time.monotonic()
-    try:
-        with database.snapshot(engine) as session:
-            dag_ids = select_dags(invariant.consuming_dag_ids(session), args.dag_id)
-            result = invariant.audit(session, dag_ids, since=since, limit=limit, progress=_progress(args.progress))
-    except SQLAlchemyError as err:
-        raise UsageError(f"reading {where} failed: {database.first_line(err)}") from None
+        if args.requeue:
+            try:
+                requeue.ensure_fix_active()
+            except requeue.RequeueRefused as err:
+                raise UsageError(str(err)) from None
+        started = time.monotonic()
+        dag_ids = select_dags(invariant.consuming_dag_ids(session), args.dag_id)
+        progress = _progress(args.progress)
+        result = invariant.audit(session, dag_ids, since=since, limit=limit, progress=progress)
     seconds = time.monotonic() - started
 
     writes, written = [], None
@@ -222,6 +211,11 @@ def render(result, where: str, since, dag_ids: list[str], seconds: float, limit:
     findings = report.findings()
     summary = ", ".join(f"{n} {name.replace('_', ' ')}" for name, n in findings.items()) or "no findings"
     lines += ["", f"{summary}; scanned in {seconds:.1f}s."]
+    if report.total("not_queued_unpaused"):
+        lines.append("Not queued unpaused: stranded events of an unpaused DAG, newer than its latest run, "
+                     "that no queue row names: stock Airflow starts no run for them until their dataset's "
+                     "next event (the fix's sweep takes those within its reach: 'explain DAG_ID' tells). "
+                     "'audit --requeue' (dry run) shows how to give them back.")
     if report.total("suspected_lost"):
         lines.append(
             "Suspected: Airflow records no pauses, schedule changes or deleted runs, so an event may show "
@@ -265,9 +259,3 @@ def _as_json(result, where, since, dag_ids, seconds, args, writes, written) -> d
         mode = "applied" if written is not None else "dry-run"
         data["requeue"] = {"mode": mode, "written": written, "rows": [asdict(w) for w in writes]}
     return data
-
-
-def _json_default(value):
-    if isinstance(value, datetime):
-        return value.isoformat()
-    raise TypeError(f"not JSON serializable: {type(value).__name__}")

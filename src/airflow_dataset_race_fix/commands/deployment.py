@@ -11,10 +11,10 @@ import argparse
 import contextlib
 import json
 import sys
-from datetime import timedelta
+from datetime import datetime
 
 from airflow_dataset_race_fix.cli import UsageError, print_result
-from airflow_dataset_race_fix.diagnostics import database
+from airflow_dataset_race_fix.diagnostics import database, deployment
 
 
 def register(subparsers) -> None:
@@ -24,31 +24,21 @@ def register(subparsers) -> None:
         "the dataset events' task instances: every scheduler, component and producer host seen over the last "
         "hours, and whether it ran the fix. Exit status: 0 all did, 1 some did not, 2 bad input.",
     )
-    parser.add_argument("--hours", type=float, default=24.0, help="the period to look at (default %(default)s)")
-    parser.add_argument("--db-url", metavar="URL", help="SQLAlchemy URL (default: Airflow's sql_alchemy_conn)")
-    parser.add_argument("--json", action="store_true", help="print one JSON document")
+    add = parser.add_argument
+    add("--hours", default="24", help="the period to look at, above 0 and at most 8784 (default 24)")
+    add("--db-url", metavar="URL", help="SQLAlchemy URL (default: Airflow's sql_alchemy_conn)")
+    add("--json", action="store_true", help="print one JSON document (docs/deployment-json.md)")
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    if not args.hours > 0:
-        raise UsageError("--hours must be more than 0")
-    database.prepare_airflow_import(args.db_url)
-    with contextlib.redirect_stdout(sys.stderr):  # Airflow may log to stdout; stdout is the result's
-        try:
-            from sqlalchemy.exc import SQLAlchemyError
-
-            from airflow.utils import timezone
-
-            from airflow_dataset_race_fix.diagnostics import deployment
-        except ImportError as err:
-            raise UsageError(f"cannot import Airflow here: {database.first_line(err)}") from None
-        database.finish_airflow_library_set_up()
-        engine, where = database.open_database(args.db_url, read_only=True)
-        try:
-            with database.snapshot(engine) as session:
-                found = deployment.collect(session, timezone.utcnow() - timedelta(hours=args.hours))
-        except SQLAlchemyError as err:
-            raise UsageError(f"reading {where} failed: {database.first_line(err)}") from None
-    print_result(json.dumps(found, indent=2, default=str) if args.json else deployment.render(found))
+    try:
+        hours = deployment.period_hours(args.hours)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    # Airflow may log to stdout; stdout is the result's
+    with contextlib.redirect_stdout(sys.stderr), database.reading(args.db_url) as (session, _, _):
+        found = deployment.collect(session, hours)
+    text = json.dumps(found, indent=2, default=datetime.isoformat) if args.json else deployment.render(found)
+    print_result(text)  # with --json each time in ISO 8601: the only values that are not JSON's own
     return 0 if found["all_fixed"] else 1

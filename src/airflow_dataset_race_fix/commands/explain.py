@@ -39,38 +39,23 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.runs < 0:
         raise UsageError("--runs must be 0 or more")
-    database.prepare_airflow_import(args.db_url)
     with contextlib.redirect_stdout(sys.stderr):  # Airflow may log to stdout; stdout is the result's
         found, seconds = _explain(args)
     found["fix"] = {"active_in_this_process": found.pop("_fix_active"), "seconds": round(seconds, 3)}
-    if args.json:
-        print_result(json.dumps(found, indent=2))
-    else:
-        print_result(render(found))
+    print_result(json.dumps(found, indent=2) if args.json else render(found))
     return 1 if found["audit"]["findings"] else 0
 
 
 def _explain(args: argparse.Namespace):
-    try:
-        from sqlalchemy import text
-        from sqlalchemy.exc import SQLAlchemyError
-
+    with database.reading(args.db_url) as (session, _, _):
         from airflow_dataset_race_fix.diagnostics.explain import ExplainError, explain
-    except ImportError as err:
-        raise UsageError(f"cannot import Airflow here: {database.first_line(err)}") from None
-    database.finish_airflow_library_set_up()
-    was_active = fix_active_here()
-    engine, where = database.open_database(args.db_url, read_only=True)
-    started = time.monotonic()
-    try:
-        with database.snapshot(engine) as session:
-            if engine.dialect.name in ("postgresql", "mysql"):  # a write or a row lock would fail here
-                session.execute(text("SET TRANSACTION READ ONLY"))
+
+        was_active = fix_active_here()
+        started = time.monotonic()
+        try:
             found = explain(session, args.dag_id, runs=args.runs)
-    except ExplainError as err:
-        raise UsageError(str(err)) from None
-    except SQLAlchemyError as err:
-        raise UsageError(f"reading {where} failed: {database.first_line(err)}") from None
+        except ExplainError as err:
+            raise UsageError(str(err)) from None
     found["_fix_active"] = was_active
     return found, time.monotonic() - started
 

@@ -1,7 +1,6 @@
 """
-``apply``, ``revert``, ``check``: the source patches in an installed Airflow; ``generate-patches``:
-``patches/`` from the fix (runs the clone's ``tools/patchgen``). Exit codes: 0 done (``check``:
-applied), 1 refused (``check``: not, or not fully, applied), 2 bad usage.
+``apply``, ``revert``, ``check``: the source patches in an installed Airflow. Exit codes: 0 done
+(``check``: applied), 1 refused (``check``: not, or not fully, applied), 2 bad usage.
 """
 
 from __future__ import annotations
@@ -25,21 +24,6 @@ def register(subparsers) -> None:
             parser.add_argument("--dry-run", action="store_true", help="check everything, write nothing")
         _add_locations(parser)
         parser.set_defaults(handler=_check if name == "check" else functools.partial(_change, name))
-
-    generate = subparsers.add_parser(
-        "generate-patches",
-        help="write patches/ from the fix (development command of the repository: python -m tools.patchgen)",
-        description="Generate the source patches from the fixed members and verify them against every "
-        "supported Airflow release (wheels are downloaded with pip once and cached). A development "
-        "command: it runs tools/patchgen of the repository clone this package is installed from.",
-    )
-    add = generate.add_argument
-    add("--patches-dir", type=Path, help="default: the repository's patches/")
-    add("--airflow-version", action="append", dest="versions", metavar="VERSION",
-        help="verify and record only these releases, the series made from the newest (default: all supported)")
-    add("--check", action="store_true", help="write nothing; exit 1 if patches/ is not up to date")
-    add("--wheel-cache", type=Path, help="default: $ADRF_WHEEL_CACHE or ~/.cache/airflow-dataset-race-fix/wheels")
-    generate.set_defaults(handler=_generate)
 
 
 def _add_locations(parser: argparse.ArgumentParser) -> None:
@@ -128,21 +112,3 @@ def _check(args) -> int:
     for line in applier.describe(inspection):
         print(f"  {line}")
     return 0 if inspection.summary == "applied" else 1
-
-
-def _generate(args) -> int:
-    """Run ``tools/patchgen`` of the clone this package is installed from (editable or PYTHONPATH)."""
-    import airflow_dataset_race_fix
-
-    repo = Path(airflow_dataset_race_fix.__file__).resolve().parents[2]
-    if not (repo / "tools" / "patchgen" / "__main__.py").is_file():
-        raise cli.UsageError(
-            "generate-patches is a development command of the airflow-dataset-race-fix repository: run it "
-            "(or 'python -m tools.patchgen') in a clone, with the package installed from it (pip install -e); "
-            f"this package runs from {repo}, which is not a clone. The installed patches need no generating"
-        )
-    if str(repo) not in sys.path:
-        sys.path.insert(0, str(repo))
-    from tools.patchgen.__main__ import generate
-
-    return generate(args.patches_dir or repo / "patches", args.versions, args.check, args.wheel_cache)

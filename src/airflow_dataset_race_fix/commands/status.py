@@ -50,10 +50,7 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     report = collect(import_targets=not args.no_import)
-    if args.json:
-        print(json.dumps(report, indent=2))
-    else:
-        print(render(report))
+    print(json.dumps(report, indent=2) if args.json else render(report))
     return EXIT_ACTIVE if report["fix_active"] else EXIT_NOT_ACTIVE
 
 
@@ -211,9 +208,9 @@ def _why_inactive(shim: dict) -> str:
     if shim["disabled"]:
         return "the shim is disabled by AIRFLOW_DATASET_RACE_FIX_DISABLED"
     if not shim["loaded_in_this_process"]:
-        from airflow_dataset_race_fix import runtime
+        from airflow_dataset_race_fix import verdict
 
-        why = runtime.why_not_started()
+        why = verdict.why_not_started()
         if why and why[1].startswith("displaced"):
             return f"the shim is {why[1]}"
         return (

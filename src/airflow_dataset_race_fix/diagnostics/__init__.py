@@ -19,11 +19,11 @@ def fix_active_here() -> bool:
     """
     import importlib
 
-    from airflow_dataset_race_fix import runtime, targets
-    from airflow_dataset_race_fix.requeue import SCHEDULER_MODULE
+    from airflow_dataset_race_fix import runtime
+    from airflow_dataset_race_fix.targets import SCHEDULER_MODULE, members_of
 
     module = importlib.import_module(SCHEDULER_MODULE)
-    members = [vars(getattr(module, m.owner, object)).get(m.name) for m in targets.members_of(SCHEDULER_MODULE)]
+    members = [vars(getattr(module, m.owner, object)).get(m.name) for m in members_of(SCHEDULER_MODULE)]
     if _JUDGED.get("members") != members:  # functions compare by identity
         state = runtime.module_state(SCHEDULER_MODULE).state
         _JUDGED.update(members=members, active=state in (runtime.PATCHED, runtime.SOURCE_PATCHED))

@@ -7,6 +7,7 @@ not set up), and SQLite is opened read-only (``mode=ro``) unless ``--requeue --y
 
 from __future__ import annotations
 
+import configparser
 import contextlib
 import importlib.util
 import os
@@ -52,16 +53,6 @@ def prepare_airflow_import(db_url: str | None) -> None:
                 f"AIRFLOW_HOME {home} is not a directory, so no Airflow configuration names the metadata "
                 "database: set AIRFLOW_HOME to your Airflow's home, or pass --db-url"
             )
-
-
-def finish_airflow_library_set_up() -> None:
-    """What the audit needs of the start-up ``_AIRFLOW__AS_LIBRARY`` skips: the configured folders
-    (deserializing a DAG loads the plugins) and the drivers' adapters for pendulum datetimes."""
-    from airflow import settings
-
-    if settings.PLUGINS_FOLDER is None:
-        settings.configure_vars()
-        settings.configure_adapters()
 
 
 def open_database(db_url: str | None, *, read_only: bool):
@@ -181,16 +172,34 @@ def first_line(err: BaseException) -> str:
 
 
 @contextlib.contextmanager
-def snapshot(engine):
-    """A session reading one snapshot (REPEATABLE READ where the backend has it), closed after."""
-    from sqlalchemy.orm import Session
+def reading(db_url: str | None, *, read_only: bool = True):
+    """(session, engine, where): the metadata database as the commands read it, in one snapshot (REPEATABLE
+    READ, and READ ONLY unless ``read_only`` is False, where the backend has them), closed after. Airflow
+    that cannot be imported here and a failed read are DatabaseErrors: one line, exit 2."""
+    prepare_airflow_import(db_url)
+    try:
+        from sqlalchemy import text
+        from sqlalchemy.exc import SQLAlchemyError
+        from sqlalchemy.orm import Session
 
-    with engine.connect() as connection:
-        if engine.dialect.name in ("postgresql", "mysql"):
-            connection = connection.execution_options(isolation_level="REPEATABLE READ")
-        session = Session(bind=connection)
-        try:
-            yield session
-        finally:
-            session.rollback()  # read-only: nothing to commit
-            session.close()
+        import airflow.models.dag  # noqa: F401  (what the commands read with: a broken install says so here)
+        from airflow import settings
+    except (ImportError, configparser.Error) as err:  # a broken install, an unreadable airflow.cfg
+        raise DatabaseError(f"cannot import Airflow here: {first_line(err)}") from None
+    # What _AIRFLOW__AS_LIBRARY skips and the commands need: the configured folders (deserializing a DAG
+    # loads the plugins) and the drivers' adapters for pendulum datetimes.
+    if settings.PLUGINS_FOLDER is None:
+        settings.configure_vars()
+        settings.configure_adapters()
+    engine, where = open_database(db_url, read_only=read_only)
+    servers = engine.dialect.name in ("postgresql", "mysql")
+    try:
+        with engine.connect() as connection:
+            if servers:
+                connection = connection.execution_options(isolation_level="REPEATABLE READ")
+            with Session(bind=connection) as session:  # closed after: rolled back, nothing to commit
+                if servers and read_only:  # a write or a row lock fails
+                    session.execute(text("SET TRANSACTION READ ONLY"))
+                yield session, engine, where
+    except SQLAlchemyError as err:
+        raise DatabaseError(f"reading {where} failed: {first_line(err)}") from None

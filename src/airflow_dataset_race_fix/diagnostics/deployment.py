@@ -1,19 +1,37 @@
 """
 Which processes ran the fix over a period, read from the marks they left (``evidence``), Airflow's
-``job`` table (every scheduler, with or without this package) and the dataset events' task
-instances (every producer's host). Three statements, each bounded by the period.
+``job`` table (every scheduler, triggerer and dag-processor, with or without this package) and the
+dataset events' task instances (every producer's host). The JSON form: docs/deployment-json.md.
 """
 
 from __future__ import annotations
 
 import json
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 
+SCHEMA = "airflow-dataset-race-fix/deployment/1"
+MAX_HOURS = 24 * 366  # --hours and ?hours=: a year, leap day included
+WORDS = {True: "FIXED    ", False: "NOT FIXED", None: "UNKNOWN  "}  # a row's "fixed", as render says it
 NO_MARK = "no mark: this package was not installed or loaded there (stock code, or a release before marks)"
+JOBS = {"SchedulerJob": "scheduler", "TriggererJob": "triggerer", "DagProcessorJob": "dag-processor"}
+# A component's mark carries its Job()'s start; the job row's start is later, when run_job begins.
+MARK_BEFORE_JOB, MARK_AFTER_JOB = timedelta(minutes=1), timedelta(seconds=1)
 
 
-def collect(session, since: datetime) -> dict:
-    from sqlalchemy import and_, func, select
+def period_hours(text: str) -> float:
+    """The one rule for ``deployment --hours`` and the page's ``?hours=``; ValueError says it in a line."""
+    try:
+        hours = float(text)
+    except ValueError:
+        hours = float("nan")
+    if not 0 < hours <= MAX_HOURS:  # nan and inf fail here too
+        raise ValueError(f"hours {text!r}: expected a number above 0 and at most {MAX_HOURS} (366 days)")
+    return hours
+
+
+def collect(session, hours: float) -> dict:
+    """What ``deployment`` prints: each process seen over the last ``hours``, and whether it ran the fix."""
+    from sqlalchemy import and_, func, or_, select
 
     from airflow.jobs.job import Job
     from airflow.models.dataset import DatasetEvent
@@ -22,24 +40,32 @@ def collect(session, since: datetime) -> dict:
 
     from airflow_dataset_race_fix.evidence import MARK_EVENT
 
+    since = datetime.now(timezone.utc) - timedelta(hours=hours)
+    jobs = session.scalars(select(Job).where(Job.job_type.in_(JOBS), Job.latest_heartbeat >= since)
+                           .order_by(Job.start_date)).all()
+    # A job alive in the period may have started, and written its mark, long before it.
+    marked_before = [Log.dttm.between(job.start_date - MARK_BEFORE_JOB, job.start_date + MARK_AFTER_JOB)
+                     for job in jobs if job.start_date < since]
     marks = [{**json.loads(extra), "at": dttm} for dttm, extra in session.execute(
-        select(Log.dttm, Log.extra).where(Log.event == MARK_EVENT, Log.dttm >= since, Log.dag_id.is_(None))
-        .order_by(Log.dttm))]
+        select(Log.dttm, Log.extra).where(Log.event == MARK_EVENT, Log.dag_id.is_(None),
+                                          or_(Log.dttm >= since, *marked_before)).order_by(Log.dttm))]
     components = []
-    for job_id, host, started, heartbeat in session.execute(
-        select(Job.id, Job.hostname, Job.start_date, Job.latest_heartbeat)
-        .where(Job.job_type == "SchedulerJob", Job.latest_heartbeat >= since).order_by(Job.start_date)
-    ):
-        mark = next((m for m in marks if m["component"] == "scheduler" and m["host"] == host and "started" in m
-                     and abs(datetime.fromisoformat(m["started"]) - started) < timedelta(seconds=1)), None)
+    for job in jobs:
+        component, host = JOBS[job.job_type], job.hostname
+        own = [m for m in marks if (m["component"], m["host"]) == (component, host) and "started" in m]
+        offsets = [(datetime.fromisoformat(m["started"]) - job.start_date, m) for m in own]
+        mark = next((m for offset, m in offsets if -MARK_BEFORE_JOB < offset < MARK_AFTER_JOB), None)
         if mark is not None:
             marks.remove(mark)
-        components.append({"component": f"scheduler (job {job_id})", "host": host, "first": started, "last": heartbeat,
+        stopped = None if job.is_alive() else job.end_date or job.latest_heartbeat
+        components.append({"component": component, "job_id": job.id, "host": host,
+                           "first": job.start_date, "last": job.latest_heartbeat, "stopped": stopped,
                            **_verdict(mark)})
-    for mark in marks:  # the other components' (triggerer, dag-processor, webserver workers)
-        components.append({"component": mark["component"], "host": mark["host"], "first": mark["at"],
-                           "last": mark["at"], **_verdict(mark)})
-
+    # The webserver workers'. A job component's mark that matches no job is no component's: tasks write
+    # none, but earlier releases wrote one from each task forked from a LocalExecutor scheduler.
+    for mark in (m for m in marks if m["component"] not in JOBS.values()):
+        components.append({"component": mark["component"], "job_id": None, "host": mark["host"],
+                           "first": mark["at"], "last": mark["at"], "stopped": None, **_verdict(mark)})
     # Each producing task instance's events and host, and its host's producer mark of that hour: a task with
     # outlets finds or writes it as it starts (evidence.py), so one lies within an hour of the task's start.
     event = DatasetEvent
@@ -76,9 +102,8 @@ def collect(session, since: datetime) -> dict:
         row.update(events=row["events"] + int(events), task_instances=row["task_instances"] + 1,
                    first=min(row["first"], first), last=max(row["last"], last))
     producers = [groups[key] for key in sorted(groups, key=lambda key: tuple(map(str, key)))]
-    everything = components + producers
-    return {"since": since, "components": components, "producers": producers,
-            "all_fixed": all(row["fixed"] is not False for row in everything)}
+    return {"schema": SCHEMA, "since": since, "components": components, "producers": producers,
+            "all_fixed": all(row["fixed"] is not False for row in components + producers)}
 
 
 def _verdict(mark: dict | None) -> dict:
@@ -90,22 +115,21 @@ def _verdict(mark: dict | None) -> dict:
 
 
 def render(found: dict) -> str:
-    lines = [f"Since {found['since']:%Y-%m-%d %H:%M:%S} UTC:", "Components (schedulers from the job table, the "
-             "rest from their marks):"]
-    for row in found["components"] or [{"none": True}]:
-        lines.append("  none seen" if "none" in row else
-                     f"  {_word(row)} {row['component']} on {row['host']}, {row['first']:%Y-%m-%d %H:%M:%S} to "
-                     f"{row['last']:%H:%M:%S}: {row['why']}")
+    time = "%Y-%m-%d %H:%M:%S"
+    lines = [f"Since {found['since']:{time}} UTC:",
+             "Components (schedulers, triggerers, dag-processors: the job table; webserver workers: marks):"]
+    for row in found["components"]:
+        job = f" (job {row['job_id']})" if row["job_id"] else ""
+        until = f"stopped {row['stopped']:{time}}" if row["stopped"] else f"seen {row['last']:{time}}"
+        lines.append(f"  {WORDS[row['fixed']]} {row['component']}{job} on {row['host']}, "
+                     f"started {row['first']:{time}}, {until}: {row['why']}")
+    lines += [] if found["components"] else ["  none seen"]
     lines.append("Producers (dataset events by the host of the task instance that made them):")
-    for row in found["producers"] or [{"none": True}]:
-        lines.append("  none seen" if "none" in row else
-                     f"  {_word(row)} {row['host']}: {row['dag_id'] or ''}.{row['task_id'] or ''}, {row['events']} events of "
-                     f"{row['task_instances']} task instances, {row['first']:%Y-%m-%d %H:%M:%S} to "
-                     f"{row['last']:%H:%M:%S}: {row['why']}")
-    lines.append("Every process seen ran the fix" if found["all_fixed"] else
-                 "NOT every process seen ran the fix (the NOT FIXED lines above)")
+    for row in found["producers"]:
+        task = f"{row['dag_id'] or ''}.{row['task_id'] or ''}, {row['events']} events"
+        lines.append(f"  {WORDS[row['fixed']]} {row['host']}: {task} of {row['task_instances']} "
+                     f"task instances, {row['first']:{time}} to {row['last']:{time}}: {row['why']}")
+    lines += [] if found["producers"] else ["  none seen"]
+    lines.append("Every process seen ran the fix" if found["all_fixed"]
+                 else "NOT every process seen ran the fix (the NOT FIXED lines above)")
     return "\n".join(lines)
-
-
-def _word(row: dict) -> str:
-    return {True: "FIXED    ", False: "NOT FIXED", None: "UNKNOWN  "}[row["fixed"]]

@@ -142,8 +142,8 @@ class LoopSelection:
         self.runner = self.runner_class(job=Job(), num_runs=1)  # a fresh scheduler state; the Job is never saved
         query, self.info = dags_needing_dagruns(session)
         self.picked = [dm.dag_id for dm in query.all()]
-        # the sweep's net reads no round here: explain reads the explained DAG's references itself
-        self.runner.__dict__["_dataset_race_fix_net"] = {"only": set()}
+        # the net's findings read, nothing followed or written
+        self.runner.__dict__["_dataset_race_fix_net"] = {"read_only": True}
         # the sweep's steps, without its row lock
         now = self.manager_class._database_now(session)
         oldest_new = self.runner._dags_with_new_unqueued_events(dict(self.info), now, session)
@@ -208,12 +208,9 @@ def explain(
     info.setdefault(dag_id, (_EPOCH, _EPOCH))
     (decision,), _ = runner._decide_dataset_triggered_runs([dag_model], info, session)
     now = manager_class._database_now(session)
-    # The net, for this DAG alone, as a restarted scheduler reads it: a late commit below its
-    # latest run that the next loop's floors do not read. Found, its decision reads from there.
-    net = runner.__dict__["_dataset_race_fix_net"]
-    net["only"] = {dag_id}
+    # The net's findings (kept in the log table until consumed): a late commit below its latest
+    # run that the next loop's floors do not read. Found, its decision reads from there.
     late_found = dag_id in runner._dags_with_stranded_dataset_events(session)
-    net["only"] = set()
     by_net = False
     if late_found:
         (with_net,), _ = runner._decide_dataset_triggered_runs([dag_model], info, session)
@@ -303,7 +300,7 @@ def explain(
     rows = {
         name: [i.run_id if hasattr(i, "run_id") else i.event_id for i in getattr(found, name)
                if not (name == "suspected_lost" and i.event_id in pending_ids)]
-        for name in invariant.FINDINGS
+        for name in invariant.FINDINGS if name != "not_queued_unpaused"  # a count: the verdict tells of those
     }
     return {
         "schema": SCHEMA,

@@ -40,7 +40,8 @@ from airflow.utils.types import DagRunType
 # What the tests require to be zero with the fix, after a drain.
 VIOLATIONS = ("lost", "doubled", "empty_runs", "out_of_order", "lingering")
 # What the audit reports as damage in a live deployment's history.
-FINDINGS = ("suspected_lost", "doubled", "empty_runs", "out_of_order", "future_dated", "overlapping_intervals")
+FINDINGS = ("suspected_lost", "not_queued_unpaused", "doubled", "empty_runs", "out_of_order", "future_dated",
+            "overlapping_intervals")
 
 # DAGs per query: large enough for few round trips, small enough for a live progress display.
 DAG_BATCH = 20
@@ -60,6 +61,7 @@ class DagReport:
     consumed: int = 0
     runs: int = 0
     lost: int = 0
+    not_queued_unpaused: int = 0  # of lost: not suspected lost, of an unpaused DAG (a paused one queues none)
     suspected_lost: int = 0
     doubled: int = 0
     empty_runs: int = 0
@@ -369,6 +371,8 @@ class _Scan:
         self._uris = dict(self.session.execute(select(DatasetModel.id, DatasetModel.uri)).all())
         done = 0
         for batch in _batches(dag_ids):
+            self.unpaused = set(self.session.scalars(select(DagModel.dag_id).where(
+                DagModel.dag_id.in_(batch), ~DagModel.is_paused, DagModel.is_active)))
             self._events(batch)
             self._runs(batch)
             self._queue(batch)
@@ -437,6 +441,7 @@ class _Scan:
             report.doubled += e.doubled
             report.lost += e.lost
             report.suspected_lost += e.suspected_lost
+            report.not_queued_unpaused += bool(e.lost and not e.suspected_lost and e.dag_id in self.unpaused)
             timestamp = _utc(e.timestamp)
             if e.lost or e.suspected_lost:
                 self._strand(e, timestamp)
@@ -455,6 +460,7 @@ class _Scan:
             self.reports[dag_id].consumed -= count
             if count and (dag_id, dataset_id) not in queued:  # lost: as _strand groups them
                 self.reports[dag_id].lost += count
+                self.reports[dag_id].not_queued_unpaused += count if dag_id in self.unpaused else 0
                 self.groups[dag_id, dataset_id] = StrandedGroup(
                     dag_id, dataset_id, self.uri(dataset_id), count, 0, count, _utc(oldest), _utc(newest), None)
 

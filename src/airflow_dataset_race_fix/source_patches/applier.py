@@ -152,7 +152,7 @@ def load_series(patches_dir: Path) -> list[PatchFile]:
         except (OSError, UnicodeDecodeError, unidiff.PatchError) as err:
             raise Refused(
                 f"patch file {path} cannot be read as a patch ({err}); restore it from the repository "
-                "or regenerate it with 'airflow-dataset-race-fix generate-patches'; nothing was changed"
+                "or regenerate it there with 'python -m tools.patchgen'; nothing was changed"
             ) from err
         series.append(PatchFile(name, path, text, files))
     if not series:
@@ -236,8 +236,8 @@ def _forward(target: Target, pristine: bytes, version: str) -> str:
                     raise Refused(
                         f"patch file {patch.path} does not fit the pristine {target.path} of "
                         f"apache-airflow {version} ({err}); it was edited by hand or belongs to another "
-                        "release: restore it from the repository or regenerate it with "
-                        "'airflow-dataset-race-fix generate-patches'; nothing was changed"
+                        "release: restore it from the repository or regenerate it there with "
+                        "'python -m tools.patchgen'; nothing was changed"
                     ) from err
     return text
 
@@ -312,7 +312,7 @@ def _inspect_target(target: Target, inspection: Inspection, manifest: dict) -> N
             f"(airflow-dataset-race-fix {__version__}): it makes the pristine {target.path} of apache-airflow "
             f"{inspection.version} into sha256 {found}, not the sha256 {target.verified.patched} that "
             f"{inspection.patches_dir / VERIFIED} records. It was edited by hand or is stale. Restore it "
-            "from the repository or regenerate it with 'airflow-dataset-race-fix generate-patches'; "
+            "from the repository or regenerate it there with 'python -m tools.patchgen'; "
             "nothing was changed"
         )
     if current is None:

@@ -158,6 +158,7 @@ def add_findings(session: Session, found: list[dict[str, Any]], now) -> None:
     for row in explained:
         report = by_dag.get(row["dag_id"])
         findings = dict(report.findings()) if report is not None else {}
+        findings.pop("not_queued_unpaused", None)  # as on the DAG page: its verdict tells of those events
         taken = sum(1 for t in row["_late"] if t >= since)
         if taken and findings.get("suspected_lost"):
             findings["suspected_lost"] = max(0, findings["suspected_lost"] - taken)

@@ -26,9 +26,9 @@ _in_task = False  # a task command runs here: its Job is a task's, even in a chi
 @hookimpl
 def on_starting(component) -> None:
     global _in_task
-    from airflow_dataset_race_fix import evidence, runtime
+    from airflow_dataset_race_fix import evidence, runtime, verdict
 
-    runtime.announce_process()
+    verdict.announce_process()
     _in_task = _in_task or type(component).__name__ == "TaskCommandMarker"
     command = None if _in_task else runtime.command_name()
     if command in ("scheduler", "triggerer", "dag-processor") and hasattr(component, "start_date"):
@@ -37,9 +37,9 @@ def on_starting(component) -> None:
 
 @hookimpl
 def on_task_instance_running(previous_state, task_instance) -> None:
-    from airflow_dataset_race_fix import evidence, runtime
+    from airflow_dataset_race_fix import evidence, verdict
 
-    runtime.announce_process()
+    verdict.announce_process()
     evidence.mark_producer(task_instance)
 
 
@@ -52,10 +52,10 @@ class DatasetRunsPlugin(AirflowPlugin):
     @property
     def appbuilder_views(self):  # the webserver's question; imports Flask AppBuilder only then
         if "_views" not in vars(self):
-            from airflow_dataset_race_fix import evidence, runtime
+            from airflow_dataset_race_fix import evidence, runtime, verdict
             from airflow_dataset_race_fix.web.views import DatasetRunsView, fix_active_here
 
-            runtime.announce_process()  # each webserver worker: it serves the REST API's dataset events
+            verdict.announce_process()  # each webserver worker: it serves the REST API's dataset events
             if runtime.command_name() != "":  # gunicorn's worker, not a short 'airflow users ...' command
                 evidence.mark_component("webserver")
                 fix_active_here()  # judged as the worker starts (it reads source: 0.3 s), not in its first request

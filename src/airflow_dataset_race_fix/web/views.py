@@ -224,15 +224,14 @@ class DatasetRunsView(BaseView):
     @has_access_view()
     def deployment(self):
         """Which processes ran the fix over the last ``hours`` (``airflow-dataset-race-fix deployment``)."""
-        from datetime import timedelta
-
-        from airflow.utils import timezone
-
         from airflow_dataset_race_fix.diagnostics import deployment
 
-        hours = min(max(request.args.get("hours", 24.0, type=float), 0.1), 24 * 31.0)
+        try:
+            hours = deployment.period_hours(request.args.get("hours", "24"))
+        except ValueError as err:
+            abort(400, description=str(err))
         with _read_only_session() as session:
-            found = deployment.collect(session, timezone.utcnow() - timedelta(hours=hours))
+            found = deployment.collect(session, hours)
         readable = set(_permitted(sorted({r["dag_id"] for r in found["producers"] if r["dag_id"]}), _Access()))
         found["producers"] = [r for r in found["producers"] if r["dag_id"] is None or r["dag_id"] in readable]
         return self.render_template("dataset_race_fix/deployment.html", found=found, hours=hours)

@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any, Callable, Collection
 
 from sqlalchemy import and_, delete, func, or_, select
 
+from airflow.models import Log
 from airflow.models.dag import DagModel
 from airflow.models.dagrun import DagRun
 from airflow.models.dataset import (
@@ -78,9 +79,10 @@ class SchedulerJobRunner:
             dag for dag in all_dags_needing_dag_runs if dag.dag_id in dataset_triggered_dag_info
         ]
         non_dataset_dags = all_dags_needing_dag_runs.difference(dataset_triggered_dags)
-        self._create_dag_runs(non_dataset_dags, session)
-        # and the DAGs whose new events have no queue row (the sweep): decided the same way
+        # and the DAGs the sweep and the net bring in, decided the same way: before this loop writes (the net commits
+        # what it finds on a connection of its own, which SQLite's one writer would make wait behind this loop)
         dataset_triggered_dags += self._dags_with_unqueued_dataset_events(dataset_triggered_dag_info, session)
+        self._create_dag_runs(non_dataset_dags, session)
         if dataset_triggered_dags:
             self._create_dag_runs_dataset_triggered(
                 dataset_triggered_dags, dataset_triggered_dag_info, session
@@ -149,7 +151,7 @@ class SchedulerJobRunner:
         stranded = self._dags_with_stranded_dataset_events(session)
         oldest_new = {dag_id: stamp for dag_id, stamp in stranded.items() if dag_id not in dataset_triggered_dag_info}
         sweep = self.__dict__.setdefault("_dataset_race_fix_sweep", {"at": time.monotonic(), "size": 50})  # not now
-        # a page a loop while 3 % of the time allows, sized to 1-2 ms (as the window pass's slices); tests: every loop
+        # a page a loop while 3 % of the time allows, sized to 1-2 ms; tests: every loop
         paced = interval > 0 and self._dataset_step_credit(sweep) < 0
         if not paced and (sweep.get("todo") or time.monotonic() - sweep["at"] >= interval):
             if not sweep.get("todo"):  # a round starts: its clock read once, its DAGs read by the first page
@@ -222,11 +224,11 @@ class SchedulerJobRunner:
     ) -> list[DagModel]:
         """
         Of ``oldest_new``'s DAGs, at most ``max_dagruns_to_create_per_loop`` that can run, oldest event first, locked
-        ``SKIP LOCKED`` as ``dags_needing_dagruns`` does (explain: no lock); the net forgets DAGs gone or inactive.
+        ``SKIP LOCKED`` as ``dags_needing_dagruns`` does (explain: no lock).
         """
         from sqlalchemy import false, true
 
-        dag_ids, can_run, present = sorted(oldest_new), [], set()
+        dag_ids, can_run = sorted(oldest_new), []
         for start in range(0, len(dag_ids), 500):
             chunk = dag_ids[start : start + 500]
             running = DagRun.state.in_((DagRunState.QUEUED, DagRunState.RUNNING))
@@ -236,13 +238,9 @@ class SchedulerJobRunner:
                 select(DagModel.dag_id, DagModel.is_paused, DagModel.has_import_errors, DagModel.max_active_runs)
                 .where(DagModel.dag_id.in_(chunk), DagModel.is_active == true())
             ):
-                present.add(dag_id)
                 room = max_active_runs is None or active_runs.get(dag_id, 0) < max_active_runs
                 if room and not is_paused and not has_import_errors:  # one that cannot run takes no place
                     can_run.append(dag_id)
-        found = self.__dict__.get("_dataset_race_fix_net", {}).get("found", {})
-        for gone in set(dag_ids) - present:
-            found.pop(gone, None)
         picked = sorted(can_run, key=lambda dag_id: (oldest_new[dag_id], dag_id))[: DagModel.NUM_DAGS_PER_DAGRUN_QUERY]
         if not picked:
             return []
@@ -253,27 +251,96 @@ class SchedulerJobRunner:
 
     def _dags_with_stranded_dataset_events(self, session: Session) -> dict[str, datetime]:
         """
-        The net (BUG_REPORT, "The net"): ``{dag_id: oldest such stamp}`` of the DAGs with an unconsumed event below
-        where their next read starts. ``net_look_interval_seconds`` 0 (tests): a look every loop, windows at once.
+        The net (BUG_REPORT, "The net"): ``{dag_id: oldest such stamp}`` of the DAGs with a finding, an unconsumed
+        event below where their next read starts, whose condition holds with it. ``net_look_interval_seconds`` 0
+        (tests): a look every loop. ``read_only`` (explain): no look, nothing written, the findings read.
         """
         net = self.__dict__.setdefault("_dataset_race_fix_net", {})
-        found: dict[str, dict[int, datetime]] = net.setdefault("found", {})
-        only = net.get("only")  # explain: these DAGs' windows read through at once, nothing followed
         interval = self._dataset_manager()._dataset_race_fix_setting("net_look_interval_seconds")
-        if only is None and time.monotonic() - net.get("looked_at", float("-inf")) >= interval:
-            net["looked_at"] = time.monotonic()
-            self._follow_dataset_event_ids(net, session)
-        if only is not None or net.get("window_order", True):  # (the pass done: an empty order)
-            self._read_dataset_windows_once(net, only, session, at_once=only is not None or not interval)
-        return {dag_id: min(stamps.values()) for dag_id, stamps in found.items() if stamps}
+        looked = not net.get("read_only") and time.monotonic() - net.get("looked_at", float("-inf")) >= interval
+        finds: list[tuple[str, int, int, datetime]] = []
+        moved = ("high", "missing", "late", "looked_at")  # what a look moves
+        followed = {key: net[key].copy() if key in ("missing", "late") else net[key] for key in moved if key in net}
+        try:
+            if looked:
+                net["looked_at"] = time.monotonic()
+                finds = self._follow_dataset_event_ids(net, session)
+            if finds or looked or "findings" not in net:
+                net["findings"] = self._dataset_findings(finds, session)
+        except BaseException:  # a look is undone until its findings are kept: the retried loop looks again
+            for key in moved:
+                net.pop(key, None)
+            net.update(followed)
+            raise
+        if looked:  # after the findings are kept: a restart never starts above a find that was not
+            self._dataset_follow_mark(net, session)
+        return self._dags_ready_by_findings(net["findings"], session)
 
-    def _follow_dataset_event_ids(self, net: dict[str, Any], session: Session) -> None:
+    def _dataset_findings(
+        self, finds: list[tuple[str, int, int, datetime]], session: Session
+    ) -> dict[str, dict[int, tuple[datetime, list[int]]]]:
+        """
+        Findings kept until the run that consumes them commits (BUG_REPORT, "The net"): ``finds`` (dag_id, dataset_id,
+        event_id, stamp) written, the oldest per DAG and dataset, committed on a connection of their own (a new ``log``
+        row locks nothing that others wait for); then the oldest 500 read, ``{dag_id: {dataset_id: (stamp, row ids)}}``.
+        """
+        oldest: dict[tuple[str, int], tuple[datetime, int]] = {}
+        for dag_id, dataset_id, event_id, stamp in finds:
+            oldest[dag_id, dataset_id] = min(oldest.get((dag_id, dataset_id), (stamp, event_id)), (stamp, event_id))
+        if oldest:
+            rows = [
+                {"dttm": timezone.utcnow(), "event": "dataset-race-fix-finding", "dag_id": dag_id,
+                 "map_index": dataset_id, "execution_date": stamp, "extra": f'{{"event_id": {int(event_id)}}}'}
+                for (dag_id, dataset_id), (stamp, event_id) in sorted(oldest.items())
+            ]
+            with session.get_bind().engine.begin() as connection:
+                connection.execute(Log.__table__.insert(), rows)
+            self.log.info("dataset-race-fix: the net found late dataset event(s), kept until a run consumes them "
+                          "(dag_id, dataset_id, event id, stamp): %s", finds)
+        findings: dict[str, dict[int, tuple[datetime, list[int]]]] = defaultdict(dict)
+        read = select(Log.id, Log.dag_id, Log.map_index, Log.execution_date).where(
+            Log.event == "dataset-race-fix-finding"
+        )
+        for row_id, dag_id, dataset_id, stamp in session.execute(read.order_by(Log.id).limit(500)):
+            found_stamp, row_ids = findings[dag_id].get(dataset_id, (stamp, []))
+            findings[dag_id][dataset_id] = (min(found_stamp, stamp), [*row_ids, row_id])
+        return findings
+
+    def _dags_ready_by_findings(
+        self, findings: dict[str, dict[int, tuple[datetime, list[int]]]], session: Session
+    ) -> dict[str, datetime]:
+        """
+        Of the DAGs with findings, those whose condition holds on the datasets with a finding or a queue row: an AND
+        condition still waiting keeps its finding and is left to the loops that bring its partner's row in.
+        """
+        if not findings:
+            return {}
+        queued: dict[str, set[str]] = defaultdict(set)  # their queue rows' dataset URIs
+        dag_ids = sorted(findings)  # at most 500 (``_dataset_findings``), and their datasets: a statement each
+        rows = select(DatasetDagRunQueue.target_dag_id, DatasetModel.uri).join(DatasetDagRunQueue.dataset)
+        for dag_id, uri in session.execute(rows.where(DatasetDagRunQueue.target_dag_id.in_(dag_ids))):
+            queued[dag_id].add(uri)
+        found = select(DatasetModel.id, DatasetModel.uri).where(DatasetModel.id.in_(set().union(*findings.values())))
+        uris = dict(session.execute(found).all())
+        ready = {}
+        for dag_id in dag_ids:
+            dag = self.dagbag.get_dag(dag_id, session=session)
+            if dag is None or not isinstance(dag.timetable, DatasetTriggeredTimetable):
+                continue  # gone, or scheduled otherwise now: its findings wait in the table
+            statuses = dict.fromkeys(queued[dag_id] | {uris[i] for i in findings[dag_id] if i in uris}, True)
+            try:
+                if not dag.timetable.dataset_condition.evaluate(statuses):
+                    continue
+            except AttributeError:  # serialized before 2.9: skipped, as dags_needing_dagruns does
+                continue
+            ready[dag_id] = min(stamp for stamp, _ in findings[dag_id].values())
+        return ready
+
+    def _follow_dataset_event_ids(self, net: dict[str, Any], session: Session) -> list[tuple[str, int, int, datetime]]:
         """
         The net's look at the event ids that became visible since the last (BUG_REPORT, "The net"): a late one's
-        consumers that have not consumed it and whose next read may start above it are found.
+        consumers that have not consumed it and whose next read may start above it, (dag_id, dataset_id, id, stamp).
         """
-        from sqlalchemy import true
-
         from airflow.models.dataset import association_table
 
         manager = self._dataset_manager()
@@ -282,20 +349,14 @@ class SchedulerJobRunner:
         columns = (DatasetEvent.id, DatasetEvent.dataset_id, DatasetEvent.timestamp)
         missing: dict[int, float] = net.setdefault("missing", {})  # id -> when it was first missed (monotonic)
         looked_at, high = time.monotonic(), net.get("high")
-        if high is None:  # a new process: the last ids not there yet may still commit (SQLite: none, ids in order)
-            net["high"] = high = session.scalar(select(func.max(DatasetEvent.id))) or 0
-            ids, bucket = DatasetEvent.id, (DatasetEvent.id - DatasetEvent.id % 1000).label("bucket")
-            # counted by the thousand, read only where some are absent (10 000 ids as rows cost 15-25 ms); closed: the
-            # key's index on tables never analyzed; from the oldest there: ids below it were deleted (db clean)
-            counts = select(bucket, func.count(), func.min(ids)).where(ids.between(high - 9_999, high)).group_by(bucket)
-            counted = session.connection().execute(counts).all() if session.bind.dialect.name != "sqlite" else []
-            oldest = min((row[2] for row in counted), default=high)
-            for start, count, _ in counted:
-                first, last = max(start, oldest), min(start + 999, high)
-                if count < last - first + 1:
-                    there = session.connection().execute(select(ids).where(ids.between(first, last))).scalars().all()
-                    missing.update(dict.fromkeys(set(range(first, last + 1)) - set(there), looked_at))
-            return
+        followed = self._dataset_follow_mark(net, session) if high is None else None
+        if followed is not None:  # on from where the processes before it followed the ids
+            net["high"] = followed["high"]
+            missing.update(dict.fromkeys(followed["missing"], looked_at))
+            return []
+        if high is None:  # a first start (no mark): the last 10 000 ids read again, as if they had just appeared
+            net["high"] = max(0, (session.scalar(select(func.max(DatasetEvent.id))) or 0) - 10_000)
+            return []
         # At most 5 000 new and 1 000 missing ids a loop: a backlog is read in the loops after. The lowest new id by
         # min() (the key's index whatever the statistics: an open range was a sequential scan on tables never analyzed)
         first = session.scalar(select(func.min(DatasetEvent.id)).where(DatasetEvent.id > high))
@@ -314,113 +375,100 @@ class SchedulerJobRunner:
             for row in session.connection().execute(probed):
                 appeared.append(row)
                 missing.pop(row.id, None)
-        kept = sorted(i for i, at in missing.items() if looked_at - at <= forget_after)[-10_000:]  # the newest
-        net["missing"] = {i: missing[i] for i in kept}
-        if not appeared:
-            return
-        # the clock read after the look: every event seen committed before it
-        slow_before = manager._database_now(session) - latency
-        late = net.setdefault("late", [])  # checked at most 50 a look (their consumers' probes), 100 000 kept
-        late += [tuple(row) for row in appeared if row.timestamp < slow_before][: 100_000 - len(late)]
-        events, net["late"] = late[:50], late[50:]
-        if not events:
-            return
-        # Each event's consumers with a dataset-triggered run, not below their oldest (db clean), and the links.
+        recent = sorted(i for i, at in missing.items() if looked_at - at <= forget_after)
+        net["missing"] = {i: missing[i] for i in recent[-10_000:]}  # the newest
+        late = net.setdefault("late", [])  # probed 5 to 1 000 a look, 100 000 kept
+        if appeared:  # the clock read after the look: every event seen committed before it
+            slow_before = manager._database_now(session) - latency
+            late += [tuple(row) for row in appeared if row.timestamp < slow_before]
+        aged = len(missing) - len(recent)  # rolled back, or a COMMIT beyond reach (docs/settings.md)
+        capped = max(0, len(recent) - 10_000) + max(0, len(late) - 100_000)
+        if aged or capped:
+            Stats.incr("dataset_race_fix.net_ids_dropped", aged + capped)
+            self.log.info("dataset-race-fix: the net no longer follows %d id(s) missing for event_lookback_seconds "
+                          "and drops %d past its caps", aged, capped)
+        if len(late) > 100_000:  # the late events past the cap are read again, as new, when the net gets there
+            net["high"] = min(net["high"], min(event[0] for event in late[100_000:]) - 1)
+        # late events probed a look: 5 to 1 000, sized to take 1-2 ms, the newest first (a start's backlog after)
+        size, late, started = net.get("probe_size", 10), late[:100_000], time.monotonic()
+        events, net["late"] = late[len(late) - size :][::-1], late[: max(0, len(late) - size)]
+        # Each event's consumers with a dataset-triggered run, not below their oldest (db clean), and the links of those
+        # it lies below: after a restart most lie above every run, and their links are not read.
         reference = DagScheduleDatasetReference
         latest_run, oldest_run = (self._latest_dataset_run_date(reference.dag_id, oldest) for oldest in (False, True))
+        consumers = select(reference.dag_id, reference.dataset_id, latest_run, oldest_run)
+        checked: dict[tuple[str, int], tuple[Any, ...]] = self.__dict__.get("_dataset_race_fix_checked", {})
         consumers_of: dict[int, list[tuple[str, Any, Any]]] = defaultdict(list)
-        for dag_id, dataset_id, latest, oldest in session.execute(
-            select(reference.dag_id, reference.dataset_id, latest_run, oldest_run)
-            .join(DagModel, DagModel.dag_id == reference.dag_id)
-            .where(reference.dataset_id.in_({event[1] for event in events}), DagModel.is_active == true())
-        ):
-            if latest is not None:
-                consumers_of[dataset_id].append((dag_id, latest, oldest))
+        datasets = sorted({event[1] for event in events})
+        for start in range(0, len(datasets), 500):  # every consumer, paused or inactive too: a finding waits for it
+            for dag_id, dataset_id, latest, oldest in session.execute(
+                consumers.where(reference.dataset_id.in_(datasets[start : start + 500]))
+            ):
+                remembered = checked.get((dag_id, dataset_id), (None, None, None))[2]
+                if latest is not None:  # below this, an event is below where the DAG's next read starts
+                    consumers_of[dataset_id].append((dag_id, max(latest, remembered or latest), oldest))
+        below = [
+            (dag_id, dataset_id, event_id, stamp)
+            for event_id, dataset_id, stamp in events
+            for dag_id, top, oldest in consumers_of[dataset_id]
+            if oldest <= stamp <= top
+        ]
         link = association_table.c
         links = select(link.event_id, DagRun.dag_id).join(DagRun, DagRun.id == link.dag_run_id)
-        consumed = set(session.execute(links.where(link.event_id.in_([event[0] for event in events]))).all())
-        checked: dict[tuple[str, int], tuple[Any, ...]] = self.__dict__.get("_dataset_race_fix_checked", {})
-        found: dict[str, dict[int, datetime]] = net["found"]
-        for event_id, dataset_id, stamp in events:
-            for dag_id, latest, oldest in consumers_of[dataset_id]:
-                remembered = checked.get((dag_id, dataset_id), (None, None, None))[2]
-                below = stamp <= latest or (remembered and stamp < remembered)
-                if (event_id, dag_id) not in consumed and below and stamp >= oldest:
-                    stamps = found.setdefault(dag_id, {})
-                    stamps[dataset_id] = min(stamps.get(dataset_id, stamp), stamp)
+        event_ids, consumed = sorted({find[2] for find in below}), set()
+        for start in range(0, len(event_ids), 500):
+            consumed.update(session.execute(links.where(link.event_id.in_(event_ids[start : start + 500]))).all())
+        took = time.monotonic() - started
+        if len(events) == size and took < 0.001:
+            net["probe_size"] = min(1_000, size * 2)
+        elif took > 0.002:
+            net["probe_size"] = max(5, size // 2)
+        return [find for find in below if (find[2], find[0]) not in consumed]
 
-    def _read_dataset_windows_once(
-        self, net: dict[str, Any], only: set[str] | None, session: Session, at_once: bool = False
-    ) -> None:
+    def _dataset_follow_mark(self, net: dict[str, Any], session: Session) -> dict[str, Any] | None:
         """
-        The net after a start (BUG_REPORT, "The net"): each reference's window read once for unconsumed events, quiet
-        DAGs first, a step (10 DAGs' references, or a slice of 1-2 ms) a loop while the steps took under 3 % of
-        the time (``only``: explain's DAGs, at once).
+        Where the ids were followed, kept for the next process (a restart, a scheduler taking over; BUG_REPORT, "The
+        net"): a ``log`` row with ``event`` "dataset-race-fix-followed" and ``extra`` the highest id seen (below the
+        late events not probed yet) and the ids missing below it. In a new process: the last processes' marks (within
+        ``event_lookback_seconds`` of the newest) as one, the lowest high and every missing id, None if none; after: this process's mark written again where it
+        moved, at most every 5 s, in a transaction and on a connection of its own.
         """
-        from sqlalchemy import bindparam, false, true
+        import json
 
-        def window_page() -> Any:  # a page's references, built once a process (0.5 ms of a page's 2 ms)
-            reference, page = DagScheduleDatasetReference, bindparam("page", expanding=True)
-            latest_run, oldest_run = (self._latest_dataset_run_date(reference.dag_id, old) for old in (False, True))
-            return (select(reference.dag_id, reference.dataset_id, latest_run, oldest_run)
-                    .join(DagModel, DagModel.dag_id == reference.dag_id)  # (with a run: compared below, not in SQL,
-                    .where(DagModel.is_paused == false(), DagModel.is_active == true())  # which evaluated it twice)
-                    .where(reference.dag_id.in_(page), DagModel.dag_id.in_(page)))  # both: by their indexes
-
-        credit = self._dataset_step_credit(net)
-        if only is not None:
-            net["windows"], net["pages"] = {}, [sorted(only)]
-        elif "pages" not in net:
-            if credit <= 0 and not at_once:
-                return
-            started = time.monotonic()
-            unpaused = select(DagModel.dag_id).where(DagModel.is_paused == false(), DagModel.is_active == true())
-            dag_ids = sorted(session.connection().execute(unpaused).scalars())  # (Core rows: ORM ones 3 ms at 1 000)
-            net["windows"], net["pages"] = {}, [dag_ids[i : i + 10] for i in range(0, len(dag_ids), 10)]
-            credit -= time.monotonic() - started
-        windows, pages, paged = net["windows"], net["pages"], False
-        while pages and (at_once or (credit > 0 and not paged)):  # a step a loop at most
-            paged, started, page = True, time.monotonic(), pages.pop(0)  # references of 10 DAGs
-            rows = session.execute(self._dataset_statement(("window page",), window_page), {"page": page})
-            windows.update(((dag, dataset), (latest, oldest)) for dag, dataset, latest, oldest in rows if latest)
-            credit -= time.monotonic() - started
-            if not pages:
-                net["window_order"] = sorted(windows, key=lambda key: (windows[key][0], key))
-        order = net.get("window_order", [])
-        lookback = timedelta(seconds=self._dataset_manager()._dataset_race_fix_setting("event_lookback_seconds"))
-        found: dict[str, dict[int, datetime]] = net["found"]
-        while order and (at_once or (credit > 0 and not paged)):
-            (dag_id, dataset_id), size = order[0], net.get("slice_size", 100)
-            latest, oldest = windows[(dag_id, dataset_id)]
-            start = net.get("cursor") or max(latest - lookback, oldest)  # never below db clean's runs
-            slice_started = time.monotonic()
-            events_from, runs_of, consumed_of = self._dataset_statement(("window slice",), self._stranded_events_slice)
-            params = {"dataset_id": dataset_id, "start": start, "end": latest, "dag_id": dag_id, "size": size}
-            rows = session.connection().execute(events_from, params).all()
-            runs, consumed = list(session.scalars(runs_of, params)) if rows else [], set()
-            params.update(low=min(ids := [row[0] for row in rows], default=0), high=max(ids, default=0))
-            for first in range(0, len(runs), 500):  # SQLite before 3.32: 999 variables
-                consumed.update(session.scalars(consumed_of, {**params, "runs": runs[first : first + 500]}))
-            for event_id, stamp, oldest_now in rows:  # the oldest left, not below the oldest run now (db clean)
-                if event_id not in consumed and oldest_now is not None and stamp >= oldest_now:
-                    stamps = found.setdefault(dag_id, {})
-                    stamps[dataset_id] = min(stamps.get(dataset_id, stamp), stamp)
-                    break
-            took = time.monotonic() - slice_started
-            credit -= took
-            # halve or double, 100 to 1 000 events: 1-2 ms a slice, a stock loop at most (fewer events cost as much)
-            net["slice_size"] = max(100, size // 2) if took > 0.002 else min(1000, size * 2) if took < 0.001 else size
-            if len(rows) < size:  # the window read through
-                order.pop(0)
-            # on from this slice's newest stamp, for its ties (one microsecond on if all share it)
-            net["cursor"] = max(rows[-1][1], start + timedelta(microseconds=1)) if len(rows) == size else None
-            if not at_once:
-                break  # a slice a loop at most
-        net["credit"] = credit
+        manager = self._dataset_manager()
+        lookback = timedelta(seconds=manager._dataset_race_fix_setting("event_lookback_seconds"))
+        mark = "dataset-race-fix-followed"
+        if "high" not in net:  # the last processes' marks: written within the look-back of the newest, however old
+            marks = session.execute(select(Log.dttm, Log.extra).where(Log.event == mark)).all()
+            newest = max((dttm for dttm, _ in marks), default=None)
+            marks = [json.loads(extra) for dttm, extra in marks if dttm >= newest - lookback]
+            if not marks:
+                return None
+            return {"high": min(m["high"] for m in marks), "missing": set().union(*(m["missing"] for m in marks))}
+        # late events not probed yet are read again from the lowest of them by the next process
+        high = min([net["high"], *(event[0] - 1 for event in net.get("late", ()))])
+        followed = {"high": high, "missing": sorted(i for i in net["missing"] if i <= high)}
+        interval = manager._dataset_race_fix_setting("net_look_interval_seconds")
+        if followed == net.get("marked") or (interval and time.monotonic() - net.get("marked_at", float("-inf")) < 5):
+            return None
+        now = manager._database_now(session)
+        row = {"dttm": now, "event": mark, "extra": json.dumps(followed)}
+        with session.get_bind().engine.begin() as connection:
+            if "mark_id" in net:
+                connection.execute(Log.__table__.update().where(Log.id == net["mark_id"]).values(row))
+            else:
+                net["mark_id"] = connection.execute(Log.__table__.insert().values(row)).inserted_primary_key[0]
+            # the marks of processes gone for longer than the look-back (nothing reads them), by idx_log_event
+            marks = connection.execute(select(Log.id, Log.dttm).where(Log.event == mark)).all()
+            gone = [mark_id for mark_id, dttm in marks if dttm < now - lookback]
+            if gone:
+                connection.execute(delete(Log).where(Log.id.in_(gone[:500])))
+        net["marked"], net["marked_at"] = followed, time.monotonic()
+        return None
 
     @staticmethod
     def _dataset_step_credit(state: dict[str, Any]) -> float:
-        """A paced step's credit (the window pass, the sweep): 3 % of the time since the last call, a step saved up."""
+        """A paced step's credit (the sweep's pages): 3 % of the time since the last call, a step saved up."""
         now = time.monotonic()  # (10 ms saved up made a burst of steps in the loops after a pause: the median)
         state["credit"] = min(state.get("credit", 0.0) + 0.03 * (now - state.get("credit_at", now)), 0.002)
         state["credit_at"] = now
@@ -441,31 +489,6 @@ class SchedulerJobRunner:
         searched = searched.where(DagRun.run_type == DagRunType.DATASET_TRIGGERED).order_by(order).limit(1)
         return func.coalesce(first_if_dataset_triggered, searched.scalar_subquery())
 
-    @classmethod
-    def _stranded_events_slice(cls) -> tuple[Any, Any, Any]:
-        """
-        A window slice (``dataset_id``, ``start`` to ``end``, ``size`` events) with the oldest dataset-triggered run of
-        ``dag_id``; its runs dated from ``start`` on (a run is dated at or after what it consumes:
-        ``_choose_dataset_run``, stock's window); and which of ids ``low`` to ``high`` the ``runs`` consumed.
-        """
-        from sqlalchemy import bindparam
-
-        from airflow.models.dataset import association_table
-
-        oldest_run = cls._latest_dataset_run_date(bindparam("dag_id"), oldest=True)
-        start, end, size = bindparam("start"), bindparam("end"), bindparam("size")
-        events = select(DatasetEvent.id, DatasetEvent.timestamp, oldest_run)
-        events = events.where(DatasetEvent.dataset_id == bindparam("dataset_id"), DatasetEvent.timestamp >= start)
-        events = events.where(DatasetEvent.timestamp <= end).order_by(DatasetEvent.timestamp).limit(size)
-        # Per run, its links by primary key (dag_run_id, event_id) within the slice's ids: the DAG's runs and the
-        # slice's links, not each event's links to every consumer (the event_id index: fan-out x events). The runs
-        # bound as a list, not joined: MariaDB probes a joined table's key by its equalities only (all a run's links).
-        # EXPLAIN, tables never analyzed: a range of the key per run on PostgreSQL, MariaDB and SQLite alike.
-        runs = select(DagRun.id).where(DagRun.dag_id == bindparam("dag_id"), DagRun.execution_date >= start)
-        link, in_slice = association_table.c, (bindparam("low"), bindparam("high"))
-        consumed = select(link.event_id).where(link.dag_run_id.in_(bindparam("runs", expanding=True)))
-        return events, runs, consumed.where(link.event_id.between(*in_slice))
-
     def _decide_dataset_triggered_runs(
         self, dag_models: Collection[DagModel], dataset_triggered_dag_info: dict[str, tuple[datetime, datetime]],
         session: Session,
@@ -482,8 +505,9 @@ class SchedulerJobRunner:
         state = self._read_dataset_decision_state(sorted(dm.dag_id for dm in dag_models), session)
         lookback = timedelta(seconds=manager._dataset_race_fix_setting("event_lookback_seconds"))
         commit_latency = timedelta(seconds=manager._dataset_race_fix_setting("commit_latency_seconds"))
-        # DAGs the net found a late commit for: their next decision reads from its stamp.
-        net_found: dict[str, dict[int, datetime]] = self.__dict__.get("_dataset_race_fix_net", {}).get("found", {})
+        # The net's findings: a decision reads from their stamps, and they go with the run that consumes them.
+        net = self.__dict__.get("_dataset_race_fix_net", {})
+        findings: dict[str, dict[int, tuple[datetime, list[int]]]] = net.get("findings", {})
         # Nothing dated further ahead of the database's clock (a stock producer's host clock) dates a run.
         horizon = state.database_now + timedelta(seconds=manager._dataset_race_fix_setting("max_event_ahead_seconds"))
         consumed_rows: list[tuple[int, str, Any]] = []  # deleted at the end, as read
@@ -507,7 +531,8 @@ class SchedulerJobRunner:
                 dag.dag_id, (None,) * 4
             )
             dataset_ids = sorted(state.dataset_ids_of[dag.dag_id])
-            found_late = net_found.pop(dag.dag_id, {}) if latest_run_date is not None else {}
+            found = findings.get(dag.dag_id, {})
+            found_late = {dataset_id: stamp for dataset_id, (stamp, _) in found.items() if latest_run_date is not None}
             below_clock = None  # the clock behind the latest run (stepped back): read from the run before it, as stock
             if latest_run_date is not None and latest_run_date > state.database_now:
                 runs = select(DagRun.execution_date).where(DagRun.dag_id == dag.dag_id)
@@ -549,6 +574,12 @@ class SchedulerJobRunner:
                 decision["skipped"] = "serialized before Airflow 2.9"
                 continue
             consumed_rows += [(d, dag.dag_id, state.stored_as_read[(d, dag.dag_id)]) for d in choice.rows_done]
+            # a finding goes with the run, or once its dataset has nothing left to consume (consumed elsewhere)
+            with_events = {event.dataset_id for event in choice.events}
+            decision["findings_done"] = [
+                (dataset_id, row_ids) for dataset_id, (_, row_ids) in found.items()
+                if choice.execution_date is not None or dataset_id not in with_events
+            ]
             if choice.execution_date is None:
                 continue
             events = self._events_for_timetable(dag.timetable, choice.events, session)
@@ -746,9 +777,9 @@ class SchedulerJobRunner:
             if dataset_id in queued:  # a row written after the oldest run brings no event from below it (db clean's)
                 row = queued[dataset_id]
                 floor = min(floor, max(row - commit_latency, kept_from if row > kept_from else row - commit_latency))
-            if dataset_id in found_late:
-                floor = min(floor, found_late[dataset_id])
             floors[dataset_id] = max(floor, full_floor)
+            if dataset_id in found_late:  # the net's finding, however old: never below db clean's runs
+                floors[dataset_id] = min(floors[dataset_id], max(found_late[dataset_id], oldest_run_date or kept_from))
         return cls._DatasetFloors(floors, min(floors.values(), default=full_floor), full_read)
 
     def _remember_dataset_reads(
@@ -894,6 +925,16 @@ class SchedulerJobRunner:
             self._link_consumed_events(dag_run.id, [event.id for event in decision["events"]], session)
         if consumed_rows:
             self._delete_dataset_queue_rows_as_read(consumed_rows, session)
+        # the net's findings these decisions consumed or found consumed, as read (by primary key; in this transaction)
+        net_findings = self.__dict__.get("_dataset_race_fix_net", {}).get("findings", {})
+        done: list[int] = []
+        for decision in decisions:
+            for dataset_id, row_ids in decision.get("findings_done", ()):
+                done += row_ids
+                net_findings.get(decision["dag_id"], {}).pop(dataset_id, None)
+        for start in range(0, len(done), 500):
+            chunk = sorted(done)[start : start + 500]
+            session.execute(delete(Log).where(Log.id.in_(chunk)).execution_options(synchronize_session=False))
 
     @staticmethod
     def _link_consumed_events(dag_run_id: int, event_ids: list[int], session: Session) -> None:

@@ -1,0 +1,1 @@
+"""One module per bench case, named as ``--cases`` names it (``window-as-met`` is ``window_as_met``)."""
