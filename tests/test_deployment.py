@@ -1,10 +1,11 @@
 """
 Which processes of a deployment ran the fix (issue 48, "one place to see it"), on the session's
 database: simulated hosts (``[core] hostname_callable`` per process), each process a real
-``airflow`` command. host-a runs the fix (scheduler and a producer task), host-b has no
-airflow-dataset-race-fix at all (its entry points hidden: no plugin, no shim; a scheduler and a
-producer), host-c has the package with the fix switched off. ``deployment`` names host-b and
-host-c, says why, and exits 1; the marks cost one INSERT in a producer's transaction.
+``airflow`` command. host-a runs the fix (scheduler, triggerer, dag-processor, and a producer
+task twice), host-b has no airflow-dataset-race-fix at all (its entry points hidden: no plugin,
+no shim; a scheduler and a producer), host-c has the package with the fix switched off.
+``deployment`` names host-b and host-c, says why, and exits 1; a host writes one producer mark
+an hour and verdict, and a task forked from a LocalExecutor scheduler writes no scheduler mark.
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ def deployment(tmp_path_factory):
     import pendulum
 
     with create_session() as session:
-        for day, host in enumerate(("host-a", "host-b", "host-c"), start=1):
+        for day, host in enumerate(("host-a", "host-b", "host-c", "host-a-again"), start=1):
             producer.create_dagrun(run_id=f"adrf_deployment_{host}", state=DagRunState.RUNNING,
                                    execution_date=pendulum.datetime(2026, 2, day, tz="UTC"),
                                    run_type=DagRunType.MANUAL, session=session)
@@ -111,8 +112,11 @@ def deployment(tmp_path_factory):
     if BACKEND != "sqlite":  # Airflow refuses a standalone dag-processor on SQLite
         airflow("host-a", "fixed", "dag-processor", "--num-runs", "1")
     _run_triggerer_until_its_job_heartbeats(*command_and_env("host-a", "fixed", "triggerer"))
-    for host, kind in (("host-a", "fixed"), ("host-b", "without-package"), ("host-c", "off")):
-        airflow(host, kind, "tasks", "run", "adrf_deployment_producer", "emit", f"adrf_deployment_{host}", "--local")
+    runs = (("host-a", "fixed"), ("host-b", "without-package"), ("host-c", "off"), ("host-a-again", "fixed"))
+    for run, kind in runs:
+        host = run.removesuffix("-again")
+        airflow(host, kind, "tasks", "run", "adrf_deployment_producer", "emit", f"adrf_deployment_{run}",
+                "--local")
     return _deployment("--json", "--hours", "1")
 
 
@@ -163,7 +167,7 @@ def test_deployment_names_the_hosts_that_ran_without_the_fix(deployment):
     assert stock["fixed"] is False and stock["why"].startswith("no mark") and stock["stopped"] is not None
     producers = _ours(found["producers"])
     assert {host: (row["fixed"], row["events"], row["task_instances"]) for host, row in producers.items()} == {
-        "host-a": (True, 2, 1), "host-b": (False, 2, 1), "host-c": (False, 2, 1)}
+        "host-a": (True, 4, 2), "host-b": (False, 2, 1), "host-c": (False, 2, 1)}
     assert producers["host-b"]["why"].startswith("no mark")
     assert producers["host-c"]["why"] == "disabled by AIRFLOW_DATASET_RACE_FIX_DISABLED"
     assert producers["host-a"]["dag_id"] == "adrf_deployment_producer" and producers["host-a"]["task_id"] == "emit"
@@ -184,8 +188,9 @@ def test_the_documented_json_keys_are_the_printed_keys(deployment):
     assert documented == printed
 
 
-def test_a_producer_marks_once_inside_its_own_transaction(deployment):
-    """One mark a task instance (two outlets, two events), written with the events: the host-a task's."""
+def test_a_host_writes_one_producer_mark_an_hour_and_verdict(deployment):
+    """host-a ran two producer tasks, each in fresh processes: one mark, naming the task that wrote it;
+    host-c's (off) says why; host-b (no package) wrote none. No task wrote a component mark."""
     from sqlalchemy import select
 
     from airflow.models.log import Log
@@ -194,18 +199,22 @@ def test_a_producer_marks_once_inside_its_own_transaction(deployment):
     from airflow_dataset_race_fix.evidence import MARK_EVENT
 
     with create_session() as session:
-        marks = session.execute(select(Log.run_id, Log.task_id, Log.extra).where(
-            Log.event == MARK_EVENT, Log.dag_id == "adrf_deployment_producer")).all()
-    by_run = {run_id: json.loads(extra) for run_id, _, extra in marks}
-    assert sorted(run_id for run_id, _, _ in marks) == ["adrf_deployment_host-a", "adrf_deployment_host-c"]
-    assert by_run["adrf_deployment_host-a"]["host"] == "host-a" and by_run["adrf_deployment_host-a"]["fixed"] is True
-    assert by_run["adrf_deployment_host-c"]["fixed"] is False
+        marks = [(run_id, json.loads(extra)) for run_id, extra in session.execute(
+            select(Log.run_id, Log.extra).where(Log.event == MARK_EVENT))]
+    ours = [(run_id, mark) for run_id, mark in marks if mark["host"] in ("host-a", "host-b", "host-c")]
+    producers = sorted((m["host"], m["fixed"], run_id) for run_id, m in ours if m["component"] == "task")
+    assert producers == [("host-a", True, "adrf_deployment_host-a"),
+                         ("host-c", False, "adrf_deployment_host-c")]
+    assert [m for _, m in ours if m["component"] == "task" and m["host"] == "host-c"][0]["why"] == (
+        "disabled by AIRFLOW_DATASET_RACE_FIX_DISABLED")
+    processes = ["scheduler", "triggerer", *(["dag-processor"] if BACKEND != "sqlite" else [])]
+    assert sorted(m["component"] for _, m in ours if m["component"] != "task") == sorted(processes)
 
 
 def test_a_component_started_before_the_period_and_alive_in_it_is_fixed(deployment):
     """host-a's scheduler as if it had started (and marked) two days ago and heartbeat now: FIXED and running
-    with --hours 1. A 'scheduler' mark that matches no job, as a task forked from a LocalExecutor scheduler
-    wrote, is no component."""
+    with --hours 1. A 'scheduler' mark that matches no job, as earlier releases wrote from a task forked from
+    a LocalExecutor scheduler, is no component."""
     from sqlalchemy import select
 
     from airflow.jobs.job import Job
@@ -253,52 +262,59 @@ def test_the_hours_rule():
             period_hours(text)
 
 
-@pytest.mark.skipif(BACKEND == "sqlite", reason="SQLite has one writer: any producer waits for another's COMMIT")
-def test_a_producer_frozen_after_its_mark_holds_up_no_other_producer(variant_fixed):
-    """The lock argument of evidence.py: producer A's mark and event are written (flushed) and A stops
-    before its COMMIT; producer B, another task on the same dataset, marks and commits meanwhile."""
-    import threading
-    import time
-    from types import SimpleNamespace
+LOCAL_DAG = '''
+import pendulum
+from airflow import DAG
+from airflow.datasets import Dataset
+from airflow.operators.empty import EmptyOperator
 
+with DAG("adrf_deployment_local", start_date=pendulum.datetime(2026, 1, 1, tz="UTC"), schedule=None):
+    EmptyOperator(task_id="emit", outlets=[Dataset("adrf://deployment/local")])
+    for index in range(3):
+        EmptyOperator(task_id=f"plain_{index}")
+'''
+
+
+@pytest.mark.skipif(BACKEND == "sqlite", reason="Airflow runs no LocalExecutor on SQLite")
+def test_tasks_forked_from_a_local_executor_scheduler_write_no_scheduler_mark(tmp_path, deployment):
+    """Four tasks run in processes forked from 'airflow scheduler' (LocalExecutor), their command line
+    the scheduler's: one scheduler mark for the one scheduler start, one producer mark, no other."""
+    import pendulum
     from sqlalchemy import select
 
-    from airflow import settings
-    from airflow.datasets import Dataset
-    from airflow.datasets.manager import dataset_manager
-    from airflow.models.dataset import DatasetModel
+    from airflow.models.dag import DagModel
+    from airflow.models.dagbag import DagBag
     from airflow.models.log import Log
+    from airflow.models.serialized_dag import SerializedDagModel
+    from airflow.models.taskinstance import TaskInstance
     from airflow.utils.session import create_session
+    from airflow.utils.state import DagRunState
+    from airflow.utils.types import DagRunType
 
     from airflow_dataset_race_fix.evidence import MARK_EVENT
 
-    uri = "adrf://deployment/frozen"
+    (tmp_path / "dags").mkdir()
+    (tmp_path / "dags" / "adrf_deployment_local.py").write_text(textwrap.dedent(LOCAL_DAG))
+    (tmp_path / "adrf_host.py").write_text(HOST_MODULE)
+    dagbag = DagBag(str(tmp_path / "dags"), include_examples=False)
+    dagbag.sync_to_db()
+    dag = dagbag.dags["adrf_deployment_local"]
     with create_session() as session:
-        session.add(DatasetModel(uri=uri))
-
-    def task(name: str) -> SimpleNamespace:
-        return SimpleNamespace(dag_id="adrf_deployment_frozen", task_id=name, run_id="r1", map_index=-1, try_number=1)
-
-    frozen = settings.Session.session_factory()
-    dataset_manager.register_dataset_change(task_instance=task("a"), dataset=Dataset(uri), session=frozen)
-    frozen.flush()
-    took: list[float] = []
-
-    def other_producer() -> None:
-        started = time.monotonic()
-        session = settings.Session.session_factory()
-        dataset_manager.register_dataset_change(task_instance=task("b"), dataset=Dataset(uri), session=session)
-        session.commit()
-        session.close()
-        took.append(time.monotonic() - started)
-
-    thread = threading.Thread(target=other_producer)
-    thread.start()
-    thread.join(20)
-    frozen.commit()
-    frozen.close()
-    assert took and took[0] < 5, f"producer B waited for the frozen producer A: {took}"
+        dag.create_dagrun(run_id="adrf_local", state=DagRunState.RUNNING, run_type=DagRunType.MANUAL,
+                          execution_date=pendulum.datetime(2026, 3, 1, tz="UTC"), session=session)
+        SerializedDagModel.write_dag(dag, session=session)
+    DagModel.get_dagmodel(dag.dag_id).set_is_paused(False)
+    DagModel.get_dagmodel("adrf_deployment_consumer").set_is_paused(True)  # the other test's: not ours to run
+    env = shim_env(str(tmp_path), REPO, ADRF_HOST="host-l", AIRFLOW__CORE__HOSTNAME_CALLABLE="adrf_host.name",
+                   AIRFLOW__CORE__DAGS_FOLDER=str(tmp_path / "dags"), AIRFLOW__CORE__EXECUTOR="LocalExecutor",
+                   AIRFLOW__CORE__PARALLELISM="4", AIRFLOW__SCHEDULER__STANDALONE_DAG_PROCESSOR="True")
+    proc = subprocess.run([AIRFLOW, "scheduler", "--num-runs", "3"], env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, output(proc)[-4000:]
     with create_session() as session:
-        marked = session.scalars(select(Log.task_id).where(Log.event == MARK_EVENT,
-                                                             Log.dag_id == "adrf_deployment_frozen")).all()
-    assert sorted(marked) == ["a", "b"]
+        states = dict(session.execute(select(TaskInstance.task_id, TaskInstance.state).where(
+            TaskInstance.dag_id == dag.dag_id)).all())
+        marks = [json.loads(x) for x in session.scalars(select(Log.extra).where(Log.event == MARK_EVENT))]
+    tasks = ("emit", "plain_0", "plain_1", "plain_2")
+    assert states == {task_id: "success" for task_id in tasks}, output(proc)[-4000:]
+    assert sorted(m["component"] for m in marks if m["host"] == "host-l") == ["scheduler", "task"]

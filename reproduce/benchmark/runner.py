@@ -45,8 +45,8 @@ class Variants:
         self._fix.apply(strict=True)
         if variant == "stock":
             self._fix.unapply()
-        # A stock host has no package, so its producers leave no mark (evidence.py); a fixed one's do.
-        evidence.mark_producer = self._mark_producer if variant == "fixed" else lambda: None
+        # A stock host has no package, so its producers leave no mark (evidence.py); a fixed host's do.
+        evidence.mark_producer = self._mark_producer if variant == "fixed" else lambda task_instance: None
 
     def switch(self, variant: str) -> None:
         """
@@ -75,7 +75,7 @@ class Variants:
                     delattr(owner, name)
             else:
                 setattr(owner, name, value)
-        evidence.mark_producer = self._mark_producer if variant == "fixed" else lambda: None
+        evidence.mark_producer = self._mark_producer if variant == "fixed" else lambda task_instance: None
 
 
 def pair_order(pair: int) -> tuple[str, ...]:

@@ -1,37 +1,36 @@
 """
-What each process leaves in Airflow's ``log`` table (the audit log) about its own code, so one
-command and the page can tell which components and producer hosts ran the fix (docs/activation.md,
-"Which processes run the fix"). No migration: a mark is a ``log`` row with ``event`` = MARK_EVENT.
-
-- A long-running component (scheduler, triggerer, dag-processor, a webserver worker) writes one
-  mark as it starts, in a transaction of its own: one small INSERT per process start.
-- A producer task writes one mark per task instance and process with its first
-  dataset event, in the producer's own session: it commits with the event or not at all, and adds
-  one INSERT to that transaction, none elsewhere. A new ``log`` row locks nothing another
-  transaction waits for (PostgreSQL: none; InnoDB: the new row, and the auto-increment only while
-  it is allocated; SQLite holds its one write lock already), so the lock order is unchanged.
-  A host without this package writes nothing; its events are named by their task instance's host.
+What each process leaves in Airflow's ``log`` table (the audit log) about its own code, so one command and
+the page can tell which components and producer hosts ran the fix. No migration: a mark is a ``log`` row
+with ``event`` = MARK_EVENT, written in a transaction of its own, never a producer's: one as each component
+starts (never from a task process), and one per host, verdict and hour from the tasks with outlets as they
+start. A host without this package writes nothing. What, when, and its bound: docs/activation.md, "The marks".
 """
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import json
 import logging
 import os
-import sys
+import tempfile
+import time
+
+from sqlalchemy.orm import Session
+
+from airflow import settings
+from airflow.models.log import Log
+from airflow.utils.net import get_hostname
+
+from airflow_dataset_race_fix import __version__, runtime, verdict
 
 MARK_EVENT = "dataset-race-fix"
-_marked: set[tuple] = set()  # producers' marks written by this process (pid first: a fork marks again)
 
 log = logging.getLogger("airflow_dataset_race_fix")
 
 
 def _mark_extra(component: str, started=None) -> str:
     """The mark's ``extra``: the same text for every task of a host and verdict, so the reader groups them."""
-    from airflow.utils.net import get_hostname
-
-    from airflow_dataset_race_fix import __version__, runtime, verdict
-
     fixed, how = verdict.process_verdict()
     extra = {"component": component, "fixed": fixed, "how" if fixed else "why": how, "host": get_hostname(),
              "airflow": runtime.airflow_version(), "package": __version__}
@@ -41,33 +40,39 @@ def _mark_extra(component: str, started=None) -> str:
 
 
 def mark_component(component: str, started=None) -> None:
-    """A component's mark at its start, committed in a session and connection of its own."""
+    """A component's mark at its start."""
     try:
-        from sqlalchemy.orm import Session
-
-        from airflow import settings
-        from airflow.models.log import Log
-
-        with Session(bind=settings.engine) as session:
-            session.add(Log(MARK_EVENT, extra=_mark_extra(component, started)))
-            session.commit()
+        _write(_mark_extra(component, started))
     except Exception as err:  # the audit log is evidence, never a reason to stop a component
         log.warning("airflow-dataset-race-fix: could not record this %s's mark: %s", component, err)
 
 
-def mark_producer() -> None:
-    """Called by the ``on_dataset_changed`` listener, inside ``register_dataset_change``: add the mark to that
-    call's session (its frame, a few above: pluggy's), once per task instance and process. Events posted
-    outside a task (the REST API) carry no task to name: the webserver workers' marks stand for them."""
-    frame = sys._getframe(1)
-    while frame is not None and not (frame.f_code.co_name == "register_dataset_change" and "session" in frame.f_locals):
-        frame = frame.f_back
-    task_instance = frame.f_locals.get("task_instance") if frame is not None else None
-    if task_instance is None:
-        return
-    key = (os.getpid(), task_instance.dag_id, task_instance.task_id, task_instance.run_id, task_instance.map_index)
-    if key not in _marked:
-        _marked.add(key)
-        from airflow.models.log import Log
+def mark_producer(task_instance) -> None:
+    """At a task's start: its host's producer mark, if the task has outlets and none was written this hour."""
+    try:
+        if getattr(getattr(task_instance, "task", None), "outlets", None):
+            _once_an_hour(_mark_extra("task"), task_instance)
+    except Exception as err:  # never a reason to fail or hold up a producer
+        log.warning("airflow-dataset-race-fix: could not record this producer's mark: %s", err)
 
-        frame.f_locals["session"].add(Log(MARK_EVENT, task_instance=task_instance, extra=_mark_extra("task")))
+
+def _once_an_hour(extra: str, task_instance) -> None:
+    key = hashlib.sha256(f"{settings.SQL_ALCHEMY_CONN}\n{extra}".encode()).hexdigest()[:16]
+    hour = str(int(time.time() // 3600))
+    path = os.path.join(tempfile.gettempdir(), f"airflow-dataset-race-fix-{os.getuid()}-{key}")
+    with open(path, "a+") as claim:
+        try:
+            fcntl.flock(claim, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return  # another task of this host is writing this very mark
+        claim.seek(0)
+        if claim.read() != hour:
+            _write(extra, task_instance)  # the row names the task that wrote it
+            claim.truncate(0)
+            claim.write(hour)
+
+
+def _write(extra: str, task_instance=None) -> None:
+    with Session(bind=settings.engine) as session:
+        session.add(Log(MARK_EVENT, task_instance=task_instance, extra=extra))
+        session.commit()

@@ -16,7 +16,7 @@ import importlib
 import logging
 import os
 import sys
-from dataclasses import dataclass
+from collections import namedtuple
 from types import ModuleType
 
 from airflow_dataset_race_fix.targets import (
@@ -45,11 +45,8 @@ class RefusedError(RuntimeError):
     """Raised in strict mode when a target cannot be patched."""
 
 
-@dataclass(frozen=True)
-class ModuleState:
-    module: str
-    state: str
-    detail: str = ""
+# A named tuple, not a frozen dataclass: cheaper to define, in every process that imports this module.
+ModuleState = namedtuple("ModuleState", "module state detail", defaults=("",))
 
 
 # (module, owner, name) -> original class attribute (or _MISSING); first original wins.

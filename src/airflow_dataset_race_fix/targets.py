@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import textwrap
-from dataclasses import dataclass
+from collections import namedtuple
 
 # Releases whose targeted members are byte-identical to the fingerprints below, checked
 # against each release's wheel by tests/test_source_patches.py (all nine: one fingerprint
@@ -59,12 +59,8 @@ def environment_problem(sql_alchemy_conn: str | None) -> str | None:
     return None
 
 
-@dataclass(frozen=True)
-class Member:
-    module: str
-    owner: str
-    name: str
-    original_sha256: str | None
+class Member(namedtuple("Member", "module owner name original_sha256")):  # cheaper to define than a dataclass
+    __slots__ = ()
 
     @property
     def fix_module(self) -> str:

@@ -12,7 +12,7 @@ import os
 import sys
 
 from airflow_dataset_race_fix import bootstrap, runtime
-from airflow_dataset_race_fix.targets import TARGET_MODULES
+from airflow_dataset_race_fix.targets import MEMBERS, TARGET_MODULES
 
 _said_not_started = False  # announce_process()'s line for a process without the shim
 _verdict: tuple | None = None  # process_verdict()'s last answer, with what it depends on
@@ -65,22 +65,26 @@ def announce_process() -> None:
 
 
 def process_verdict() -> tuple[bool, str]:
-    """Whether the targets this process imported run the fixed code, and how, or why not (its mark
-    says it). Remembered until a target is imported, patched or refused here: judging unpatched ones
-    hashes their source."""
+    """Whether the targets this process imported run the fixed code, and how, or why not (its marks
+    say it). Remembered until a target is imported, patched or refused (a forked child keeps its
+    parent's answer)."""
     global _verdict
-    key = (os.getpid(), bootstrap.started, runtime.decisions())
+    key = (bootstrap.started, runtime.decisions())
     if _verdict is None or _verdict[0] != key:
         _verdict = key, _process_verdict()
     return _verdict[1]
 
 
 def _process_verdict() -> tuple[bool, str]:
+    why = why_not_started()
+    added = [m for m in MEMBERS if m.original_sha256 is None and m.module in sys.modules]
+    has_added = all(m.name in vars(getattr(sys.modules[m.module], m.owner, object)) for m in added)
+    if why is not None and not has_added:  # only the source patches give unpatched code the fix's members
+        return False, why[1]  # stock code without the shim: known without hashing a line of it
     states = [runtime.module_state(name) for name in TARGET_MODULES if name in sys.modules]
     refused = next((s for s in states if s.state == runtime.REFUSED), None)
     if refused is not None:
         return False, f"refused: {refused.module}: {refused.detail}"
-    why = why_not_started()
     fixed = all(s.state in (runtime.PATCHED, runtime.SOURCE_PATCHED) for s in states)
     if fixed and (states or why is None):
         # none imported yet: the shim waits for them

@@ -77,7 +77,7 @@ def bench_task_producer(variants: Variants, samples: int) -> list[dict[str, Any]
     for drained, label in ((False, "queue row there"), (True, "queue row consumed before")):
         marks_before = _marks()
         times = alternate(variants, samples, measure, warmup=2, prime=False)
-        marks = _marks() - marks_before  # the fixed task's evidence: one audit-log row a task instance
+        marks = _marks() - marks_before  # the fixed host's evidence: one audit-log row an hour and verdict
         row = paired_row(
             f"a real task with one dataset outlet (TaskInstance.run), 1 consuming DAG, {label}; "
             f"{marks} marks for {len(times['fixed']) + 2} fixed tasks",

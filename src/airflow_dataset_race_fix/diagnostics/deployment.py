@@ -32,7 +32,6 @@ def period_hours(text: str) -> float:
 def collect(session, hours: float) -> dict:
     """What ``deployment`` prints: each process seen over the last ``hours``, and whether it ran the fix."""
     from sqlalchemy import and_, func, or_, select
-    from sqlalchemy.orm import aliased
 
     from airflow.jobs.job import Job
     from airflow.models.dataset import DatasetEvent
@@ -62,12 +61,13 @@ def collect(session, hours: float) -> dict:
         components.append({"component": component, "job_id": job.id, "host": host,
                            "first": job.start_date, "last": job.latest_heartbeat, "stopped": stopped,
                            **_verdict(mark)})
-    # The webserver workers'. A job component's mark that matches no job came from a task forked from a
-    # LocalExecutor scheduler (its command line says scheduler), not from a component.
+    # The webserver workers'. A job component's mark that matches no job is no component's: tasks write
+    # none, but earlier releases wrote one from each task forked from a LocalExecutor scheduler.
     for mark in (m for m in marks if m["component"] not in JOBS.values()):
         components.append({"component": mark["component"], "job_id": None, "host": mark["host"],
                            "first": mark["at"], "last": mark["at"], "stopped": None, **_verdict(mark)})
-    # Each producing task instance's events, its host, and its mark (the newest; one a try and process).
+    # Each producing task instance's events and host, and its host's producer mark of that hour: a task with
+    # outlets finds or writes it as it starts (evidence.py), so one lies within an hour of the task's start.
     event = DatasetEvent
     per_task = (
         select(event.source_dag_id.label("dag_id"), event.source_task_id.label("task_id"),
@@ -77,28 +77,31 @@ def collect(session, hours: float) -> dict:
         .where(event.timestamp >= since).group_by(event.source_dag_id, event.source_task_id, event.source_run_id,
                                                   event.source_map_index).subquery()
     )
-    newest = aliased(Log)
-    newest_mark = (
-        select(func.max(newest.id)).where(newest.event == MARK_EVENT, newest.dag_id == per_task.c.dag_id,
-                                         newest.task_id == per_task.c.task_id, newest.run_id == per_task.c.run_id,
-                                         newest.map_index == per_task.c.map_index).scalar_subquery()
-    )
-    producers = []
-    for host, dag_id, task_id, extra, events, tasks, first, last in session.execute(
-        select(TI.hostname, per_task.c.dag_id, per_task.c.task_id, Log.extra, func.sum(per_task.c.events),
-               func.count(), func.min(per_task.c.first), func.max(per_task.c.last))
+    rows = session.execute(
+        select(TI.hostname, per_task.c.dag_id, per_task.c.task_id, per_task.c.events, per_task.c.first,
+               per_task.c.last, TI.start_date)
         .select_from(per_task)
         .outerjoin(TI, and_(TI.dag_id == per_task.c.dag_id, TI.task_id == per_task.c.task_id,
                             TI.run_id == per_task.c.run_id, TI.map_index == per_task.c.map_index))
-        .outerjoin(Log, Log.id == newest_mark)
-        .group_by(TI.hostname, per_task.c.dag_id, per_task.c.task_id, Log.extra)
-        .order_by(TI.hostname, per_task.c.dag_id, per_task.c.task_id)
-    ):
-        mark = json.loads(extra) if extra else None
+    ).all()
+    hour = timedelta(hours=1)
+    earliest = min([since, *(started or first for *_, first, _, started in rows)]) - hour
+    host_marks: dict[str, list] = {}
+    for dttm, extra in session.execute(select(Log.dttm, Log.extra).where(
+            Log.event == MARK_EVENT, Log.dttm >= earliest, Log.extra.like('%"component": "task"%'))):
+        mark = json.loads(extra)
+        host_marks.setdefault(mark["host"], []).append((dttm, mark))
+    groups: dict[tuple, dict] = {}
+    for host, dag_id, task_id, events, first, last, started in rows:
+        near = [mark for dttm, mark in host_marks.get(host, []) if abs(dttm - (started or first)) <= hour]
+        verdict = _verdict(min(near, key=lambda m: m["fixed"], default=None) if dag_id is not None else {})
         where = host or ("(no task instance row)" if dag_id is not None else "(not a task: the REST API or a script)")
-        producers.append({"host": where,
-                          "dag_id": dag_id, "task_id": task_id, "events": int(events), "task_instances": tasks,
-                          "first": first, "last": last, **_verdict(mark if dag_id is not None else {})})
+        row = groups.setdefault((where, dag_id or "", task_id or "", verdict["fixed"], verdict["why"]), {
+            "host": where, "dag_id": dag_id, "task_id": task_id, "events": 0, "task_instances": 0,
+            "first": first, "last": last, **verdict})
+        row.update(events=row["events"] + int(events), task_instances=row["task_instances"] + 1,
+                   first=min(row["first"], first), last=max(row["last"], last))
+    producers = [groups[key] for key in sorted(groups, key=lambda key: tuple(map(str, key)))]
     return {"schema": SCHEMA, "since": since, "components": components, "producers": producers,
             "all_fixed": all(row["fixed"] is not False for row in components + producers)}
 

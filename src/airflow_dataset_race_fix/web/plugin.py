@@ -19,33 +19,28 @@ PLUGIN_NAME = "airflow_dataset_race_fix_ui"
 
 # This module is the plugin's listener: each component as it starts (a Job, 'tasks run') and each
 # task process (in its own task log) says once whether its code is fixed, and if not, why; the
-# components that schedule, and each producer with its first event, leave a mark (evidence.py).
+# components that schedule, and each task with outlets, leave a mark (evidence.py).
+_in_task = False  # a task command runs here: its Job is a task's, even in a child of 'airflow scheduler'
+
+
 @hookimpl
 def on_starting(component) -> None:
-    _announce()
-    from airflow_dataset_race_fix import evidence, runtime
+    global _in_task
+    from airflow_dataset_race_fix import evidence, runtime, verdict
 
-    command = runtime.command_name()
+    verdict.announce_process()
+    _in_task = _in_task or type(component).__name__ == "TaskCommandMarker"
+    command = None if _in_task else runtime.command_name()
     if command in ("scheduler", "triggerer", "dag-processor") and hasattr(component, "start_date"):
         evidence.mark_component(command, component.start_date)  # its Job row has the same host and start
 
 
 @hookimpl
 def on_task_instance_running(previous_state, task_instance) -> None:
-    _announce()
-
-
-@hookimpl
-def on_dataset_changed(dataset) -> None:
-    from airflow_dataset_race_fix import evidence
-
-    evidence.mark_producer()
-
-
-def _announce() -> None:
-    from airflow_dataset_race_fix import verdict
+    from airflow_dataset_race_fix import evidence, verdict
 
     verdict.announce_process()
+    evidence.mark_producer(task_instance)
 
 
 class DatasetRunsPlugin(AirflowPlugin):
@@ -57,11 +52,10 @@ class DatasetRunsPlugin(AirflowPlugin):
     @property
     def appbuilder_views(self):  # the webserver's question; imports Flask AppBuilder only then
         if "_views" not in vars(self):
-            _announce()  # each webserver worker: it serves the REST API that posts dataset events
-            from airflow_dataset_race_fix import evidence, runtime
-
+            from airflow_dataset_race_fix import evidence, runtime, verdict
             from airflow_dataset_race_fix.web.views import DatasetRunsView, fix_active_here
 
+            verdict.announce_process()  # each webserver worker: it serves the REST API's dataset events
             if runtime.command_name() != "":  # gunicorn's worker, not a short 'airflow users ...' command
                 evidence.mark_component("webserver")
                 fix_active_here()  # judged as the worker starts (it reads source: 0.3 s), not in its first request
