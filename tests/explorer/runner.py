@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from sqlalchemy import func, select
+from sqlalchemy import delete, func, select, update
 from sqlalchemy.exc import OperationalError
 
 from airflow.datasets import DatasetAny
@@ -49,6 +49,7 @@ WRITES = {
 NET_LOOK = "AIRFLOW__DATASET_RACE_FIX__NET_LOOK_INTERVAL_SECONDS"
 LOOKBACK = "AIRFLOW__DATASET_RACE_FIX__EVENT_LOOKBACK_SECONDS"
 MARK = "dataset-race-fix-followed"  # the net's mark of where it followed the event ids (a ``log`` row)
+FINDING = "dataset-race-fix-finding"  # what the net found, kept until a run consumes it (a ``log`` row)
 PARTNER = "Z"  # the drain's producer: an event on each dataset of an AND condition, so nothing waits for a partner
 SCHEDULERS = ("S", "T")  # actor names that are schedulers (T: a second, HA scheduler)
 QUIET_LOOPS = 2
@@ -175,6 +176,7 @@ class Executor:
         self.world = World("xp")
         self.backend = self.world.backend
         self.clock = _VirtualClock(self.world)
+        self._resume_net()
         letters = sorted({s.dataset for s in self.steps if s.dataset} | {c for _, s in self.dags for c in s if c.isalpha()})
         self.datasets = {x: self.world.dataset(x) for x in letters}
         self.dag_ids = {
@@ -193,6 +195,23 @@ class Executor:
         for step in self.steps:
             if step.txn is not None and step.dataset:
                 self.out.txns[step.txn] = TxnResult(dataset=step.dataset)
+
+    def _resume_net(self) -> None:
+        """
+        The net's marks and findings of earlier interleavings deleted (their DAGs take no part), and a mark at the
+        newest event id written: this world's first scheduler resumes there, as one that has followed the ids all
+        along, whatever the database's history (a first start, after ``D.unmark``, reads that history again).
+        """
+        import json
+
+        from airflow.models import Log
+
+        with create_session() as session:
+            session.execute(delete(Log).where(Log.event.in_((MARK, FINDING))))
+            newest = session.scalar(select(func.max(DatasetEvent.id))) or 0
+            mark = {"high": newest, "missing": []}
+            instant = self.world.clock.at(self.clock.now)
+            session.execute(Log.__table__.insert().values(dttm=instant, event=MARK, extra=json.dumps(mark)))
 
     # -- actors ---------------------------------------------------------------------------
     def actor(self, name: str) -> Actor:
@@ -377,8 +396,6 @@ class Executor:
 
     def operate(self, step: Step, session) -> None:
         """The operator's step on the DAGs whose name starts with ``step.dataset``."""
-        from sqlalchemy import delete, update
-
         from airflow.utils.state import DagRunState
 
         if step.kind == "unmark":
