@@ -199,8 +199,9 @@ class Executor:
     def _resume_net(self) -> None:
         """
         The net's marks and findings of earlier interleavings deleted (their DAGs take no part), and a mark at the
-        newest event id written: this world's first scheduler resumes there, as one that has followed the ids all
-        along, whatever the database's history (a first start, after ``D.unmark``, reads that history again).
+        newest event id written, a day old: this world's first scheduler resumes there, as one that took over from
+        a process that followed the ids all along, whatever the database's history; a restart reads the marks of
+        this world's schedulers (a first start, after ``D.unmark``, reads the history again).
         """
         import json
 
@@ -210,7 +211,7 @@ class Executor:
             session.execute(delete(Log).where(Log.event.in_((MARK, FINDING))))
             newest = session.scalar(select(func.max(DatasetEvent.id))) or 0
             mark = {"high": newest, "missing": []}
-            instant = self.world.clock.at(self.clock.now)
+            instant = self.world.clock.at(self.clock.now) - timedelta(days=1)  # a process gone: later marks win
             session.execute(Log.__table__.insert().values(dttm=instant, event=MARK, extra=json.dumps(mark)))
 
     # -- actors ---------------------------------------------------------------------------
