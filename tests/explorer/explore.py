@@ -206,13 +206,13 @@ def programs(backend: str) -> list[Program]:
             budget=10,
         ),
         Program(
-            "and-late",  # a late commit on one dataset of an AND condition (and an OR beside it), the partner later
+            "and-late",  # a late commit on one dataset of an AND (and an OR beside it), the partner later
             (("x1", "k&m"), ("x2", "k|m")),
             (Txn("R3", "k"),),
             loops=(("S", 2),),
-            # x paused while P1 registers: no queue row of its own; stock dates run 2 at k's row (R2), below P1
-            prefix=("Q1:k", "Q2:m", "S.loop", "R1:m", "R2:k", "D.pause:x", "P1.reg:k", "P1.stamp", "D.unpause:x",
-                    "P1.stall"),
+            # x paused while P1 registers: no queue row of its own; stock dates run 2 at k's row (R2)
+            prefix=("Q1:k", "Q2:m", "S.loop", "R1:m", "R2:k", "D.pause:x", "P1.reg:k", "P1.stamp",
+                    "D.unpause:x", "P1.stall"),
             lists=(("P", ("P1.commit",)),),
             backends=("postgres", "mysql"),
             budget=12,
@@ -221,8 +221,8 @@ def programs(backend: str) -> list[Program]:
             "failing-loop",  # a late commit, then a loop that fails once at its Nth statement and is retried
             one,
             (Txn("Q3", "a"),),
-            prefix=("Q1:a", "S.loop", "Q2:a", "D.pause:d", "P1.reg:a", "P1.stamp", "D.unpause:d", "P1.stall", "R1:a",
-                    "S.loop"),
+            prefix=("Q1:a", "S.loop", "Q2:a", "D.pause:d", "P1.reg:a", "P1.stamp", "D.unpause:d", "P1.stall",
+                    "R1:a", "S.loop"),
             loops=(),
             lists=(("P", ("P1.commit",)), ("S", ("S.fail", "S.loop"))),
             fail_at=tuple(range(1, 37)),
@@ -230,11 +230,11 @@ def programs(backend: str) -> list[Program]:
             budget=8,
         ),
         Program(
-            "restart",  # a late commit across a restart, the DAG run on past event_lookback_seconds; marks deleted
+            "restart",  # a late commit across a restart, the DAG past event_lookback_seconds; no mark
             one,
             (Txn("Q2", "a"),),
-            prefix=("Q1:a", "S.loop", "D.pause:d", "P1.reg:a", "P1.stamp", "D.unpause:d", "P1.stall", "clock+60",
-                    "R1:a", "S.loop"),
+            prefix=("Q1:a", "S.loop", "D.pause:d", "P1.reg:a", "P1.stamp", "D.unpause:d", "P1.stall",
+                    "clock+60", "R1:a", "S.loop"),
             loops=(),
             lists=(("P", ("P1.commit",)), ("S", ("S.loop", "S.restart", "S.loop"))),
             operator=("D.unmark",),
@@ -243,13 +243,13 @@ def programs(backend: str) -> list[Program]:
             budget=6,
         ),
         Program(
-            "deactivated",  # the DAG inactive for a moment (its file missing for a parse) around a late commit
+            "deactivated",  # the DAG inactive for a moment (its file missing) around a late commit
             one,
             (Txn("P1", "a", open=True, stall=True),),
             loops=(("S", 2),),
             prefix=("Q1:a", "S.loop"),
             operator=("D.off:d", "D.on:d"),
-            backends=("postgres", "mysql"),  # (SQLite: a loop hung behind the stalled producer; not looked into)
+            backends=("postgres", "mysql"),  # SQLite: a loop hung behind the stalled producer (not traced)
             budget=6,
         ),
     ]

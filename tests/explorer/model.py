@@ -16,13 +16,13 @@ A *schedule* is a list of step tokens, the replayable form:
                       read), up to the queue delete (events read, runs created), the rest (COMMIT)
 - ``S.restart``       the scheduler process restarts (a new runner: no memory)
 - ``S.blind``         a whole loop in which the net does not look at the event ids (its pacing)
-- ``S.fail:N``        a whole loop whose Nth statement raises ``OperationalError`` once: ``retry_db_transaction``
-                      rolls it back and runs the loop again at once (a deadlock, a failover)
+- ``S.fail:N``        a whole loop whose Nth statement raises ``OperationalError`` once:
+                      ``retry_db_transaction`` rolls it back and runs it again at once (a deadlock)
 - ``D.pause:h`` ``D.unpause:h``  the operator pauses / unpauses the DAGs whose name starts with h
 - ``D.full:h`` ``D.free:h``  their latest run set running (max_active_runs holds them) / all runs finished
 - ``D.clean:h``       their runs finished and ``airflow db clean --tables dag_run`` (the latest kept)
 - ``D.off:h`` ``D.on:h``  their ``is_active`` false / true (the DAG file missing for a parse, then back)
-- ``D.unmark``        the net's marks deleted (``log`` rows "dataset-race-fix-followed", as ``db clean`` of ``log``)
+- ``D.unmark``        the net's marks deleted (``log`` rows "dataset-race-fix-followed", as db clean)
 - ``clock+N`` ``clock-N``  the clock (Python's and the database's) stepped by N seconds
 
 Independence (two steps of different actors that commute): a stall commutes with every
@@ -174,7 +174,7 @@ def parse_step(token: str) -> Step:
         return Step(who, None, what, ds)
     if what == "fail":
         if not ds or not ds.isdigit() or int(ds) < 1:
-            raise ValueError(f"a failing loop needs the number of its failing statement (S.fail:N): {token!r}")
+            raise ValueError(f"a failing loop needs its failing statement's number (S.fail:N): {token!r}")
         return Step(who, None, what, seconds=int(ds))
     if what not in ("loop", "q", "e", "c", "restart", "blind"):
         raise ValueError(f"unknown scheduler step {token!r}")
@@ -225,7 +225,9 @@ class Space:
     fail_at: int | None = None  # of a program with fail_at: this statement number's part of the space
 
     def __post_init__(self) -> None:
-        self.parts = [Space(self.program, fail_at=n) for n in self.program.fail_at] if self.fail_at is None else []
+        self.parts = []
+        if self.fail_at is None:
+            self.parts = [Space(self.program, fail_at=n) for n in self.program.fail_at]
         per_actor = self.parts[0].per_actor if self.parts else self.program.actor_programs(self.fail_at)
         if self.parts:
             self.actors = self.parts[0].actors

@@ -43,14 +43,14 @@ EVENT_READ = ("select dataset_event.id",)
 QUEUE_DELETE = ("delete from dataset_dag_run_queue", "delete q from")
 STAMP = ("update dataset_event",)
 WRITES = {
-    "atomic", "reg", "stamp", "loop", "e", "c", "blind", "fail", "pause", "unpause", "full", "free", "clean", "off", "on",
-    "unmark",
+    "atomic", "reg", "stamp", "loop", "e", "c", "blind", "fail",
+    "pause", "unpause", "full", "free", "clean", "off", "on", "unmark",
 }
 NET_LOOK = "AIRFLOW__DATASET_RACE_FIX__NET_LOOK_INTERVAL_SECONDS"
 LOOKBACK = "AIRFLOW__DATASET_RACE_FIX__EVENT_LOOKBACK_SECONDS"
 MARK = "dataset-race-fix-followed"  # the net's mark of where it followed the event ids (a ``log`` row)
 FINDING = "dataset-race-fix-finding"  # what the net found, kept until a run consumes it (a ``log`` row)
-PARTNER = "Z"  # the drain's producer: an event on each dataset of an AND condition, so nothing waits for a partner
+PARTNER = "Z"  # the drain's producer: an event on each dataset of an AND, so nothing waits for a partner
 SCHEDULERS = ("S", "T")  # actor names that are schedulers (T: a second, HA scheduler)
 QUIET_LOOPS = 2
 # After a step that may release a lock, how long a waiting actor gets to wake up before it
@@ -141,8 +141,8 @@ class _VirtualClock:
 
 class _FailingStatement:
     """
-    ``S.fail:N``: the actor's Nth statement (on any of its connections) raises ``OperationalError``, once, before it
-    is sent; ``retry_db_transaction`` on ``_create_dagruns_for_dags`` rolls back and runs the loop again.
+    ``S.fail:N``: the actor's Nth statement (on any of its connections) raises ``OperationalError``, once,
+    before it is sent; ``retry_db_transaction`` on ``_create_dagruns_for_dags`` rolls back and runs it again.
     """
 
     def __init__(self, actor: Actor, at: int) -> None:
@@ -198,10 +198,10 @@ class Executor:
 
     def _resume_net(self) -> None:
         """
-        The net's marks and findings of earlier interleavings deleted (their DAGs take no part), and a mark at the
-        newest event id written, a day old: this world's first scheduler resumes there, as one that took over from
-        a process that followed the ids all along, whatever the database's history; a restart reads the marks of
-        this world's schedulers (a first start, after ``D.unmark``, reads the history again).
+        The net's marks and findings of earlier interleavings deleted (their DAGs take no part), and a mark at
+        the newest event id written, a day old: this world's first scheduler resumes there, as one that took
+        over from a process that followed the ids all along, whatever the database's history; a restart reads
+        the marks of this world's schedulers (a first start, after ``D.unmark``, reads the history again).
         """
         import json
 
@@ -211,7 +211,7 @@ class Executor:
             session.execute(delete(Log).where(Log.event.in_((MARK, FINDING))))
             newest = session.scalar(select(func.max(DatasetEvent.id))) or 0
             mark = {"high": newest, "missing": []}
-            instant = self.world.clock.at(self.clock.now) - timedelta(days=1)  # a process gone: later marks win
+            instant = self.world.clock.at(self.clock.now) - timedelta(days=1)  # a process gone: later win
             session.execute(Log.__table__.insert().values(dttm=instant, event=MARK, extra=json.dumps(mark)))
 
     # -- actors ---------------------------------------------------------------------------
@@ -410,7 +410,8 @@ class Executor:
         if step.kind in ("pause", "unpause"):
             session.execute(update(DagModel).where(DagModel.dag_id.in_(dag_ids)).values(is_paused=step.kind == "pause"))
         elif step.kind in ("off", "on"):  # the DAG file missing for a parse, then back
-            session.execute(update(DagModel).where(DagModel.dag_id.in_(dag_ids)).values(is_active=step.kind == "on"))
+            active = step.kind == "on"
+            session.execute(update(DagModel).where(DagModel.dag_id.in_(dag_ids)).values(is_active=active))
         elif step.kind == "full":  # each DAG's latest run running
             for dag_id in dag_ids:
                 latest = select(func.max(DagRun.execution_date)).where(DagRun.dag_id == dag_id).scalar_subquery()
@@ -442,7 +443,7 @@ class Executor:
         """
         scheduler = "S"
         partners = sorted({x for name, spec in self.dags if "&" in spec for x in self.dag_datasets[name]})
-        for number, dataset in enumerate(partners, 1):  # an AND's partners: its waiting events can be consumed
+        for number, dataset in enumerate(partners, 1):  # an AND's partners: what waits can be consumed
             self.out.txns[f"{PARTNER}{number}"] = TxnResult(dataset=dataset)
             self.submit(Step(PARTNER, f"{PARTNER}{number}", "atomic", dataset))
         for _ in range(QUIET_LOOPS):
