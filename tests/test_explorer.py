@@ -8,6 +8,8 @@ Issue 33's interleaving explorer (tests/explorer, docs/explorer.md) in the test 
   consume the stalled producer's event (stock does), on the servers, where busy rows exist;
 - issue 47's items 3-5 as the explorer writes them (starved-victim, db-clean, clock-step): on
   f61ec50 the fix did worse than stock in each (docs/explorer.md); now nothing;
+- the net's finds kept in memory, as the explorer found them on f8287b0 (and-late, failing-loop,
+  restart): an AND condition not met, a loop failed after the find, a restart past the look-back;
 - the oracle can fail: on stock, a stale queue row (S1) loses events, and the explorer sees it;
 - the model: one interleaving per trace, and the quiet-DAG steps are in the busy-row space.
 """
@@ -95,6 +97,63 @@ def test_issue_47_interleavings_the_fix_does_no_worse(explorer_settings, item):
     assert compare(stock, fixed)[0] == [], f"the fix does worse than stock: {fixed.summary()}"
     consumed = {txn: n for dag in fixed.consumed.values() for txn, n in dag.items()}
     assert {"3-starved-victim": consumed.get("Q2"), "4-db-clean": consumed.get("Q1"), "5-clock-step": consumed.get("Q3")}[item] == 1
+
+
+# the net's finds kept in memory (f8287b0): (DAGs, steps, event_lookback_seconds, what the fix did there)
+ISSUE_57 = {
+    "1-and-condition": (
+        (("x1", "k&m"), ("x2", "k|m")),
+        "Q1:k Q2:m S.loop R1:m R2:k D.pause:x P1.reg:k P1.stamp D.unpause:x P1.stall R3:k S.loop "
+        "P1.commit S.loop",
+        None, "lost P1 (x1): the find popped by a decision whose condition was not met",
+    ),
+    "2-failing-loop": (
+        (("d", "a"),),
+        "Q1:a S.loop Q2:a D.pause:d P1.reg:a P1.stamp D.unpause:d P1.stall R1:a S.loop P1.commit S.fail:8 "
+        "Q3:a S.loop",
+        None, "starved P1 (d): the find lost with the failed loop, found again by the restart's window pass",
+    ),
+    "3-restart": (
+        (("d", "a"),),
+        "Q1:a S.loop D.pause:d P1.reg:a P1.stamp D.unpause:d P1.stall clock+60 R1:a S.loop P1.commit "
+        "D.unmark S.loop Q2:a S.restart S.loop",
+        30, "lost P1 (d), as stock: found below the latest run less event_lookback_seconds",
+    ),
+}
+
+
+def test_the_model_holds_issue_57s_interleavings():
+    """AND/OR schedules, failing loops, restarts, marks deleted: the step lists are in the spaces."""
+    from explorer.explore import programs
+    from explorer.model import Space, parse_step
+
+    spaces = {p.name: Space(p) for p in programs("postgres")}
+    for program, item in (
+        ("and-late", "1-and-condition"), ("failing-loop", "2-failing-loop"), ("restart", "3-restart")
+    ):
+        words = [tuple(spaces[program].expand(w)) for w in spaces[program]]
+        assert len(words) == len(set(words)) == spaces[program].count()
+        assert tuple(ISSUE_57[item][1].split()) in words
+    assert str(parse_step("S.fail:12")) == "S.fail:12"
+    assert str(parse_step("D.unmark")) == "D.unmark"
+    for bad in ("S.fail", "S.fail:0", "S.loop:3", "D.off", "Q1:3"):
+        with pytest.raises(ValueError):
+            parse_step(bad)
+
+
+@pytest.mark.skipif(BACKEND == "sqlite", reason="a stalled producer holds SQLite's one writer")
+@pytest.mark.parametrize("item", sorted(ISSUE_57))
+def test_issue_57_interleavings_the_fix_does_no_worse(explorer_settings, item):
+    """f8287b0 lost P1 in each (docs/explorer.md); stock consumes it in 1 and 2, and loses it in 3."""
+    from explorer.explore import compare, run_pair
+
+    dags, steps, lookback, before = ISSUE_57[item]
+    stock, fixed = run_pair(dags, steps.split(), lookback=lookback)
+    print(f"\nstock: {stock.summary()}\nfixed: {fixed.summary()} {fixed.notes}\n(f8287b0: {before})")
+    assert compare(stock, fixed)[0] == [], f"the fix does worse than stock: {fixed.summary()}"
+    for dag, consumed in fixed.consumed.items():
+        assert consumed.get("P1") == 1, f"P1's late event not consumed once by {dag}: {fixed.summary()}"
+        assert "P1" not in fixed.after_restart[dag] or item == "3-restart", fixed.summary()
 
 
 def test_the_oracle_sees_stocks_own_loss(explorer_settings):

@@ -3,6 +3,7 @@ python -m tests.explorer [explore|replay] ...  (from the repository root)
 
   explore --backend postgres --budget 300 --seed 7 [--program busy-row] [--stop-at-first]
   replay  --backend postgres --dags 'd=a' 'Q1:a S.loop Q2:a P1.reg:a P1.stamp ...'
+  replay  --backend postgres --dags 'x=k&m' --lookback 5 '... S.fail:12 S.restart D.unmark D.off:x D.on:x ...'
 
 Creates its own scratch database (as the tests do), runs, prints the report, drops it.
 Exit status 1 when the fix does worse than stock somewhere.
@@ -30,6 +31,7 @@ def main(argv: list[str]) -> int:
     rp.add_argument("--dags", default="d=a", help="DAGs: name=schedule[/max_active_runs], comma-separated (a, a|b, a&b/1)")
     rp.add_argument("--per-loop", type=int, default=None, help="max_dagruns_to_create_per_loop")
     rp.add_argument("--tick", type=float, default=0.01, help="seconds from one step to the next")
+    rp.add_argument("--lookback", type=int, default=None, help="event_lookback_seconds")
     rp.add_argument("steps")
     args = parser.parse_args(argv)
 
@@ -53,13 +55,15 @@ def main(argv: list[str]) -> int:
             from .model import tokens
 
             steps = tokens(args.steps)
-            stock, fixed = xp.run_pair(dags, steps, args.per_loop, args.tick)
+            stock, fixed = xp.run_pair(dags, steps, args.per_loop, args.tick, args.lookback)
             worse, both = xp.compare(stock, fixed)
             print(f"steps:  {' '.join(steps)}")
             print(f"stock:  {stock.summary()}   executed: {' '.join(stock.executed)}")
             print(f"fixed:  {fixed.summary()}   executed: {' '.join(fixed.executed)}")
             print(f"stock trace:  {' '.join(stock.trace)}")
             print(f"fixed trace:  {' '.join(fixed.trace)}")
+            if stock.notes or fixed.notes:
+                print(f"notes:  stock {stock.notes}; fixed {fixed.notes}")
             print(f"the fix does worse: {worse or 'no'}; both fail: {both or 'no'}")
             return 1 if worse else 0
         budget = args.budget if args.budget is not None else xp.default_budget(args.backend)

@@ -78,11 +78,13 @@ class Finding:
     minimal: list[str] | None = None
     per_loop: int | None = None
     tick: float = TICK
+    lookback: int | None = None
 
     def replay(self, backend: str) -> str:
         dags = ",".join(f"{n}={s}" for n, s in self.dags)
         steps = format_schedule(parse_schedule(" ".join(self.minimal or self.steps)))
         options = (f" --per-loop {self.per_loop}" if self.per_loop else "") + (f" --tick {self.tick}" if self.tick != TICK else "")
+        options += f" --lookback {self.lookback}" if self.lookback else ""
         return f"python -m tests.explorer replay --backend {backend}{options} --dags '{dags}' '{steps}'"
 
 
@@ -203,6 +205,53 @@ def programs(backend: str) -> list[Program]:
             per_loop=1,  # three held DAGs fill twice max_dagruns_to_create_per_loop and one more
             budget=10,
         ),
+        Program(
+            "and-late",  # a late commit on one dataset of an AND (and an OR beside it), the partner later
+            (("x1", "k&m"), ("x2", "k|m")),
+            (Txn("R3", "k"),),
+            loops=(("S", 2),),
+            # x paused while P1 registers: no queue row of its own; stock dates run 2 at k's row (R2)
+            prefix=("Q1:k", "Q2:m", "S.loop", "R1:m", "R2:k", "D.pause:x", "P1.reg:k", "P1.stamp",
+                    "D.unpause:x", "P1.stall"),
+            lists=(("P", ("P1.commit",)),),
+            backends=("postgres", "mysql"),
+            budget=12,
+        ),
+        Program(
+            "failing-loop",  # a late commit, then a loop that fails once at its Nth statement and is retried
+            one,
+            (Txn("Q3", "a"),),
+            prefix=("Q1:a", "S.loop", "Q2:a", "D.pause:d", "P1.reg:a", "P1.stamp", "D.unpause:d", "P1.stall",
+                    "R1:a", "S.loop"),
+            loops=(),
+            lists=(("P", ("P1.commit",)), ("S", ("S.fail", "S.loop"))),
+            fail_at=tuple(range(1, 37)),
+            backends=("postgres", "mysql"),
+            budget=8,
+        ),
+        Program(
+            "restart",  # a late commit across a restart, the DAG past event_lookback_seconds; no mark
+            one,
+            (Txn("Q2", "a"),),
+            prefix=("Q1:a", "S.loop", "D.pause:d", "P1.reg:a", "P1.stamp", "D.unpause:d", "P1.stall",
+                    "clock+60", "R1:a", "S.loop"),
+            loops=(),
+            lists=(("P", ("P1.commit",)), ("S", ("S.loop", "S.restart", "S.loop"))),
+            operator=("D.unmark",),
+            lookback=30,
+            backends=("postgres", "mysql"),
+            budget=6,
+        ),
+        Program(
+            "deactivated",  # the DAG inactive for a moment (its file missing) around a late commit
+            one,
+            (Txn("P1", "a", open=True, stall=True),),
+            loops=(("S", 2),),
+            prefix=("Q1:a", "S.loop"),
+            operator=("D.off:d", "D.on:d"),
+            backends=("postgres", "mysql"),  # SQLite: a loop hung behind the stalled producer (not traced)
+            budget=6,
+        ),
     ]
 
 
@@ -215,12 +264,14 @@ def _set_fix(on: bool) -> None:
         assert {s.state for s in states} == {"patched"}, states
 
 
-def run_pair(dags, steps: list[str], per_loop: int | None = None, tick: float = TICK) -> tuple[Outcome, Outcome]:
+def run_pair(
+    dags, steps: list[str], per_loop: int | None = None, tick: float = TICK, lookback: int | None = None
+) -> tuple[Outcome, Outcome]:
     _set_fix(False)
     try:
-        stock = run_schedule(dags, steps, "stock", STALL, per_loop, tick)
+        stock = run_schedule(dags, steps, "stock", STALL, per_loop, tick, lookback)
         _set_fix(True)
-        fixed = run_schedule(dags, steps, "fixed", STALL, per_loop, tick)
+        fixed = run_schedule(dags, steps, "fixed", STALL, per_loop, tick, lookback)
     finally:
         _set_fix(False)
     return stock, fixed
@@ -252,6 +303,8 @@ def _smaller(steps: list[str]):
     for i, s in enumerate(parsed):
         if s.kind in ("loop", "blind"):
             yield tokens[:i] + tokens[i + 1 :]
+        if s.kind == "fail":  # the same loop without its fault
+            yield tokens[:i] + [f"{s.actor}.loop"] + tokens[i + 1 :]
         if s.kind == "q":
             yield tokens[:i] + tokens[i + 3 :]
         if s.kind == "stall":
@@ -279,7 +332,7 @@ def explore(
         for steps in chosen:
             result.explored += 1
             result.ran[program.name] = result.ran.get(program.name, 0) + 1
-            stock, fixed = run_pair(program.dags, steps, program.per_loop, program.tick)
+            stock, fixed = run_pair(program.dags, steps, program.per_loop, program.tick, program.lookback)
             worse, both = compare(stock, fixed)
             if stock_failures(stock) and not worse and not both:
                 result.stock_only += 1
@@ -287,7 +340,7 @@ def explore(
                 continue
             finding = Finding(
                 program.name, program.dags, steps, worse, both, stock.summary(), fixed.summary(), result.ran[program.name],
-                per_loop=program.per_loop, tick=program.tick,
+                per_loop=program.per_loop, tick=program.tick, lookback=program.lookback,
             )
             if worse:
                 log(f"  #{finding.index} THE FIX DOES WORSE: {worse}\n    {' '.join(steps)}")
@@ -295,7 +348,8 @@ def explore(
                     kinds = {w.split()[0] for w in worse}
                     finding.minimal = minimize(
                         program.dags, steps,
-                        lambda c: bool(kinds & {w.split()[0] for w in compare(*run_pair(program.dags, c, program.per_loop, program.tick))[0]}),
+                        lambda c: bool(kinds & {w.split()[0] for w in compare(*run_pair(
+                            program.dags, c, program.per_loop, program.tick, program.lookback))[0]}),
                     )
                 result.worse.append(finding)
                 if stop_at_first:

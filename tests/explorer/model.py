@@ -16,9 +16,13 @@ A *schedule* is a list of step tokens, the replayable form:
                       read), up to the queue delete (events read, runs created), the rest (COMMIT)
 - ``S.restart``       the scheduler process restarts (a new runner: no memory)
 - ``S.blind``         a whole loop in which the net does not look at the event ids (its pacing)
+- ``S.fail:N``        a whole loop whose Nth statement raises ``OperationalError`` once:
+                      ``retry_db_transaction`` rolls it back and runs it again at once (a deadlock)
 - ``D.pause:h`` ``D.unpause:h``  the operator pauses / unpauses the DAGs whose name starts with h
 - ``D.full:h`` ``D.free:h``  their latest run set running (max_active_runs holds them) / all runs finished
 - ``D.clean:h``       their runs finished and ``airflow db clean --tables dag_run`` (the latest kept)
+- ``D.off:h`` ``D.on:h``  their ``is_active`` false / true (the DAG file missing for a parse, then back)
+- ``D.unmark``        the net's marks deleted (``log`` rows "dataset-race-fix-followed", as db clean)
 - ``clock+N`` ``clock-N``  the clock (Python's and the database's) stepped by N seconds
 
 Independence (two steps of different actors that commute): a stall commutes with every
@@ -79,8 +83,11 @@ class Program:
     per_loop: int | None = None  # max_dagruns_to_create_per_loop
     tick: float = 0.01  # seconds from one step to the next (runner.TICK)
     budget: int | None = None  # at most this many interleavings (CI's time)
+    lists: tuple[tuple[str, tuple[str, ...]], ...] = ()  # actors' explicit step lists (S.restart, P1.commit)
+    fail_at: tuple[int, ...] = ()  # "S.fail" in them: one space per statement number N (S.fail:N)
+    lookback: int | None = None  # event_lookback_seconds
 
-    def actor_programs(self) -> dict[str, list[str]]:
+    def actor_programs(self, fail_at: int | None = None) -> dict[str, list[str]]:
         per_actor: dict[str, list[str]] = {}
         for txn in self.txns:
             per_actor.setdefault(txn.actor, []).extend(self.glue(txn.tokens()))
@@ -88,6 +95,8 @@ class Program:
             parts = ["q", "e", "c"] if self.split else ["loop"]
             per_actor[scheduler] = [f"{scheduler}.{part}" for _ in range(count) for part in parts]
             per_actor[scheduler][: self.blind] = [f"{scheduler}.blind"] * self.blind
+        for actor, steps in self.lists:
+            per_actor[actor] = [f"{t}:{fail_at}" if t.endswith(".fail") else t for t in steps]
         if self.operator:
             per_actor["D"] = list(self.operator)
         return per_actor
@@ -109,9 +118,9 @@ class Program:
 
 
 # -- steps --------------------------------------------------------------------------------
-_TOKEN = re.compile(r"^(?P<who>[A-Z][a-z]*\d*)(?:\.(?P<what>[a-z]+))?(?::(?P<ds>[a-z]))?$")
+_TOKEN = re.compile(r"^(?P<who>[A-Z][a-z]*\d*)(?:\.(?P<what>[a-z]+))?(?::(?P<ds>[a-z]|\d+))?$")
 _CLOCK_STEP = re.compile(r"^clock(?P<by>[+-]\d+)$")
-OPERATOR_KINDS = ("pause", "unpause", "full", "free", "clean")
+OPERATOR_KINDS = ("pause", "unpause", "full", "free", "clean", "off", "on")
 
 
 @dataclass(frozen=True)
@@ -120,13 +129,15 @@ class Step:
     txn: str | None  # "P1" for producer steps
     kind: str  # atomic reg stamp stall commit rollback | loop q e c restart blind | D's | clock
     dataset: str | None = None  # D's steps: the DAGs' name (prefix)
-    seconds: int = 0  # a clock step's
+    seconds: int = 0  # a clock step's; S.fail's statement number
 
     def __str__(self) -> str:
         if self.kind == "clock":
             return f"clock{self.seconds:+d}"
         if self.actor == "D":
-            return f"D.{self.kind}:{self.dataset}"
+            return "D.unmark" if self.kind == "unmark" else f"D.{self.kind}:{self.dataset}"
+        if self.kind == "fail":
+            return f"{self.actor}.fail:{self.seconds}"
         if self.txn is None:
             return f"{self.actor}.{self.kind}"
         if self.kind == "atomic":
@@ -142,6 +153,8 @@ def parse_step(token: str) -> Step:
     if not m:
         raise ValueError(f"not a step: {token!r}")
     who, what, ds = m["who"], m["what"], m["ds"]
+    if ds and ds.isdigit() and what != "fail":
+        raise ValueError(f"only a failing loop takes a number (S.fail:N): {token!r}")
     if who[-1].isdigit():  # a transaction
         actor = who.rstrip("0123456789")
         if what is None:
@@ -154,9 +167,15 @@ def parse_step(token: str) -> Step:
             raise ValueError(f"reg needs its dataset: {token!r}")
         return Step(actor, who, what, ds)
     if who == "D":
+        if what == "unmark" and not ds:
+            return Step(who, None, what)
         if what not in OPERATOR_KINDS or not ds:
             raise ValueError(f"an operator step is D.{{{','.join(OPERATOR_KINDS)}}}:<dag>: {token!r}")
         return Step(who, None, what, ds)
+    if what == "fail":
+        if not ds or not ds.isdigit() or int(ds) < 1:
+            raise ValueError(f"a failing loop needs its failing statement's number (S.fail:N): {token!r}")
+        return Step(who, None, what, seconds=int(ds))
     if what not in ("loop", "q", "e", "c", "restart", "blind"):
         raise ValueError(f"unknown scheduler step {token!r}")
     return Step(who, None, what)
@@ -176,7 +195,7 @@ def format_schedule(steps) -> str:
 
 
 # -- independence and enumeration ------------------------------------------------------------
-_CLOCK_READERS = ("atomic", "reg", "stamp", "loop", "q", "blind")
+_CLOCK_READERS = ("atomic", "reg", "stamp", "loop", "q", "blind", "fail")
 _CLOCK_MOVES = {"stall", "clock"}
 _ENDS = ("commit", "rollback")
 
@@ -203,9 +222,17 @@ class Space:
 
     program: Program
     _order: dict[str, int] = field(default_factory=dict)
+    fail_at: int | None = None  # of a program with fail_at: this statement number's part of the space
 
     def __post_init__(self) -> None:
-        per_actor = self.program.actor_programs()
+        self.parts = []
+        if self.fail_at is None:
+            self.parts = [Space(self.program, fail_at=n) for n in self.program.fail_at]
+        per_actor = self.parts[0].per_actor if self.parts else self.program.actor_programs(self.fail_at)
+        if self.parts:
+            self.actors = self.parts[0].actors
+            self.per_actor = per_actor
+            return
         self.actors = sorted(per_actor)
         self.per_actor = per_actor
         tokens = [t for a in self.actors for t in per_actor[a]]
@@ -214,6 +241,10 @@ class Space:
         self._indep = {(a, b): owner[a] != owner[b] and independent(a, b) for a in tokens for b in tokens}
 
     def __iter__(self) -> Iterator[list[str]]:
+        if self.parts:
+            for part in self.parts:
+                yield from part
+            return
         word: list[str] = []
         pos = dict.fromkeys(self.actors, 0)
         total = sum(len(v) for v in self.per_actor.values())

@@ -24,9 +24,10 @@ import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from sqlalchemy import func, select
+from sqlalchemy import delete, func, select, update
+from sqlalchemy.exc import OperationalError
 
-from airflow.datasets import DatasetAll, DatasetAny
+from airflow.datasets import DatasetAny
 from airflow.models.dag import DagModel
 from airflow.models.dagrun import DagRun
 from airflow.models.dataset import DatasetDagRunQueue, DatasetEvent, DatasetModel, association_table
@@ -41,8 +42,15 @@ TICK = 0.01
 EVENT_READ = ("select dataset_event.id",)
 QUEUE_DELETE = ("delete from dataset_dag_run_queue", "delete q from")
 STAMP = ("update dataset_event",)
-WRITES = {"atomic", "reg", "stamp", "loop", "e", "c", "blind", "pause", "unpause", "full", "free", "clean"}
+WRITES = {
+    "atomic", "reg", "stamp", "loop", "e", "c", "blind", "fail",
+    "pause", "unpause", "full", "free", "clean", "off", "on", "unmark",
+}
 NET_LOOK = "AIRFLOW__DATASET_RACE_FIX__NET_LOOK_INTERVAL_SECONDS"
+LOOKBACK = "AIRFLOW__DATASET_RACE_FIX__EVENT_LOOKBACK_SECONDS"
+MARK = "dataset-race-fix-followed"  # the net's mark of where it followed the event ids (a ``log`` row)
+FINDING = "dataset-race-fix-finding"  # what the net found, kept until a run consumes it (a ``log`` row)
+PARTNER = "Z"  # the drain's producer: an event on each dataset of an AND, so nothing waits for a partner
 SCHEDULERS = ("S", "T")  # actor names that are schedulers (T: a second, HA scheduler)
 QUIET_LOOPS = 2
 # After a step that may release a lock, how long a waiting actor gets to wake up before it
@@ -96,11 +104,10 @@ class Outcome:
 
 
 def _schedule_of(spec: str, datasets) -> object:
+    """``a|b``: DatasetAny; ``a&b``: the list ``[a, b]`` (an AND, as DAGs write it); ``a``: ``[a]``."""
     if "|" in spec:
         return DatasetAny(*(datasets[x] for x in spec.split("|")))
-    if "&" in spec:
-        return DatasetAll(*(datasets[x] for x in spec.split("&")))
-    return [datasets[spec]]
+    return [datasets[x] for x in spec.split("&")]
 
 
 class _VirtualClock:
@@ -132,6 +139,27 @@ class _VirtualClock:
             self.manager._database_clock = self.saved
 
 
+class _FailingStatement:
+    """
+    ``S.fail:N``: the actor's Nth statement (on any of its connections) raises ``OperationalError``, once,
+    before it is sent; ``retry_db_transaction`` on ``_create_dagruns_for_dags`` rolls back and runs it again.
+    """
+
+    def __init__(self, actor: Actor, at: int) -> None:
+        self.actor = actor
+        self.at = at
+        self.seen = 0
+        self.fired = False
+
+    def __call__(self, statement: str, *, after: bool) -> None:
+        if not after and not self.fired:
+            self.seen += 1
+            if self.seen == self.at:
+                self.fired = True
+                raise OperationalError(statement, None, Exception("injected by the explorer: a deadlock"))
+        Actor.on_statement(self.actor, statement, after=after)
+
+
 def _dag_spec(spec: str) -> tuple[str, int]:
     """``a|b/1``: the schedule, and max_active_runs after the slash (default: unbounded)."""
     schedule, _, most = spec.partition("/")
@@ -148,6 +176,7 @@ class Executor:
         self.world = World("xp")
         self.backend = self.world.backend
         self.clock = _VirtualClock(self.world)
+        self._resume_net()
         letters = sorted({s.dataset for s in self.steps if s.dataset} | {c for _, s in self.dags for c in s if c.isalpha()})
         self.datasets = {x: self.world.dataset(x) for x in letters}
         self.dag_ids = {
@@ -166,6 +195,24 @@ class Executor:
         for step in self.steps:
             if step.txn is not None and step.dataset:
                 self.out.txns[step.txn] = TxnResult(dataset=step.dataset)
+
+    def _resume_net(self) -> None:
+        """
+        The net's marks and findings of earlier interleavings deleted (their DAGs take no part), and a mark at
+        the newest event id written, a day old: this world's first scheduler resumes there, as one that took
+        over from a process that followed the ids all along, whatever the database's history; a restart reads
+        the marks of this world's schedulers (a first start, after ``D.unmark``, reads the history again).
+        """
+        import json
+
+        from airflow.models import Log
+
+        with create_session() as session:
+            session.execute(delete(Log).where(Log.event.in_((MARK, FINDING))))
+            newest = session.scalar(select(func.max(DatasetEvent.id))) or 0
+            mark = {"high": newest, "missing": []}
+            instant = self.world.clock.at(self.clock.now) - timedelta(days=1)  # a process gone: later win
+            session.execute(Log.__table__.insert().values(dttm=instant, event=MARK, extra=json.dumps(mark)))
 
     # -- actors ---------------------------------------------------------------------------
     def actor(self, name: str) -> Actor:
@@ -284,8 +331,11 @@ class Executor:
         else:
             if error:
                 self.out.scheduler_errors.append(f"{step}: {error}")
-            if step.kind in ("loop", "blind", "c", "e", "q") and actor._step is None:
+            if step.kind in ("loop", "blind", "c", "e", "q", "fail") and actor._step is None:
                 actor._pause_patterns.clear()
+            fault = actor.__dict__.pop("on_statement", None) if step.kind == "fail" else None
+            if fault is not None and not fault.fired:
+                self.out.notes.append(f"{step}: nothing failed, the loop ran {fault.seen} statements")
 
     def perform(self, actor: Actor, step: Step) -> str:
         fixed = self.variant == "fixed"
@@ -327,7 +377,9 @@ class Executor:
             self.actors[step.actor] = self.world.scheduler(step.actor)
             return DONE
         # scheduler loop parts
-        if step.kind in ("loop", "q", "blind"):
+        if step.kind == "fail":
+            actor.on_statement = _FailingStatement(actor, step.seconds)
+        if step.kind in ("loop", "q", "blind", "fail"):
             actor._pause_patterns.clear()
             if step.kind == "blind":  # set back when the loop is done (it may wait for a lock first)
                 os.environ[NET_LOOK] = "100000"
@@ -345,14 +397,21 @@ class Executor:
 
     def operate(self, step: Step, session) -> None:
         """The operator's step on the DAGs whose name starts with ``step.dataset``."""
-        from sqlalchemy import update
-
         from airflow.utils.state import DagRunState
 
+        if step.kind == "unmark":
+            from airflow.models import Log
+
+            session.execute(delete(Log).where(Log.event == MARK))
+            session.commit()
+            return
         dag_ids = [d for name, d in self.dag_ids.items() if name.startswith(step.dataset)]
         runs = DagRun.dag_id.in_(dag_ids)
         if step.kind in ("pause", "unpause"):
             session.execute(update(DagModel).where(DagModel.dag_id.in_(dag_ids)).values(is_paused=step.kind == "pause"))
+        elif step.kind in ("off", "on"):  # the DAG file missing for a parse, then back
+            active = step.kind == "on"
+            session.execute(update(DagModel).where(DagModel.dag_id.in_(dag_ids)).values(is_active=active))
         elif step.kind == "full":  # each DAG's latest run running
             for dag_id in dag_ids:
                 latest = select(func.max(DagRun.execution_date)).where(DagRun.dag_id == dag_id).scalar_subquery()
@@ -383,6 +442,10 @@ class Executor:
         restarted scheduler's loops (its windows read at once).
         """
         scheduler = "S"
+        partners = sorted({x for name, spec in self.dags if "&" in spec for x in self.dag_datasets[name]})
+        for number, dataset in enumerate(partners, 1):  # an AND's partners: what waits can be consumed
+            self.out.txns[f"{PARTNER}{number}"] = TxnResult(dataset=dataset)
+            self.submit(Step(PARTNER, f"{PARTNER}{number}", "atomic", dataset))
         for _ in range(QUIET_LOOPS):
             self.submit(Step(scheduler, None, "loop"))
         self.settle(final=True)
@@ -422,15 +485,16 @@ class Executor:
         )
 
     def _held(self, session) -> set[str]:
-        """The DAGs paused or at max_active_runs: their events wait, none is lost."""
+        """The DAGs paused, inactive or at max_active_runs: their events wait, none is lost."""
         active = select(func.count()).where(DagRun.dag_id == DagModel.dag_id, DagRun.state.in_(("queued", "running")))
         return {
             dag_id
-            for dag_id, paused, most, runs in session.execute(
-                select(DagModel.dag_id, DagModel.is_paused, DagModel.max_active_runs, active.scalar_subquery())
+            for dag_id, paused, is_active, most, runs in session.execute(
+                select(DagModel.dag_id, DagModel.is_paused, DagModel.is_active, DagModel.max_active_runs,
+                       active.scalar_subquery())
                 .where(DagModel.dag_id.in_(list(self.dag_ids.values())))
             )
-            if paused or runs >= most
+            if paused or not is_active or runs >= most
         }
 
     def _unswept(self, consumed: dict[str, dict[int, int]]) -> set[tuple[str, int]]:
@@ -496,9 +560,15 @@ class Executor:
         self.world.close()
 
 
-def run_schedule(dags, tokens: list[str], variant: str, stall: float, per_loop: int | None = None, tick: float = TICK) -> Outcome:
+def run_schedule(
+    dags, tokens: list[str], variant: str, stall: float, per_loop: int | None = None, tick: float = TICK,
+    lookback: int | None = None,
+) -> Outcome:
     saved = DagModel.NUM_DAGS_PER_DAGRUN_QUERY  # max_dagruns_to_create_per_loop, read at import
     DagModel.NUM_DAGS_PER_DAGRUN_QUERY = per_loop or saved
+    saved_lookback = os.environ.get(LOOKBACK)
+    if lookback is not None:
+        os.environ[LOOKBACK] = str(lookback)
     ex = Executor(dags, tokens, variant, stall, tick)
     try:
         return ex.run()
@@ -506,6 +576,10 @@ def run_schedule(dags, tokens: list[str], variant: str, stall: float, per_loop: 
         ex.close()
         DagModel.NUM_DAGS_PER_DAGRUN_QUERY = saved
         os.environ[NET_LOOK] = "0"
+        if saved_lookback is None:
+            os.environ.pop(LOOKBACK, None)
+        else:
+            os.environ[LOOKBACK] = saved_lookback
 
 
 def settings_env(latency: int = 1) -> dict[str, str]:
