@@ -258,14 +258,11 @@ class SchedulerJobRunner:
         net = self.__dict__.setdefault("_dataset_race_fix_net", {})
         interval = self._dataset_manager()._dataset_race_fix_setting("net_look_interval_seconds")
         looked = not net.get("read_only") and time.monotonic() - net.get("looked_at", float("-inf")) >= interval
-        finds: list[tuple[str, int, int, datetime]] = []
         moved = ("high", "missing", "late", "looked_at")  # what a look moves
         followed = {key: net[key].copy() if key in ("missing", "late") else net[key] for key in moved if key in net}
         try:
-            if looked:
-                net["looked_at"] = time.monotonic()
-                finds = self._follow_dataset_event_ids(net, session)
-            if finds or looked or "findings" not in net:
+            finds = self._follow_dataset_event_ids(net, session) if looked else []
+            if looked or "findings" not in net:
                 net["findings"] = self._dataset_findings(finds, session)
         except BaseException:  # a look is undone until its findings are kept: the retried loop looks again
             for key in moved:
@@ -285,11 +282,12 @@ class SchedulerJobRunner:
         row locks nothing that others wait for); then the oldest 500 read, ``{dag_id: {dataset_id: (stamp, row ids)}}``.
         """
         oldest: dict[tuple[str, int], tuple[datetime, int]] = {}
+        finding = "dataset-race-fix-finding"
         for dag_id, dataset_id, event_id, stamp in finds:
             oldest[dag_id, dataset_id] = min(oldest.get((dag_id, dataset_id), (stamp, event_id)), (stamp, event_id))
         if oldest:
             rows = [
-                {"dttm": timezone.utcnow(), "event": "dataset-race-fix-finding", "dag_id": dag_id,
+                {"dttm": timezone.utcnow(), "event": finding, "dag_id": dag_id,
                  "map_index": dataset_id, "execution_date": stamp, "extra": f'{{"event_id": {int(event_id)}}}'}
                 for (dag_id, dataset_id), (stamp, event_id) in sorted(oldest.items())
             ]
@@ -298,9 +296,7 @@ class SchedulerJobRunner:
             self.log.info("dataset-race-fix: the net found late dataset event(s), kept until a run consumes them "
                           "(dag_id, dataset_id, event id, stamp): %s", finds)
         findings: dict[str, dict[int, tuple[datetime, list[int]]]] = defaultdict(dict)
-        read = select(Log.id, Log.dag_id, Log.map_index, Log.execution_date).where(
-            Log.event == "dataset-race-fix-finding"
-        )
+        read = select(Log.id, Log.dag_id, Log.map_index, Log.execution_date).where(Log.event == finding)
         for row_id, dag_id, dataset_id, stamp in session.execute(read.order_by(Log.id).limit(500)):
             found_stamp, row_ids = findings[dag_id].get(dataset_id, (stamp, []))
             findings[dag_id][dataset_id] = (min(found_stamp, stamp), [*row_ids, row_id])
@@ -349,6 +345,7 @@ class SchedulerJobRunner:
         columns = (DatasetEvent.id, DatasetEvent.dataset_id, DatasetEvent.timestamp)
         missing: dict[int, float] = net.setdefault("missing", {})  # id -> when it was first missed (monotonic)
         looked_at, high = time.monotonic(), net.get("high")
+        net["looked_at"] = looked_at
         followed = self._dataset_follow_mark(net, session) if high is None else None
         if followed is not None:  # on from where the processes before it followed the ids
             net["high"] = followed["high"]
@@ -432,11 +429,10 @@ class SchedulerJobRunner:
 
     def _dataset_follow_mark(self, net: dict[str, Any], session: Session) -> dict[str, Any] | None:
         """
-        Where the ids were followed, kept for the next process (a restart, a scheduler taking over; BUG_REPORT, "The
-        net"): a ``log`` row with ``event`` "dataset-race-fix-followed" and ``extra`` the highest id seen (below the
-        late events not probed yet) and the ids missing below it. In a new process: the newest mark (its process
-        followed every id below its high but the missing ones), None if none; after: this process's mark written again where it
-        moved, at most every 5 s, in a transaction and on a connection of its own.
+        Where the ids were followed, for the next process (a restart, a scheduler taking over; BUG_REPORT, "The net"):
+        a ``log`` row, ``event`` "dataset-race-fix-followed", ``extra`` the highest id seen (below the late events not
+        probed yet) and the ids missing below it. A new process reads the newest mark (None: none); then its own is
+        written again where it moved, at most every 5 s, in a transaction and on a connection of its own.
         """
         import json
 
