@@ -305,10 +305,8 @@ class SchedulerJobRunner:
     def _dags_ready_by_findings(
         self, findings: dict[str, dict[int, tuple[datetime, list[int]]]], session: Session
     ) -> dict[str, datetime]:
-        """
-        Of the DAGs with findings, those whose condition holds on the datasets with a finding or a queue row: an AND
-        condition still waiting keeps its finding and is left to the loops that bring its partner's row in.
-        """
+        """Of the DAGs with findings, those whose condition holds on the datasets with a finding or a queue row (an AND
+        condition still waiting takes no place in a loop: its finding waits for the partner's row)."""
         if not findings:
             return {}
         queued: dict[str, set[str]] = defaultdict(set)  # their queue rows' dataset URIs
@@ -437,8 +435,7 @@ class SchedulerJobRunner:
         import json
 
         manager = self._dataset_manager()
-        lookback = timedelta(seconds=manager._dataset_race_fix_setting("event_lookback_seconds"))
-        mark = "dataset-race-fix-followed"
+        mark = "dataset-race-fix-followed"  # one row a process, updated in place: as many as scheduler starts
         if "high" not in net:  # the newest mark, however old: its process started from the marks before it
             newest = select(Log.dttm, Log.extra).where(Log.event == mark).order_by(Log.dttm.desc()).limit(1)
             for dttm, extra in session.execute(newest):
@@ -451,18 +448,12 @@ class SchedulerJobRunner:
         interval = manager._dataset_race_fix_setting("net_look_interval_seconds")
         if followed == net.get("marked") or (interval and time.monotonic() - net.get("marked_at", float("-inf")) < 5):
             return None
-        now = manager._database_now(session)
-        row = {"dttm": now, "event": mark, "extra": json.dumps(followed)}
+        row = {"dttm": manager._database_now(session), "event": mark, "extra": json.dumps(followed)}
         with session.get_bind().engine.begin() as connection:
             if "mark_id" in net:
                 connection.execute(Log.__table__.update().where(Log.id == net["mark_id"]).values(row))
             else:
                 net["mark_id"] = connection.execute(Log.__table__.insert().values(row)).inserted_primary_key[0]
-            # the marks of processes gone for longer than the look-back (nothing reads them), by idx_log_event
-            marks = connection.execute(select(Log.id, Log.dttm).where(Log.event == mark)).all()
-            gone = [mark_id for mark_id, dttm in marks if dttm < now - lookback]
-            if gone:
-                connection.execute(delete(Log).where(Log.id.in_(gone[:500])))
         net["marked"], net["marked_at"] = followed, time.monotonic()
         return None
 
