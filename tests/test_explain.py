@@ -420,14 +420,17 @@ def test_a_pending_event_is_no_audit_finding(world):
 @pytest.mark.skipif(BACKEND == "sqlite", reason="a producer paused before its COMMIT holds SQLite's one writer")
 def test_a_late_commit_on_a_quiet_dag_is_the_nets_run_and_pending(world, monkeypatch):
     """
-    Issue 30's late commit below the latest run: explain (a restarted scheduler's view: it reads
-    the DAG's windows) says that the net's run takes the event (``when``: ``net``), lists it as
-    pending only because a run takes it, and the scheduler's next loop creates exactly that run.
+    A late commit below the latest run that the net found (its finding kept in the ``log`` table):
+    explain says that the net's run takes the event (``when``: ``net``), lists it as pending only
+    because a run takes it, and the scheduler's next loop creates exactly that run.
     """
     from test_safety_net import LATENCY, commit_late_after_a_run
 
     monkeypatch.setenv(LATENCY, "1")
     d, ids, s = commit_late_after_a_run(world, quiet=True)
+    time.sleep(0.5)  # the net looks at the ids at most every half second
+    with create_session() as session:  # the net's look alone: its finding is kept, no run made yet
+        assert d in s.runner._dags_with_stranded_dataset_events(session)
     found = _explain(d)
     verdict = found["verdict"]
     assert verdict["creates_run"] and verdict["when"] == "net", verdict
@@ -435,8 +438,7 @@ def test_a_late_commit_on_a_quiet_dag_is_the_nets_run_and_pending(world, monkeyp
     assert [e["id"] for e in found["pending_events"]] == [ids["late"]]
     assert found["audit"]["findings"] == {}  # audit's suspected-lost event is the net's run's
     w = world
-    time.sleep(0.5)  # the net looks at the ids at most every half second
-    w.loop(s), s.finish()  # the net follows the ids: the run explain named
+    w.loop(s), s.finish()  # the net's finding brings the DAG in: the run explain named
     assert [ids["late"]] in [events for _, events in _runs(d).values()]
     assert w.checker.runs_predicted >= 1
 

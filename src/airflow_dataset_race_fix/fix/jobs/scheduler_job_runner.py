@@ -344,13 +344,11 @@ class SchedulerJobRunner:
         missing: dict[int, float] = net.setdefault("missing", {})  # id -> when it was first missed (monotonic)
         looked_at, high = time.monotonic(), net.get("high")
         net["looked_at"] = looked_at
-        followed = self._dataset_follow_mark(net, session) if high is None else None
-        if followed is not None:  # on from where the processes before it followed the ids
-            net["high"] = followed["high"]
-            missing.update(dict.fromkeys(followed["missing"], looked_at - followed["age"]))  # missed by then
-            return []
-        if high is None:  # a first start (no mark): the last 10 000 ids read again, as if they had just appeared
-            net["high"] = max(0, (session.scalar(select(func.max(DatasetEvent.id))) or 0) - 10_000)
+        if high is None:  # a new process: the ids up to the newest are a backlog, whose commit nobody saw (all late)
+            net["backlog_to"] = session.scalar(select(func.max(DatasetEvent.id))) or 0
+            followed = self._dataset_follow_mark(net, session) or {"high": max(0, net["backlog_to"] - 10_000)}
+            net["high"] = followed["high"]  # on from the newest mark; a first start: the last 10 000 ids again
+            missing.update(dict.fromkeys(followed.get("missing", ()), looked_at - followed.get("age", 0)))
             return []
         # At most 5 000 new and 1 000 missing ids a loop: a backlog is read in the loops after. The lowest new id by
         # min() (the key's index whatever the statistics: an open range was a sequential scan on tables never analyzed)
@@ -376,7 +374,7 @@ class SchedulerJobRunner:
         late = net.setdefault("late", [])  # probed 5 to 1 000 a look, 100 000 kept
         if appeared:  # the clock read after the look: every event seen committed before it
             slow_before = manager._database_now(session) - latency
-            late += [tuple(row) for row in appeared if row.timestamp < slow_before]
+            late += [tuple(row) for row in appeared if row.timestamp < slow_before or row.id <= net["backlog_to"]]
         aged = len(missing) - len(recent)  # rolled back, or a COMMIT beyond reach (docs/settings.md)
         capped = max(0, len(recent) - 10_000) + max(0, len(late) - 100_000)
         if aged or capped:
