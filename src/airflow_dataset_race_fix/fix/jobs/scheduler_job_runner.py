@@ -258,7 +258,7 @@ class SchedulerJobRunner:
         net = self.__dict__.setdefault("_dataset_race_fix_net", {})
         interval = self._dataset_manager()._dataset_race_fix_setting("net_look_interval_seconds")
         looked = not net.get("read_only") and time.monotonic() - net.get("looked_at", float("-inf")) >= interval
-        moved = ("high", "missing", "late", "looked_at")  # what a look moves
+        moved = ("high", "missing", "late", "looked_at") if looked else ()  # what a look moves (copied: a look only)
         followed = {key: net[key].copy() if key in ("missing", "late") else net[key] for key in moved if key in net}
         try:
             finds = self._follow_dataset_event_ids(net, session) if looked else []
