@@ -44,7 +44,9 @@ class Plan:
     """Everything to insert, plus the counts the audit must find."""
 
     events: list[tuple[int, int, datetime]] = field(default_factory=list)  # id, dataset index, ts
-    runs: list[tuple[str, datetime, str]] = field(default_factory=list)  # dag_id, date, run_type (id = index + 1)
+    runs: list[tuple[str, datetime, str]] = field(
+        default_factory=list
+    )  # dag_id, date, run_type (id = index + 1)
     consumed: list[tuple[int, int]] = field(default_factory=list)  # run id, event id
     queue: list[tuple[int, str, datetime]] = field(default_factory=list)  # dataset index, dag_id, created_at
     expected: dict[str, int] = field(default_factory=dict)
@@ -157,11 +159,20 @@ def create_dags() -> dict[int, int]:
     from sqlalchemy import select
 
     datasets = [Dataset(f"synthetic://large/{k}") for k in range(DATASETS)]
-    conditions = {"single": lambda ds: ds, "any": lambda ds: DatasetAny(*ds), "all": lambda ds: DatasetAll(*ds)}
+    conditions = {
+        "single": lambda ds: ds,
+        "any": lambda ds: DatasetAny(*ds),
+        "all": lambda ds: DatasetAll(*ds),
+    }
     dags = []
     for dag_id, (kind, ks) in consumers().items():
-        dags.append(DAG(dag_id, schedule=conditions[kind]([datasets[k] for k in ks]), start_date=BASE, catchup=False))
-    dags += [DAG(f"scheduled_{i}", schedule="@daily", start_date=BASE, catchup=False) for i in range(SCHEDULED_DAGS)]
+        dags.append(
+            DAG(dag_id, schedule=conditions[kind]([datasets[k] for k in ks]), start_date=BASE, catchup=False)
+        )
+    dags += [
+        DAG(f"scheduled_{i}", schedule="@daily", start_date=BASE, catchup=False)
+        for i in range(SCHEDULED_DAGS)
+    ]
     for dag in dags:
         EmptyOperator(task_id="work", dag=dag)
     with create_session() as session:
@@ -210,16 +221,38 @@ def load(plan: Plan, dataset_ids: dict[int, int], backend: str, log) -> None:
             cursor.execute("SET foreign_key_checks = 0, unique_checks = 0")
         cursor.close()
         bulk_insert(
-            raw, backend, "dataset_event", ["id", "dataset_id", "extra", "timestamp"],
+            raw,
+            backend,
+            "dataset_event",
+            ["id", "dataset_id", "extra", "timestamp"],
             ((i, dataset_ids[k], "{}", _ts(ts, backend)) for i, k, ts in plan.events),
         )
         log(f"  {len(plan.events):,} events in {time.monotonic() - started:.0f}s")
         bulk_insert(
-            raw, backend, "dag_run",
-            ["id", "dag_id", "execution_date", "run_id", "run_type", "state", "external_trigger", "clear_number"],
+            raw,
+            backend,
+            "dag_run",
+            [
+                "id",
+                "dag_id",
+                "execution_date",
+                "run_id",
+                "run_type",
+                "state",
+                "external_trigger",
+                "clear_number",
+            ],
             (
-                (i, dag_id, _ts(date, backend), f"{kind}__{date.isoformat()}", kind, "success",
-                 "false" if backend == "postgres" else 0, 0)
+                (
+                    i,
+                    dag_id,
+                    _ts(date, backend),
+                    f"{kind}__{date.isoformat()}",
+                    kind,
+                    "success",
+                    "false" if backend == "postgres" else 0,
+                    0,
+                )
                 for i, (dag_id, date, kind) in enumerate(plan.runs, start=1)
             ),
         )
@@ -227,7 +260,10 @@ def load(plan: Plan, dataset_ids: dict[int, int], backend: str, log) -> None:
         bulk_insert(raw, backend, "dagrun_dataset_event", ["dag_run_id", "event_id"], plan.consumed)
         log(f"  {len(plan.consumed):,} consumed (run, event) pairs in {time.monotonic() - started:.0f}s")
         bulk_insert(
-            raw, backend, "dataset_dag_run_queue", ["dataset_id", "target_dag_id", "created_at"],
+            raw,
+            backend,
+            "dataset_dag_run_queue",
+            ["dataset_id", "target_dag_id", "created_at"],
             ((dataset_ids[k], dag_id, _ts(ts, backend)) for k, dag_id, ts in plan.queue),
         )
         cursor = raw.cursor()
@@ -266,8 +302,16 @@ def time_audit(url: str, plan: Plan) -> dict:
     finally:
         session.close()
     totals = audit.report.totals()
-    names = ["produced", "consumed", "runs", "suspected_lost", "doubled", "empty_runs", "out_of_order",
-             "stale_queue_rows"]
+    names = [
+        "produced",
+        "consumed",
+        "runs",
+        "suspected_lost",
+        "doubled",
+        "empty_runs",
+        "out_of_order",
+        "stale_queue_rows",
+    ]
     expected = {n: plan.expected.get(n, 0) for n in names}
     results["mismatches"] = {n: (totals[n], expected[n]) for n in names if totals[n] != expected[n]}
     results["totals"] = {n: totals[n] for n in names}
@@ -275,7 +319,8 @@ def time_audit(url: str, plan: Plan) -> dict:
     started = time.monotonic()
     cli = subprocess.run(
         [sys.executable, "-m", "airflow_dataset_race_fix", "audit", "--db-url", url, "--json"],
-        capture_output=True, text=True,
+        capture_output=True,
+        text=True,
     )
     results["cli_seconds"] = round(time.monotonic() - started, 2)
     results["cli_exit"] = cli.returncode
@@ -323,7 +368,9 @@ def run_backend(backend: str, args) -> dict:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("backends", nargs="+", choices=("sqlite", "postgres", "mysql"))
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--runs", type=int, default=100_000)
@@ -337,12 +384,27 @@ def main() -> int:
     summary = []
     for backend in args.backends:
         child = subprocess.run(
-            [sys.executable, __file__, backend, "--child", "--events", str(args.events), "--runs", str(args.runs),
-             "--seed", str(args.seed)] + (["--keep"] if args.keep else []),
-            stdout=subprocess.PIPE, text=True,
+            [
+                sys.executable,
+                __file__,
+                backend,
+                "--child",
+                "--events",
+                str(args.events),
+                "--runs",
+                str(args.runs),
+                "--seed",
+                str(args.seed),
+            ]
+            + (["--keep"] if args.keep else []),
+            stdout=subprocess.PIPE,
+            text=True,
         )
-        summary.append(json.loads(child.stdout.strip().splitlines()[-1]) if child.returncode == 0 else
-                       {"backend": backend, "error": f"exit {child.returncode}"})
+        summary.append(
+            json.loads(child.stdout.strip().splitlines()[-1])
+            if child.returncode == 0
+            else {"backend": backend, "error": f"exit {child.returncode}"}
+        )
     print(json.dumps(summary, indent=2))
     return 0 if all("error" not in s and not s.get("mismatches") for s in summary) else 1
 

@@ -26,7 +26,6 @@ import time
 from airflow_dataset_race_fix import BOOTSTRAP_DIR
 from airflow_dataset_race_fix.bootstrap import SWITCHES
 
-
 # What an interpreter start with the shim loads (and nothing else of ours).
 STARTUP_MODULES = (
     "__init__.py",
@@ -66,7 +65,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=60, help="runs per variant (default 60)")
     parser.add_argument("--python", default=sys.executable, help="interpreter to start (default: this one)")
-    parser.add_argument("--no-compile", action="store_true", help="do not byte-compile the start-up modules first")
+    parser.add_argument(
+        "--no-compile", action="store_true", help="do not byte-compile the start-up modules first"
+    )
     args = parser.parse_args()
     if not args.no_compile:
         _compile_startup_modules()
@@ -74,7 +75,10 @@ def main() -> int:
     variants = {"without shim": _environment(False), "with shim": _environment(True)}
     check = subprocess.run(
         [args.python, "-c", "import sys; print('airflow' in sys.modules, 'sitecustomize' in sys.modules)"],
-        env=variants["with shim"], capture_output=True, text=True, check=True,
+        env=variants["with shim"],
+        capture_output=True,
+        text=True,
+        check=True,
     )
     print(f"with shim: airflow imported, sitecustomize loaded = {check.stdout.strip()}")
 

@@ -91,7 +91,11 @@ def run_deterministic(spec: dict[str, Any]) -> dict[str, Any]:
     for scenario in SCENARIOS:
         if only and scenario.id not in only:
             continue
-        entry: dict[str, Any] = {"id": scenario.id, "title": scenario.title, "expect_stock": list(scenario.expect_stock)}
+        entry: dict[str, Any] = {
+            "id": scenario.id,
+            "title": scenario.title,
+            "expect_stock": list(scenario.expect_stock),
+        }
         if not scenario.applies_to(spec["backend"]):
             entry["skipped"] = f"cannot happen on {spec['backend']}"
             results.append(entry)
@@ -99,7 +103,9 @@ def run_deterministic(spec: dict[str, Any]) -> dict[str, Any]:
         started = time.monotonic()
         try:
             outcome = run_scenario(scenario)
-            entry.update(totals=outcome.report.totals(), violations=outcome.violations, shows_bug=outcome.shows_bug())
+            entry.update(
+                totals=outcome.report.totals(), violations=outcome.violations, shows_bug=outcome.shows_bug()
+            )
         except Exception as err:  # a broken interleaving is a finding for this scenario only
             entry["error"] = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
         entry["seconds"] = round(time.monotonic() - started, 1)
@@ -109,7 +115,8 @@ def run_deterministic(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_stress(spec: dict[str, Any]) -> dict[str, Any]:
-    from reproduce.harness.stress import StressConfig, run_stress as stress
+    from reproduce.harness.stress import StressConfig
+    from reproduce.harness.stress import run_stress as stress
 
     config = StressConfig(
         seed=spec["seed"],

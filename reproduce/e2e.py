@@ -194,8 +194,13 @@ def drive(
     problems = judge(spec["variant"], counts, drained, crashes, notes)
     progress(f"done in {seconds} s: {', '.join(f'{k}={v}' for k, v in problems.items()) or 'no violation'}")
     return {
-        "seed": spec["seed"], "drained": drained, "seconds": seconds, "problems": problems, "notes": notes,
-        "scheduler_crashes": len(crashes), **counts,
+        "seed": spec["seed"],
+        "drained": drained,
+        "seconds": seconds,
+        "problems": problems,
+        "notes": notes,
+        "scheduler_crashes": len(crashes),
+        **counts,
     }
 
 
@@ -225,7 +230,9 @@ def _pause(processes: Sequence[Supervised], seconds: float, on_poll: Callable[[b
         time.sleep(min(0.5, left))
 
 
-def judge(variant: str, counts: dict[str, Any], drained: bool, crashes: list[str], notes: list[str]) -> dict[str, int]:
+def judge(
+    variant: str, counts: dict[str, Any], drained: bool, crashes: list[str], notes: list[str]
+) -> dict[str, int]:
     """What went wrong in a run: invariant violations, failed producers, crashes, no drain."""
     problems = dict(counts["violations"])
     causes = counts["producer_failures_by_cause"]
@@ -255,11 +262,12 @@ def _session():
     return create_session()
 
 
-def _wait_for_dags(processes: Sequence[Supervised], dag_ids: Sequence[str], progress: Callable[[str], None]) -> None:
-    from sqlalchemy import func, select
-
+def _wait_for_dags(
+    processes: Sequence[Supervised], dag_ids: Sequence[str], progress: Callable[[str], None]
+) -> None:
     from airflow.models.dag import DagModel
     from airflow.models.serialized_dag import SerializedDagModel
+    from sqlalchemy import func, select
 
     progress("scheduler started; waiting for it to parse the DAG files")
     deadline = time.monotonic() + PARSE_TIMEOUT
@@ -269,7 +277,9 @@ def _wait_for_dags(processes: Sequence[Supervised], dag_ids: Sequence[str], prog
         with _session() as session:
             parsed = session.scalar(select(func.count()).where(SerializedDagModel.dag_id.in_(dag_ids)))
             # trigger_dag needs the DagModel row too (written apart from the serialized DAG)
-            known = session.scalar(select(func.count()).where(DagModel.dag_id.in_(dag_ids), DagModel.is_active))
+            known = session.scalar(
+                select(func.count()).where(DagModel.dag_id.in_(dag_ids), DagModel.is_active)
+            )
         if parsed == known == len(dag_ids):
             return
         time.sleep(1)
@@ -277,7 +287,10 @@ def _wait_for_dags(processes: Sequence[Supervised], dag_ids: Sequence[str], prog
 
 
 def _trigger(
-    spec: dict[str, Any], lay: Layout, progress: Callable[[str], None], sleep: Callable[[float], None] = time.sleep
+    spec: dict[str, Any],
+    lay: Layout,
+    progress: Callable[[str], None],
+    sleep: Callable[[float], None] = time.sleep,
 ) -> dict[str, int]:
     """Trigger the producers with seeded gaps (``Layout.triggered_at``)."""
     from airflow.api.common.trigger_dag import trigger_dag
@@ -297,9 +310,8 @@ def _trigger(
 
 def _producer_task_states(session, producers: Sequence[str] = PRODUCERS) -> dict:
     """Producer task instances by state."""
-    from sqlalchemy import func, select
-
     from airflow.models.taskinstance import TaskInstance
+    from sqlalchemy import func, select
 
     return dict(
         session.execute(
@@ -311,17 +323,16 @@ def _producer_task_states(session, producers: Sequence[str] = PRODUCERS) -> dict
 
 
 def _snapshot(producers: Sequence[str]) -> tuple:
-    from sqlalchemy import func, select
-
     from airflow.models.dagrun import DagRun
     from airflow.models.dataset import DatasetDagRunQueue, DatasetEvent
+    from sqlalchemy import func, select
 
     with _session() as session:
         runs = tuple(
             session.execute(
-                select(DagRun.dag_id, DagRun.state, func.count()).group_by(DagRun.dag_id, DagRun.state).order_by(
-                    DagRun.dag_id, DagRun.state
-                )
+                select(DagRun.dag_id, DagRun.state, func.count())
+                .group_by(DagRun.dag_id, DagRun.state)
+                .order_by(DagRun.dag_id, DagRun.state)
             ).all()
         )
         tis = _producer_task_states(session, producers)
@@ -331,7 +342,11 @@ def _snapshot(producers: Sequence[str]) -> tuple:
 
 
 def _wait_for_drain(
-    processes: Sequence[Supervised], timeout: float, started: float, progress, lay: Layout,
+    processes: Sequence[Supervised],
+    timeout: float,
+    started: float,
+    progress,
+    lay: Layout,
     on_poll: Callable[[bool], None] | None = None,
 ) -> bool:
     """Until the producer runs are over and nothing changes for QUIET_POLLS polls in a row.
@@ -381,7 +396,12 @@ class Supervised:
     MAX_RESTARTS = 3
 
     def __init__(
-        self, name: str, args: list[str], env: dict[str, str], log_path: str, progress: Callable[[str], None],
+        self,
+        name: str,
+        args: list[str],
+        env: dict[str, str],
+        log_path: str,
+        progress: Callable[[str], None],
         max_restarts: int | None = None,
     ) -> None:
         self.name, self.args, self.env, self.log_path, self.progress = name, args, env, log_path, progress
@@ -419,7 +439,10 @@ class Supervised:
 
         self.down = True
         try:
-            victims = [psutil.Process(self.process.pid), *psutil.Process(self.process.pid).children(recursive=True)]
+            victims = [
+                psutil.Process(self.process.pid),
+                *psutil.Process(self.process.pid).children(recursive=True),
+            ]
         except psutil.Error:
             victims = []
         try:
@@ -469,19 +492,24 @@ class Supervised:
 class Scheduler(Supervised):
     """``airflow scheduler``."""
 
-    def __init__(self, env: dict[str, str], log_path: str, progress: Callable[[str], None], name: str = "the scheduler",
-                 max_restarts: int | None = None) -> None:
+    def __init__(
+        self,
+        env: dict[str, str],
+        log_path: str,
+        progress: Callable[[str], None],
+        name: str = "the scheduler",
+        max_restarts: int | None = None,
+    ) -> None:
         super().__init__(name, ["scheduler"], env, log_path, progress, max_restarts)
 
 
 def count(spec: dict[str, Any], triggers: dict[str, int], lay: Layout | None = None) -> dict[str, Any]:
     """What the tables say: invariant counts of the consumers, producer task outcomes (with
     retries: try_number > 1), events against successful producers, fix state."""
-    from sqlalchemy import func, select
-
     from airflow.models.dagrun import DagRun
     from airflow.models.dataset import DatasetEvent
     from airflow.models.xcom import XCom
+    from sqlalchemy import func, select
 
     from airflow_dataset_race_fix.diagnostics import invariant
 
@@ -529,26 +557,37 @@ def count(spec: dict[str, Any], triggers: dict[str, int], lay: Layout | None = N
 def _producer_tries(session, lay: Layout) -> dict[str, Any]:
     """Producer task instances that needed a retry (try_number > 1) or failed for good, each
     with its tries (TaskInstanceHistory keeps the state of every earlier try)."""
-    from sqlalchemy import select
-
     from airflow.models.taskinstance import TaskInstance
     from airflow.models.taskinstancehistory import TaskInstanceHistory
+    from sqlalchemy import select
 
     def key(row) -> str:
         return f"{row.dag_id}/{row.task_id}[{row.map_index}] {row.run_id}"
 
     history: dict[str, list[str]] = {}
     for row in session.execute(
-        select(TaskInstanceHistory.dag_id, TaskInstanceHistory.task_id, TaskInstanceHistory.map_index,
-               TaskInstanceHistory.run_id, TaskInstanceHistory.try_number, TaskInstanceHistory.state)
+        select(
+            TaskInstanceHistory.dag_id,
+            TaskInstanceHistory.task_id,
+            TaskInstanceHistory.map_index,
+            TaskInstanceHistory.run_id,
+            TaskInstanceHistory.try_number,
+            TaskInstanceHistory.state,
+        )
         .where(TaskInstanceHistory.dag_id.in_(lay.producers))
         .order_by(TaskInstanceHistory.try_number)
     ):
         history.setdefault(key(row), []).append(f"try {row.try_number}: {row.state}")
     retried, failed, events_of_successes = [], [], 0
     for row in session.execute(
-        select(TaskInstance.dag_id, TaskInstance.task_id, TaskInstance.map_index, TaskInstance.run_id,
-               TaskInstance.try_number, TaskInstance.state).where(TaskInstance.dag_id.in_(lay.producers))
+        select(
+            TaskInstance.dag_id,
+            TaskInstance.task_id,
+            TaskInstance.map_index,
+            TaskInstance.run_id,
+            TaskInstance.try_number,
+            TaskInstance.state,
+        ).where(TaskInstance.dag_id.in_(lay.producers))
     ):
         if row.state == "success":
             events_of_successes += lay.outlets(row.task_id)
@@ -569,7 +608,9 @@ def _producer_tries(session, lay: Layout) -> dict[str, Any]:
 def _last_error(log_path: str) -> str:
     """The last exception line of the scheduler's log."""
     with open(log_path, errors="replace") as handle:
-        lines = [line.strip() for line in handle if line[:1].isalpha() and ("Error" in line or "Exception" in line)]
+        lines = [
+            line.strip() for line in handle if line[:1].isalpha() and ("Error" in line or "Exception" in line)
+        ]
     return lines[-1][:300] if lines else "no error in its log"
 
 
@@ -586,7 +627,7 @@ def failure_causes(logs: str) -> dict[str, Any]:
             text = handle.read()
         if "Failed to execute job" not in text:
             continue
-        failing = text[text.index("Failed to execute job"):]
+        failing = text[text.index("Failed to execute job") :]
         statement = next((line for line in failing.splitlines() if line.startswith("[SQL: ")), "")
         if statement and not any(name in statement.lower() for name in DATASET_SQL):
             causes[OTHER_CAUSE] += 1
@@ -607,10 +648,14 @@ def _log_findings(home: str, log_ends: dict[str, int], limit: int = 2) -> list[s
     """A few distinct database errors of failed producer tasks and of the schedulers/workers
     (their logs up to ``log_ends``: what they log while being stopped is no finding)."""
     findings: Counter[str] = Counter()
-    for path in glob.glob(os.path.join(home, "logs", "dag_id=race_producer_*", "**", "*.log"), recursive=True):
+    for path in glob.glob(
+        os.path.join(home, "logs", "dag_id=race_producer_*", "**", "*.log"), recursive=True
+    ):
         with open(path, errors="replace") as handle:
             for line in handle:
-                if "Error" in line and ("sqlalchemy.exc" in line or "OperationalError" in line or "IntegrityError" in line):
+                if "Error" in line and (
+                    "sqlalchemy.exc" in line or "OperationalError" in line or "IntegrityError" in line
+                ):
                     findings["task: " + line.split("] ", 1)[-1].strip()[:160]] += 1
                     break
     for log_path, log_end in log_ends.items():

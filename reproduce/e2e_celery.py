@@ -42,9 +42,19 @@ CLAIM_KEY = "airflow-dataset-race-fix:e2e-claim"
 REDIS_DBS = range(1, 16)  # leave db 0 to whoever uses the default
 RETRIES, RETRY_DELAY = 2, 5
 # What a task's log says when its database server restarted under it (--chaos restart-db).
-CONNECTION_LOST = ("server closed the connection", "terminating connection", "connection already closed",
-                   "Lost connection", "gone away", "Connection refused", "could not connect", "Can't connect",
-                   "connection to server", "shutdown in progress", "the database system is")
+CONNECTION_LOST = (
+    "server closed the connection",
+    "terminating connection",
+    "connection already closed",
+    "Lost connection",
+    "gone away",
+    "Connection refused",
+    "could not connect",
+    "Can't connect",
+    "connection to server",
+    "shutdown in progress",
+    "the database system is",
+)
 
 
 def default_schedulers(backend: str) -> int:
@@ -72,7 +82,9 @@ class RedisDb:
                     return
                 client.delete(CLAIM_KEY)
             client.close()
-        raise RuntimeError(f"no empty Redis database among {REDIS_DBS.start}-{REDIS_DBS.stop - 1} on {server}")
+        raise RuntimeError(
+            f"no empty Redis database among {REDIS_DBS.start}-{REDIS_DBS.stop - 1} on {server}"
+        )
 
     @property
     def url(self) -> str:
@@ -108,15 +120,26 @@ def celery_env(spec: dict[str, Any], broker: str) -> dict[str, str]:
 class Worker(e2e.Supervised):
     """``airflow celery worker`` with its own host name and pid file, no log server."""
 
-    def __init__(self, number: int, spec: dict[str, Any], env: dict[str, str], progress, max_restarts: int) -> None:
+    def __init__(
+        self, number: int, spec: dict[str, Any], env: dict[str, str], progress, max_restarts: int
+    ) -> None:
         home = os.environ["AIRFLOW_HOME"]
         args = [
-            "celery", "worker", "--concurrency", str(spec["worker_concurrency"]),
-            "--celery-hostname", f"worker{number}@adrf-{spec['seed']}-{os.getpid()}",
-            "--pid", os.path.join(home, f"worker{number}.pid"),
-            "--skip-serve-logs", "--without-mingle", "--without-gossip",
+            "celery",
+            "worker",
+            "--concurrency",
+            str(spec["worker_concurrency"]),
+            "--celery-hostname",
+            f"worker{number}@adrf-{spec['seed']}-{os.getpid()}",
+            "--pid",
+            os.path.join(home, f"worker{number}.pid"),
+            "--skip-serve-logs",
+            "--without-mingle",
+            "--without-gossip",
         ]
-        super().__init__(f"worker {number}", args, env, os.path.join(home, f"worker{number}.log"), progress, max_restarts)
+        super().__init__(
+            f"worker {number}", args, env, os.path.join(home, f"worker{number}.log"), progress, max_restarts
+        )
 
     def _start(self):
         try:  # a SIGKILLed worker leaves its pid file behind, and Celery refuses to start on it
@@ -172,8 +195,11 @@ class Chaos:
     def _kill(self, fault: str, process: e2e.Supervised) -> None:
         pid = process.process.pid
         killed = process.kill()
-        self._record(fault, f"SIGKILL {process.name} (pid {pid}, {killed} processes with its children); "
-                            f"restart in {RESTART_AFTER:.0f} s")
+        self._record(
+            fault,
+            f"SIGKILL {process.name} (pid {pid}, {killed} processes with its children); "
+            f"restart in {RESTART_AFTER:.0f} s",
+        )
         self.restarts.append((time.monotonic() + RESTART_AFTER, process))
 
     def _kill_scheduler(self) -> None:
@@ -200,10 +226,22 @@ def restart_database(backend: str, url: str) -> str:
         cluster = os.environ.get("ADRF_PG_CLUSTER") or f"{sorted(os.listdir('/etc/postgresql'))[-1]} main"
         command = ["pg_ctlcluster", "--skip-systemctl-redirect", *cluster.split(), "restart"]
         subprocess.run(command, check=True, timeout=120, capture_output=True)
-        _wait_until(lambda: _ok(["pg_isready", "-q", "-h", parsed.host or "127.0.0.1", "-p", str(parsed.port or 5432)]))
+        _wait_until(
+            lambda: _ok(
+                ["pg_isready", "-q", "-h", parsed.host or "127.0.0.1", "-p", str(parsed.port or 5432)]
+            )
+        )
         return " ".join(command)
     if backend == "mysql":
-        admin = ["mysqladmin", "-h", parsed.host or "127.0.0.1", "-P", str(parsed.port or 3306), "-u", parsed.username or "root"]
+        admin = [
+            "mysqladmin",
+            "-h",
+            parsed.host or "127.0.0.1",
+            "-P",
+            str(parsed.port or 3306),
+            "-u",
+            parsed.username or "root",
+        ]
         if parsed.password:
             admin.append(f"-p{parsed.password}")
         subprocess.run([*admin, "shutdown"], check=True, timeout=120, capture_output=True)
@@ -242,52 +280,71 @@ def run(spec: dict[str, Any], progress: Callable[[str], None]) -> dict[str, Any]
     processes: list[e2e.Supervised] = []
     chaos = None
     try:
-        progress(f"Redis database {redis_db.url} claimed; {spec['schedulers']} scheduler(s), {spec['workers']} "
-                 f"worker(s) x {spec['worker_concurrency']} slots; chaos: {', '.join(spec.get('chaos') or []) or 'none'}")
+        progress(
+            f"Redis database {redis_db.url} claimed; {spec['schedulers']} scheduler(s), {spec['workers']} "
+            f"worker(s) x {spec['worker_concurrency']} slots; chaos: {', '.join(spec.get('chaos') or []) or 'none'}"
+        )
         env = e2e.process_env(spec, celery_env(spec, redis_db.url))
         # --stock-schedulers: the first N schedulers of the fixed variant run stock Airflow (an
         # HA pair half way through a rolling upgrade)
         stock_env = e2e.process_env({**spec, "variant": "stock"}, celery_env(spec, redis_db.url))
         stock_schedulers = min(spec.get("stock_schedulers") or 0, spec["schedulers"])
         if stock_schedulers:
-            progress(f"mixed: scheduler(s) 1-{stock_schedulers} run stock Airflow, the rest and the workers the fix")
+            progress(
+                f"mixed: scheduler(s) 1-{stock_schedulers} run stock Airflow, the rest and the workers the fix"
+            )
         max_restarts = e2e.Supervised.MAX_RESTARTS + 2 * len(spec.get("chaos") or [])
         started = time.monotonic()
         schedulers = [
-            e2e.Scheduler(stock_env if n <= stock_schedulers else env, os.path.join(home, f"scheduler{n}.log"),
-                          progress, f"scheduler {n}", max_restarts)
+            e2e.Scheduler(
+                stock_env if n <= stock_schedulers else env,
+                os.path.join(home, f"scheduler{n}.log"),
+                progress,
+                f"scheduler {n}",
+                max_restarts,
+            )
             for n in range(1, spec["schedulers"] + 1)
         ]
         processes += schedulers
         workers = [Worker(n, spec, env, progress, max_restarts) for n in range(1, spec["workers"] + 1)]
         processes += workers
         chaos = Chaos(list(spec.get("chaos") or []), spec, schedulers, workers, progress)
-        result = e2e.drive(spec, e2e.layout(spec), processes, started, progress, on_poll=chaos.poll,
-                           extra_notes=chaos.finish)
+        result = e2e.drive(
+            spec, e2e.layout(spec), processes, started, progress, on_poll=chaos.poll, extra_notes=chaos.finish
+        )
     finally:
         e2e.stop_all(processes)  # idempotent: drive stopped them already unless it failed first
         redis_db.release()
     result["faults"] = chaos.log
     crashes = [crash for process in processes for crash in process.crashes]
-    if "restart-db" in (spec.get("chaos") or []) and crashes and all(
-        any(text in crash for text in CONNECTION_LOST) for crash in crashes
+    if (
+        "restart-db" in (spec.get("chaos") or [])
+        and crashes
+        and all(any(text in crash for text in CONNECTION_LOST) for crash in crashes)
     ):
         # Processes that died of the database restart (and were restarted): the fault, not a finding.
         result["problems"].pop("scheduler_crashes", None)
         result["notes"].append(f"{len(crashes)} process(es) died of the database restart and were restarted")
     result["topology"] = {
-        "executor": "CeleryExecutor", "broker": redis_db.url, "schedulers": spec["schedulers"],
+        "executor": "CeleryExecutor",
+        "broker": redis_db.url,
+        "schedulers": spec["schedulers"],
         "stock_schedulers": stock_schedulers,
-        "workers": spec["workers"], "worker_concurrency": spec["worker_concurrency"],
+        "workers": spec["workers"],
+        "worker_concurrency": spec["worker_concurrency"],
         "producers": {dag_id: e2e.layout(spec).tasks(dag_id) for dag_id in e2e.layout(spec).producers},
-        "retries": RETRIES, "retry_delay": RETRY_DELAY,
+        "retries": RETRIES,
+        "retry_delay": RETRY_DELAY,
     }
     if result.get("producer_tis_retried_list"):
         result["retry_causes"] = retry_causes(os.path.join(home, "logs"), result["producer_tis_retried_list"])
         # A try that failed on a database error other than a lost connection (a deadlock, a lock
         # timeout) is a failure of the producer's transaction that no injected fault explains.
-        on_error = sum(n for cause, n in result["retry_causes"].items() if cause.startswith("error:")
-                       and not any(text in cause for text in CONNECTION_LOST))
+        on_error = sum(
+            n
+            for cause, n in result["retry_causes"].items()
+            if cause.startswith("error:") and not any(text in cause for text in CONNECTION_LOST)
+        )
         if on_error:
             result["problems"]["producer_tries_failed_on_db_error"] = on_error
             progress(f"producer tries failed on a database error: {on_error}")
@@ -321,8 +378,14 @@ def retry_causes(logs: str, retried: list[str]) -> dict[str, int]:
                 # by a dead scheduler, or stuck in the queue of a dead worker) and queued again.
                 causes["reset while queued (no log)"] += 1
                 continue
-            at = next((i for i, line in enumerate(lines) if "Error" in line
-                       and ("sqlalchemy" in line or "Exception" in line or "Error:" in line)), None)
+            at = next(
+                (
+                    i
+                    for i, line in enumerate(lines)
+                    if "Error" in line and ("sqlalchemy" in line or "Exception" in line or "Error:" in line)
+                ),
+                None,
+            )
             if at is None:
                 causes["killed (its log just stops)"] += 1
                 continue

@@ -34,7 +34,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VARIANTS = ("stock", "disabled", "not-activated", "on")
 
-DAG = '''
+DAG = """
 import pendulum
 from airflow import DAG
 from airflow.datasets import Dataset
@@ -46,7 +46,7 @@ with DAG("adrf_cost_producer", start_date=pendulum.datetime(2026, 1, 1, tz="UTC"
     PythonOperator(task_id="emit", python_callable=lambda: None, outlets=[DATASET])
 with DAG("adrf_cost_consumer", start_date=pendulum.datetime(2026, 1, 1, tz="UTC"), schedule=[DATASET]):
     EmptyOperator(task_id="noop")
-'''
+"""
 
 # A host without this package: Airflow's scan of the installed distributions' entry points as ever, ours left out.
 HIDE_PACKAGE = """
@@ -109,13 +109,18 @@ def _child_env(variant: str, dags: str) -> dict[str, str]:
 def _sample(variant: str, dags: str, run_id: str) -> tuple[float, float, float, float]:
     code = (HIDE_PACKAGE if variant == "stock" else TIME_HOOKS) + RUN_TASK
     started = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code), dags, run_id],
-                          env=_child_env(variant, dags), capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code), dags, run_id],
+        env=_child_env(variant, dags),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     wall = (time.perf_counter() - started) * 1000
     line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
     if proc.returncode or line is None:
         raise SystemExit(f"{variant} sample failed:\n{(proc.stdout + proc.stderr)[-3000:]}")
-    found = json.loads(line[len("RESULT "):])
+    found = json.loads(line[len("RESULT ") :])
     return found["task_ms"], found["cpu_ms"], wall, found["hooks_ms"]
 
 
@@ -137,7 +142,6 @@ def main(argv: list[str] | None = None) -> None:
             dag_file.write(textwrap.dedent(DAG))
         init_airflow_db()
         import pendulum
-
         from airflow.models.dagbag import DagBag
         from airflow.utils.session import create_session
         from airflow.utils.state import DagRunState
@@ -154,21 +158,31 @@ def main(argv: list[str] | None = None) -> None:
                 minute = len(VARIANTS) * index + VARIANTS.index(variant)
                 logical_date = pendulum.datetime(2026, 2, 1, tz="UTC").add(minutes=minute)
                 with create_session() as session:
-                    producer.create_dagrun(run_id=run_id, state=DagRunState.RUNNING, session=session,
-                                           execution_date=logical_date, run_type=DagRunType.MANUAL,
-                                           data_interval=(logical_date, logical_date))
+                    producer.create_dagrun(
+                        run_id=run_id,
+                        state=DagRunState.RUNNING,
+                        session=session,
+                        execution_date=logical_date,
+                        run_type=DagRunType.MANUAL,
+                        data_interval=(logical_date, logical_date),
+                    )
                 sample = _sample(variant, dags, run_id)
                 if index:
                     samples[variant].append(sample)
         stock = [statistics.median(sample[i] for sample in samples["stock"]) for i in range(3)]
         print(f"{args.backend}, {args.processes} fresh processes a variant, alternating:")
-        print("| variant | _run_raw_task ms | / stock | its CPU ms | / stock | whole process ms | / stock "
-              "| in our hooks ms |")
+        print(
+            "| variant | _run_raw_task ms | / stock | its CPU ms | / stock | whole process ms | / stock "
+            "| in our hooks ms |"
+        )
         print("|---|---|---|---|---|---|---|---|")
         for variant in VARIANTS:
             medians = [statistics.median(sample[i] for sample in samples[variant]) for i in range(4)]
-            print(f"| {variant} | " + " | ".join(f"{m:.1f} | {m / s:.3f}" for m, s in zip(medians, stock))
-                  + f" | {medians[3]:.2f} |")
+            print(
+                f"| {variant} | "
+                + " | ".join(f"{m:.1f} | {m / s:.3f}" for m, s in zip(medians, stock))
+                + f" | {medians[3]:.2f} |"
+            )
     finally:
         from airflow import settings
 

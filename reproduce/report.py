@@ -21,7 +21,10 @@ def table(headers: list[str], rows: list[list[Any]], groups: list[tuple[str, int
     """A plain text table; ``groups`` (title, number of columns) adds a header row above."""
     cells = [[str(c) for c in headers]] + [[str(c) for c in row] for row in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
-    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))) for row in cells]
+    lines = [
+        "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
+        for row in cells
+    ]
     lines.insert(1, "  ".join("-" * w for w in widths))
     if groups:
         parts, column = [], 0
@@ -67,12 +70,17 @@ def render_deterministic(runs: list[dict[str, Any]], backend: str) -> str:
         rows.append(row)
     text = table(headers, rows, groups)
     legend = "counts: lost, doubled (consumed twice), empty runs, out-of-order runs, lingering queue rows"
-    about = ("forced interleavings: each race driven step by step at named SQL statements, with real "
-             "transactions and row locks, not a running scheduler; a real scheduler and executor: --e2e")
+    about = (
+        "forced interleavings: each race driven step by step at named SQL statements, with real "
+        "transactions and row locks, not a running scheduler; a real scheduler and executor: --e2e"
+    )
     if skipped:
         where = ", ".join(f"{i} (--backend {' or '.join(_BACKENDS[i])})" for i in skipped)
-        notes.insert(0, f"not run on {backend}: {where}"
-                     + ("; SQLite has one writer at a time, and these races need two" if backend == "sqlite" else ""))
+        notes.insert(
+            0,
+            f"not run on {backend}: {where}"
+            + ("; SQLite has one writer at a time, and these races need two" if backend == "sqlite" else ""),
+        )
     return "\n".join([text, f"  {legend}", f"  {about}", *(f"  {n}" for n in notes)])
 
 
@@ -118,7 +126,17 @@ def _shows_bug(run: dict[str, Any]) -> bool:
 
 
 def render_stress(runs: list[dict[str, Any]]) -> str:
-    headers = ["variant", "run", "seed", "committed", "found", "prod.fail", "loops", *COUNT_HEADERS, "seconds"]
+    headers = [
+        "variant",
+        "run",
+        "seed",
+        "committed",
+        "found",
+        "prod.fail",
+        "loops",
+        *COUNT_HEADERS,
+        "seconds",
+    ]
     rows, notes = [], []
     for r in runs:
         if r.get("error"):
@@ -127,15 +145,37 @@ def render_stress(runs: list[dict[str, Any]]) -> str:
         s = r["stress"]
         notes += [f"{r['variant']} run {r['run']}: {sample}" for sample in s["failure_samples"][:2]]
         rows.append(
-            [r["variant"], r["run"], s["config"]["seed"], s["produced"], s["events_in_db"], s["producer_failures"],
-             s["scheduler_loops"], *_counts(s["totals"]), s["seconds"]]
+            [
+                r["variant"],
+                r["run"],
+                s["config"]["seed"],
+                s["produced"],
+                s["events_in_db"],
+                s["producer_failures"],
+                s["scheduler_loops"],
+                *_counts(s["totals"]),
+                s["seconds"],
+            ]
         )
     return "\n".join([table(headers, _pad(rows, len(headers))), *(f"  {n}" for n in notes)])
 
 
 def render_e2e(runs: list[dict[str, Any]]) -> str:
-    headers = ["variant", "run", "seed", "events", "expected", "prod.failed", "(other)", "retried", "fix active",
-               "consumer runs", *COUNT_HEADERS, "drained", "seconds"]
+    headers = [
+        "variant",
+        "run",
+        "seed",
+        "events",
+        "expected",
+        "prod.failed",
+        "(other)",
+        "retried",
+        "fix active",
+        "consumer runs",
+        *COUNT_HEADERS,
+        "drained",
+        "seconds",
+    ]
     rows, notes = [], []
     for r in runs:
         if r.get("error"):
@@ -143,28 +183,49 @@ def render_e2e(runs: list[dict[str, Any]]) -> str:
             continue
         e = r["e2e"]
         rows.append(
-            [r["variant"], r["run"], e["seed"], e["events"], e["expected_events"],
-             e["producer_tis_failed"] - _other_failures(e), _other_failures(e), e.get("producer_tis_retried", 0),
-             e["fix_active"], e["consumer_runs"], *_counts(e["totals"]), "yes" if e["drained"] else "NO", e["seconds"]]
+            [
+                r["variant"],
+                r["run"],
+                e["seed"],
+                e["events"],
+                e["expected_events"],
+                e["producer_tis_failed"] - _other_failures(e),
+                _other_failures(e),
+                e.get("producer_tis_retried", 0),
+                e["fix_active"],
+                e["consumer_runs"],
+                *_counts(e["totals"]),
+                "yes" if e["drained"] else "NO",
+                e["seconds"],
+            ]
         )
         label = f"{r['variant']} run {r['run']}"
         for fault in e.get("faults", []):
-            notes.append(f"{label}: fault at {fault['utc']} UTC (+{fault['at_seconds']} s): {fault['fault']}: {fault['detail']}")
+            notes.append(
+                f"{label}: fault at {fault['utc']} UTC (+{fault['at_seconds']} s): {fault['fault']}: {fault['detail']}"
+            )
         for entry in e.get("producer_tis_failed_list", [])[:LISTED]:
             notes.append(f"{label}: failed producer {entry}")
         retried = e.get("producer_tis_retried_list", [])
         if retried:
             causes = ", ".join(f"{cause} x{n}" for cause, n in (e.get("retry_causes") or {}).items())
-            notes.append(f"{label}: {len(retried)} producer task(s) retried" + (f"; earlier tries: {causes}" if causes else ""))
+            notes.append(
+                f"{label}: {len(retried)} producer task(s) retried"
+                + (f"; earlier tries: {causes}" if causes else "")
+            )
             notes += [f"{label}: retried producer {entry}" for entry in retried[:LISTED]]
             if len(retried) > LISTED:
                 notes.append(f"{label}: ... {len(retried) - LISTED} more retried (--json for all)")
         for note in e.get("notes", []):
             notes.append(f"{label}: {note}")
-    legend = ("prod.failed: producer tasks that failed in the dataset code or for no known reason; "
-              "(other): failed in Airflow's own statements (dag_run, rendered fields); retried: producer task "
-              "instances with try_number > 1")
-    return "\n".join([table(headers, _pad(rows, len(headers))), f"  {legend}", *(f"  note: {n}" for n in notes)])
+    legend = (
+        "prod.failed: producer tasks that failed in the dataset code or for no known reason; "
+        "(other): failed in Airflow's own statements (dag_run, rendered fields); retried: producer task "
+        "instances with try_number > 1"
+    )
+    return "\n".join(
+        [table(headers, _pad(rows, len(headers))), f"  {legend}", *(f"  note: {n}" for n in notes)]
+    )
 
 
 LISTED = 5  # failed / retried producer task instances listed per run
@@ -193,12 +254,18 @@ def verdict_random(mode: str, runs: list[dict[str, Any]]) -> Verdict:
         detail = "; ".join(f"run {i}: {v}" for i, v in fixed_bad)
         return Verdict(False, f"FAILED: the fix showed problems ({detail}); {stock_text}")
     if not stock_bad:
-        return Verdict(False, f"INCONCLUSIVE: the fix showed none, but {stock_text}; try --repeat or more load")
+        return Verdict(
+            False, f"INCONCLUSIVE: the fix showed none, but {stock_text}; try --repeat or more load"
+        )
     return Verdict(True, f"OK: {stock_text}, the fix in none of {len(_by_variant(runs, 'fixed'))}")
 
 
 def render(mode: str, backend: str, runs: list[dict[str, Any]]) -> str:
-    title = {"deterministic": "deterministic scenarios", "stress": "stress", "e2e": "end to end (real scheduler)"}[mode]
+    title = {
+        "deterministic": "deterministic scenarios",
+        "stress": "stress",
+        "e2e": "end to end (real scheduler)",
+    }[mode]
     if mode == "deterministic":
         body = render_deterministic(runs, backend)
     else:

@@ -50,7 +50,9 @@ def missing(backend: str, executor: str | None) -> list[str]:
         needed.append("time-machine")
     if backend in DRIVERS and not _installed(DRIVERS[backend][0]):
         needed.append(DRIVERS[backend][1])
-    if executor == "celery" and not (_distribution_installed("apache-airflow-providers-celery") and _installed("redis")):
+    if executor == "celery" and not (
+        _distribution_installed("apache-airflow-providers-celery") and _installed("redis")
+    ):
         needed += ["-r", _requirements_file(f"celery-e2e-airflow-{CELERY_AIRFLOW}-py3.11.txt")]
     return needed
 

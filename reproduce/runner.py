@@ -33,7 +33,9 @@ class ReproduceError(Exception):
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--backend", choices=BACKENDS, help="metadata database (default: sqlite, or the --db-url's)")
+    parser.add_argument(
+        "--backend", choices=BACKENDS, help="metadata database (default: sqlite, or the --db-url's)"
+    )
     parser.add_argument(
         "--db-url",
         metavar="URL",
@@ -48,41 +50,91 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--stress", action="store_true", help="random concurrent producers and scheduler loops")
-    mode.add_argument("--e2e", action="store_true", help="a real 'airflow scheduler' running producer/consumer DAGs")
-    parser.add_argument("--seed", type=int, default=DEFAULT_SEED, help="seed for --stress and --e2e (default %(default)s)")
-    parser.add_argument("--repeat", type=int, default=1, metavar="N", help="runs per variant for --stress and --e2e")
-    parser.add_argument("--only", metavar="IDS", help="deterministic: comma-separated scenario ids (e.g. S1,S6)")
-    parser.add_argument("--producers", type=int, default=8, help="--stress: producer processes (default %(default)s)")
-    parser.add_argument("--events", type=int, default=50, help="--stress: events per producer (default %(default)s)")
+    mode.add_argument(
+        "--e2e", action="store_true", help="a real 'airflow scheduler' running producer/consumer DAGs"
+    )
     parser.add_argument(
-        "--schedulers", type=int, choices=(1, 2),
+        "--seed", type=int, default=DEFAULT_SEED, help="seed for --stress and --e2e (default %(default)s)"
+    )
+    parser.add_argument(
+        "--repeat", type=int, default=1, metavar="N", help="runs per variant for --stress and --e2e"
+    )
+    parser.add_argument(
+        "--only", metavar="IDS", help="deterministic: comma-separated scenario ids (e.g. S1,S6)"
+    )
+    parser.add_argument(
+        "--producers", type=int, default=8, help="--stress: producer processes (default %(default)s)"
+    )
+    parser.add_argument(
+        "--events", type=int, default=50, help="--stress: events per producer (default %(default)s)"
+    )
+    parser.add_argument(
+        "--schedulers",
+        type=int,
+        choices=(1, 2),
         help="--stress: scheduler loops; --e2e --executor celery: 'airflow scheduler' processes (default 2 on postgres, 1 elsewhere)",
     )
-    parser.add_argument("--mapped", type=int, default=30, help="--e2e: mapped producer tasks per run (default %(default)s)")
-    parser.add_argument("--triggers", type=int, help="--e2e: runs of the main producer (default 4; 2 on sqlite)")
+    parser.add_argument(
+        "--mapped", type=int, default=30, help="--e2e: mapped producer tasks per run (default %(default)s)"
+    )
+    parser.add_argument(
+        "--triggers", type=int, help="--e2e: runs of the main producer (default 4; 2 on sqlite)"
+    )
     parser.add_argument(
         "--executor",
         choices=("local", "sequential", "celery"),
         help="--e2e: Airflow executor (default: local on servers, sequential on sqlite); celery needs a Redis "
         "server (ADRF_REDIS_URL, default redis://127.0.0.1:6379) and requirements/celery-e2e-*.txt",
     )
-    parser.add_argument("--workers", type=int, default=2, help="--executor celery: 'airflow celery worker' processes (default %(default)s)")
-    parser.add_argument("--worker-concurrency", type=int, default=4, help="--executor celery: slots per worker (default %(default)s)")
-    parser.add_argument("--mapped-multi", type=int, default=8,
-                        help="--executor celery: mapped tasks with outlets [a, b] and as many with [b, a] per run (default %(default)s)")
     parser.add_argument(
-        "--chaos", action="append", choices=("kill-scheduler", "kill-worker", "restart-db"), default=[],
+        "--workers",
+        type=int,
+        default=2,
+        help="--executor celery: 'airflow celery worker' processes (default %(default)s)",
+    )
+    parser.add_argument(
+        "--worker-concurrency",
+        type=int,
+        default=4,
+        help="--executor celery: slots per worker (default %(default)s)",
+    )
+    parser.add_argument(
+        "--mapped-multi",
+        type=int,
+        default=8,
+        help="--executor celery: mapped tasks with outlets [a, b] and as many with [b, a] per run (default %(default)s)",
+    )
+    parser.add_argument(
+        "--chaos",
+        action="append",
+        choices=("kill-scheduler", "kill-worker", "restart-db"),
+        default=[],
         help="--executor celery, repeatable: fault injected while the producers run (restart-db restarts the "
         "database SERVER on this machine: every database on it, other users' too)",
     )
     parser.add_argument(
-        "--stock-schedulers", type=int, default=0, metavar="N",
+        "--stock-schedulers",
+        type=int,
+        default=0,
+        metavar="N",
         help="--executor celery: in the fixed variant, the first N 'airflow scheduler' processes run stock "
         "Airflow (a rolling upgrade of HA schedulers: one fixed, one stock); default %(default)s",
     )
-    parser.add_argument("--parallelism", type=int, default=8, help="--e2e: tasks the executor takes per scheduler loop (default %(default)s)")
-    parser.add_argument("--timeout", type=float, default=600, help="--e2e: seconds to wait for the drain (default %(default)s)")
-    parser.add_argument("--keep-logs", metavar="DIR", help="--e2e: copy the scheduler and task logs of each run here")
+    parser.add_argument(
+        "--parallelism",
+        type=int,
+        default=8,
+        help="--e2e: tasks the executor takes per scheduler loop (default %(default)s)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=600,
+        help="--e2e: seconds to wait for the drain (default %(default)s)",
+    )
+    parser.add_argument(
+        "--keep-logs", metavar="DIR", help="--e2e: copy the scheduler and task logs of each run here"
+    )
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON to FILE")
 
 
@@ -104,7 +156,9 @@ def _main(args: argparse.Namespace) -> int:
     if args.database is not None and backend == "sqlite":
         raise ReproduceError("--database names a server's database: SQLite runs on a temporary file")
     if args.database is not None and not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_-]{0,62}", args.database):
-        raise ReproduceError(f"--database {args.database!r}: 1 to 63 letters, digits, '_' or '-', not starting with '-'")
+        raise ReproduceError(
+            f"--database {args.database!r}: 1 to 63 letters, digits, '_' or '-', not starting with '-'"
+        )
     if mode == "deterministic":
         args.only = scenario_ids(args.only, backend)
     # Celery on SQLite is refused below, with its reason, before anything is installed for it
@@ -140,7 +194,9 @@ def _main(args: argparse.Namespace) -> int:
     for index in range(repeats):
         for variant in VARIANTS:
             label = f"{variant}" + (f" run {index + 1}/{repeats}" if repeats > 1 else "")
-            result = run_child(_spec(args, mode, backend, variant, index, label), backend, args.db_url, label, args.database)
+            result = run_child(
+                _spec(args, mode, backend, variant, index, label), backend, args.db_url, label, args.database
+            )
             result["run"] = index + 1
             runs.append(result)
     verdict = report.verdict(mode, runs)
@@ -229,8 +285,11 @@ def check_celery(backend: str, args: argparse.Namespace) -> None:
     except redis.RedisError as err:
         raise ReproduceError(f"Redis at {redis_url()} (ADRF_REDIS_URL) is not reachable: {err}") from None
     if backend == "mysql" and args.schedulers == 2:
-        print("reproduce: note: Airflow supports several schedulers only on PostgreSQL and MySQL 8 (row locks); "
-              "on MariaDB they collide without our code", file=sys.stderr)
+        print(
+            "reproduce: note: Airflow supports several schedulers only on PostgreSQL and MySQL 8 (row locks); "
+            "on MariaDB they collide without our code",
+            file=sys.stderr,
+        )
 
 
 def check_airflow_version() -> str:
@@ -250,12 +309,21 @@ def check_airflow_version() -> str:
     return found
 
 
-def _spec(args: argparse.Namespace, mode: str, backend: str, variant: str, index: int, label: str) -> dict[str, Any]:
-    spec: dict[str, Any] = {"mode": mode, "backend": backend, "variant": variant, "progress_prefix": f"  [{label}] "}
+def _spec(
+    args: argparse.Namespace, mode: str, backend: str, variant: str, index: int, label: str
+) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "mode": mode,
+        "backend": backend,
+        "variant": variant,
+        "progress_prefix": f"  [{label}] ",
+    }
     if mode == "deterministic":
         spec["only"] = args.only  # checked ids (scenario_ids)
     elif mode == "stress":
-        spec.update(seed=args.seed + index, producers=args.producers, events=args.events, schedulers=args.schedulers)
+        spec.update(
+            seed=args.seed + index, producers=args.producers, events=args.events, schedulers=args.schedulers
+        )
     else:
         spec.update(
             seed=args.seed + index,
@@ -285,7 +353,9 @@ def run_child(
     except DatabaseExists as err:
         raise ReproduceError(str(err)) from None
     except DatabaseUnavailable as err:
-        raise ReproduceError(f"{err}\n  (start the server, or point --db-url / {_env_hint(backend)} at one)") from None
+        raise ReproduceError(
+            f"{err}\n  (start the server, or point --db-url / {_env_hint(backend)} at one)"
+        ) from None
     except ImportError as err:
         raise ReproduceError(f"the {backend} driver is not installed: {err}") from None
     home = tempfile.TemporaryDirectory(prefix="adrf-reproduce-home-")

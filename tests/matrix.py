@@ -35,7 +35,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import AIRFLOW_VERSION, BACKEND, SOURCE_MODE
 
 # tox's own Python: the envs without a pyNN factor
@@ -46,7 +45,11 @@ MAIN_RELEASE = "2.10.4"
 # the releases whose envs run every test placed on them; the others run RELEASE_CHECK_MODULES
 FULL_RELEASES = {MAIN_RELEASE, "2.11.2"}
 RELEASE_CHECK_MODULES = {
-    "test_decision_steps.py", "test_scenarios.py", "test_shim.py", "test_shim_airflow.py", "test_install.py",
+    "test_decision_steps.py",
+    "test_scenarios.py",
+    "test_shim.py",
+    "test_shim_airflow.py",
+    "test_install.py",
 }
 
 
@@ -69,7 +72,9 @@ def place_by_release(items):
     if AIRFLOW_VERSION in FULL_RELEASES:
         return
     modules = RELEASE_CHECK_MODULES - ({"test_shim.py"} if _target_files_as_in_a_full_release() else set())
-    skip = pytest.mark.skip(reason=f"Airflow {AIRFLOW_VERSION}: its envs run {', '.join(sorted(modules))} only")
+    skip = pytest.mark.skip(
+        reason=f"Airflow {AIRFLOW_VERSION}: its envs run {', '.join(sorted(modules))} only"
+    )
     for item in items:
         if item.path.name not in modules:
             item.add_marker(skip)

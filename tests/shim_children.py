@@ -46,10 +46,13 @@ TARGETS = ("airflow.datasets.manager", "airflow.jobs.scheduler_job_runner")
 ALL_PATCHED = {name: "patched" for name in TARGETS}
 ALL_ORIGINAL = {name: "patchable" for name in TARGETS}
 # Child code that imports both targets and reports.
-IMPORT_TARGETS = REPORT_CODE + """
+IMPORT_TARGETS = (
+    REPORT_CODE
+    + """
 import airflow.datasets.manager, airflow.jobs.scheduler_job_runner
 _report()
 """
+)
 
 
 def child_env(

@@ -29,10 +29,10 @@ from collections import defaultdict
 from datetime import datetime, timezone
 
 import pytest
+from airflow.datasets import Dataset
+from conftest import BACKEND
 from sqlalchemy import create_engine, select, text
 from sqlalchemy.engine import make_url
-
-from airflow.datasets import Dataset
 
 from airflow_dataset_race_fix import cli
 from airflow_dataset_race_fix.diagnostics import invariant
@@ -40,8 +40,6 @@ from reproduce.harness.database import ScratchDatabase
 from reproduce.harness.scenarios import SCENARIOS, run_scenario
 from reproduce.harness.stress import StressConfig, run_stress, seed_from_env
 from reproduce.harness.world import World
-
-from conftest import BACKEND
 
 
 # -- helpers ----------------------------------------------------------------------------
@@ -80,20 +78,32 @@ def _oracle(dag_ids) -> dict[str, set]:
     from airflow.models.dagrun import DagRun
     from airflow.models.dataset import (
         DagScheduleDatasetReference as Ref,
+    )
+    from airflow.models.dataset import (
         DatasetDagRunQueue as Queue,
+    )
+    from airflow.models.dataset import (
         DatasetEvent,
+    )
+    from airflow.models.dataset import (
         association_table as consumed,
     )
 
     with session() as s:
         datasets = defaultdict(set)
-        for dag_id, dataset_id in s.execute(select(Ref.dag_id, Ref.dataset_id).where(Ref.dag_id.in_(dag_ids))):
+        for dag_id, dataset_id in s.execute(
+            select(Ref.dag_id, Ref.dataset_id).where(Ref.dag_id.in_(dag_ids))
+        ):
             datasets[dag_id].add(dataset_id)
         runs = s.execute(
-            select(DagRun.id, DagRun.dag_id, DagRun.run_id, DagRun.execution_date, DagRun.data_interval_start,
-                   DagRun.data_interval_end).where(
-                DagRun.dag_id.in_(dag_ids), DagRun.run_type == "dataset_triggered"
-            )
+            select(
+                DagRun.id,
+                DagRun.dag_id,
+                DagRun.run_id,
+                DagRun.execution_date,
+                DagRun.data_interval_start,
+                DagRun.data_interval_end,
+            ).where(DagRun.dag_id.in_(dag_ids), DagRun.run_type == "dataset_triggered")
         ).all()
         run_by_id = {r.id: r for r in runs}
         all_pairs = s.execute(select(consumed.c.dag_run_id, consumed.c.event_id)).all()
@@ -105,7 +115,15 @@ def _oracle(dag_ids) -> dict[str, set]:
     for run, event in pairs:
         times[run_by_id[run].dag_id, event] += 1
     now = datetime.now(timezone.utc)
-    names = ("suspected_lost", "lost", "doubled", "empty_runs", "out_of_order", "future_dated", "overlapping_intervals")
+    names = (
+        "suspected_lost",
+        "lost",
+        "doubled",
+        "empty_runs",
+        "out_of_order",
+        "future_dated",
+        "overlapping_intervals",
+    )
     result = {name: set() for name in names}
     for dag_id in dag_ids:
         own = [r for r in runs if r.dag_id == dag_id]
@@ -121,7 +139,10 @@ def _oracle(dag_ids) -> dict[str, set]:
                 result["future_dated"].add((dag_id, event.id))
         by_date = sorted(own, key=lambda r: r.execution_date)
         for before, r in zip(by_date, by_date[1:]):  # overlapping: with the run just before it
-            if None not in (before.data_interval_end, r.data_interval_start) and r.data_interval_start < before.data_interval_end:
+            if (
+                None not in (before.data_interval_end, r.data_interval_start)
+                and r.data_interval_start < before.data_interval_end
+            ):
                 result["overlapping_intervals"].add((dag_id, r.run_id))
         consuming_runs = {run for run, _ in pairs}
         for r in own:
@@ -140,9 +161,18 @@ def assert_lists_match_oracle(report: dict, dag_ids) -> dict[str, set]:
     assert {(r["dag_id"], r["run_id"]) for r in found["empty_runs"]} == expected["empty_runs"]
     assert {(r["dag_id"], r["run_id"]) for r in found["out_of_order"]} == expected["out_of_order"]
     assert {(e["dag_id"], e["event_id"]) for e in found["future_dated"]} == expected["future_dated"]
-    assert {(r["dag_id"], r["run_id"]) for r in found["overlapping_intervals"]} == expected["overlapping_intervals"]
+    assert {(r["dag_id"], r["run_id"]) for r in found["overlapping_intervals"]} == expected[
+        "overlapping_intervals"
+    ]
     assert report["totals"]["lost"] == len(expected["lost"])
-    for name in ("suspected_lost", "doubled", "empty_runs", "out_of_order", "future_dated", "overlapping_intervals"):
+    for name in (
+        "suspected_lost",
+        "doubled",
+        "empty_runs",
+        "out_of_order",
+        "future_dated",
+        "overlapping_intervals",
+    ):
         assert report["totals"][name] == len(expected[name]), name
     return expected
 
@@ -209,7 +239,9 @@ def test_audit_finds_scenario_damage_and_requeue_recovers_it(variant_stock, caps
 def test_audit_finds_stress_damage_and_requeue_recovers_it(variant_stock, capsys, monkeypatch):
     with session() as s:
         before = set(invariant.consuming_dag_ids(s))
-    result = run_stress(StressConfig(seed=seed_from_env(), producers=6, events_per_producer=40), log=lambda _: None)
+    result = run_stress(
+        StressConfig(seed=seed_from_env(), producers=6, events_per_producer=40), log=lambda _: None
+    )
     with session() as s:
         dag_ids = sorted(set(invariant.consuming_dag_ids(s)) - before)
     assert len(dag_ids) == 3
@@ -246,10 +278,15 @@ def test_audit_finds_stress_damage_and_requeue_recovers_it(variant_stock, capsys
 
 
 def _stress_uris(dag_ids) -> set[str]:
-    from airflow.models.dataset import DagScheduleDatasetReference as Ref, DatasetModel
+    from airflow.models.dataset import DagScheduleDatasetReference as Ref
+    from airflow.models.dataset import DatasetModel
 
     with session() as s:
-        query = select(DatasetModel.uri).join(Ref, Ref.dataset_id == DatasetModel.id).where(Ref.dag_id.in_(dag_ids))
+        query = (
+            select(DatasetModel.uri)
+            .join(Ref, Ref.dataset_id == DatasetModel.id)
+            .where(Ref.dag_id.in_(dag_ids))
+        )
         return set(s.scalars(query))
 
 
@@ -469,10 +506,14 @@ def test_the_documented_json_keys_are_the_printed_keys(variant_stock, capsys):
     airflow_dataset_race_fix.apply(strict=True)  # --requeue (a dry run) needs the fix here
     _, document = audit(capsys, "--requeue", *dag_args(dag_ids))
     item_types = {
-        "findings.stranded[]": invariant.StrandedGroup, "findings.suspected_lost[]": invariant.EventFinding,
-        "findings.doubled[]": invariant.EventFinding, "findings.empty_runs[]": invariant.RunFinding,
-        "findings.out_of_order[]": invariant.RunFinding, "findings.stale_queue_rows[]": invariant.QueueFinding,
-        "findings.future_dated[]": invariant.EventFinding, "findings.overlapping_intervals[]": invariant.IntervalFinding,
+        "findings.stranded[]": invariant.StrandedGroup,
+        "findings.suspected_lost[]": invariant.EventFinding,
+        "findings.doubled[]": invariant.EventFinding,
+        "findings.empty_runs[]": invariant.RunFinding,
+        "findings.out_of_order[]": invariant.RunFinding,
+        "findings.stale_queue_rows[]": invariant.QueueFinding,
+        "findings.future_dated[]": invariant.EventFinding,
+        "findings.overlapping_intervals[]": invariant.IntervalFinding,
         "requeue.rows[]": QueueWrite,
     }
     documented = _documented_keys()
@@ -508,7 +549,12 @@ def test_runs_only_a_scheduler_without_the_fix_creates_name_that_scheduler(varia
     dag_ids = [d.dag_id for d in outcome.report.dags]
     with create_session() as session:
         result = invariant.audit(session, dag_ids)
-        jobs = {job.id: job.hostname for job in session.scalars(select(Job).where(Job.id.in_({r.creating_job_id for r in result.out_of_order})))}
+        jobs = {
+            job.id: job.hostname
+            for job in session.scalars(
+                select(Job).where(Job.id.in_({r.creating_job_id for r in result.out_of_order}))
+            )
+        }
     assert result.out_of_order and all(r.creating_job_id in jobs for r in result.out_of_order)
     assert {r.creating_host for r in result.out_of_order} == set(jobs.values())
     creators = invariant.schedulers_without_the_fix(result.out_of_order)

@@ -28,14 +28,19 @@ REPO = Path(__file__).resolve().parents[1]
 ONE_LINE_ERROR = "airflow-dataset-race-fix audit: error: "
 
 
-def run_audit(*args: str, env: dict | None = None, python: str = sys.executable, cwd=None,
-              airflow_config: bool = True) -> subprocess.CompletedProcess:
+def run_audit(
+    *args: str, env: dict | None = None, python: str = sys.executable, cwd=None, airflow_config: bool = True
+) -> subprocess.CompletedProcess:
     """``audit ARGS`` in a child with this environment plus ``env``; without this session's
     ``AIRFLOW__*`` settings unless ``airflow_config``."""
     base = {k: v for k, v in os.environ.items() if airflow_config or not k.startswith("AIRFLOW__")}
     return subprocess.run(
         [python, "-m", "airflow_dataset_race_fix", "audit", *args],
-        env={**base, **(env or {})}, cwd=cwd, capture_output=True, text=True, timeout=300,
+        env={**base, **(env or {})},
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
 
 
@@ -50,8 +55,12 @@ def assert_one_line_exit_2(result: subprocess.CompletedProcess, *expected: str) 
 
 
 def test_without_airflow_installed(tmp_path):
-    subprocess.run([sys._base_executable, "-m", "venv", "--without-pip", str(tmp_path / "bare")], check=True, timeout=120)
-    result = run_audit(python=str(tmp_path / "bare" / "bin" / "python"), env={"PYTHONPATH": str(REPO / "src")})
+    subprocess.run(
+        [sys._base_executable, "-m", "venv", "--without-pip", str(tmp_path / "bare")], check=True, timeout=120
+    )
+    result = run_audit(
+        python=str(tmp_path / "bare" / "bin" / "python"), env={"PYTHONPATH": str(REPO / "src")}
+    )
     assert_one_line_exit_2(result, "Apache Airflow is not installed in")
 
 
@@ -72,7 +81,10 @@ def test_an_unreadable_airflow_cfg(tmp_path):
 @pytest.mark.parametrize(
     "url, expected",
     [
-        ("postgresql+pg8000://u@127.0.0.1/db", "the driver for postgresql+pg8000 is not installed: No module named 'pg8000'"),
+        (
+            "postgresql+pg8000://u@127.0.0.1/db",
+            "the driver for postgresql+pg8000 is not installed: No module named 'pg8000'",
+        ),
         ("oracle://u@127.0.0.1/db", "unsupported backend 'oracle'"),
     ],
     ids=["missing-driver", "oracle"],
@@ -84,7 +96,10 @@ def test_a_url_from_airflows_configuration(url, expected):
 
 @pytest.mark.parametrize(
     "url, module, package",
-    [("postgresql+psycopg2://u@127.0.0.1/db", "psycopg2", "psycopg2-binary"), ("mysql://u@127.0.0.1/db", "MySQLdb", "mysqlclient")],
+    [
+        ("postgresql+psycopg2://u@127.0.0.1/db", "psycopg2", "psycopg2-binary"),
+        ("mysql://u@127.0.0.1/db", "MySQLdb", "mysqlclient"),
+    ],
     ids=["psycopg2", "mysqlclient"],
 )
 def test_a_missing_driver_names_the_package_to_install(tmp_path, url, module, package):
@@ -101,12 +116,23 @@ def test_a_missing_driver_names_the_package_to_install(tmp_path, url, module, pa
         (["--db-url", "oracle://u@127.0.0.1/db"], "--db-url: unsupported backend 'oracle'"),
         (["--db-url", "mysql://u@127.0.0.1:notaport/db"], "--db-url: not a valid database URL"),
         (["--db-url", "sqlite:///{db}?timeout=abc"], "--db-url: bad database URL argument"),
-        (["--db-url", "sqlite:///{tmp}/empty.db"], "no SQLite database file at {tmp}/empty.db; check AIRFLOW_HOME"),
+        (
+            ["--db-url", "sqlite:///{tmp}/empty.db"],
+            "no SQLite database file at {tmp}/empty.db; check AIRFLOW_HOME",
+        ),
         (["--since", "800000d"], "--since '800000d': out of range"),
         (["--since", "9999-12-31T23:59:59-14:00"], "out of range"),
         (["--since", "0001-01-01T00:00:00+01:00"], "out of range"),
     ],
-    ids=["oracle", "port", "sqlite-timeout", "no-sqlite-file", "since-duration", "since-date-late", "since-date-early"],
+    ids=[
+        "oracle",
+        "port",
+        "sqlite-timeout",
+        "no-sqlite-file",
+        "since-duration",
+        "since-date-late",
+        "since-date-early",
+    ],
 )
 def test_bad_argument_values(tmp_path, args, expected):
     db = tmp_path / "x.db"
@@ -117,7 +143,10 @@ def test_bad_argument_values(tmp_path, args, expected):
 
 
 def _tree(root: Path) -> dict[str, tuple]:
-    return {str(p.relative_to(root)): (p.is_dir(), p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*")}
+    return {
+        str(p.relative_to(root)): (p.is_dir(), p.stat().st_size, p.stat().st_mtime_ns)
+        for p in root.rglob("*")
+    }
 
 
 def _a_dag_waiting_on_a_queue_row() -> str:
@@ -177,7 +206,9 @@ def test_ctrl_c_at_any_moment_gives_130_and_no_report():
         """(exit status, stdout) of an audit sent SIGINT after ``seconds``; None if it ended before."""
         child = subprocess.Popen(
             [sys.executable, "-m", "airflow_dataset_race_fix", "audit"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as a terminal's foreground job
         )
         if seconds is not None:
@@ -198,8 +229,12 @@ def test_ctrl_c_at_any_moment_gives_130_and_no_report():
     for step in range(10):
         delay = round(0.25 + (duration - 0.25) * step / 10, 2)
         outcomes[delay] = audit_interrupted_after(delay)
-    interrupted = {delay: (code, len(out)) for delay, (code, out) in
-                   ((d, o) for d, o in outcomes.items() if o is not None)}
+    interrupted = {
+        delay: (code, len(out))
+        for delay, (code, out) in ((d, o) for d, o in outcomes.items() if o is not None)
+    }
     assert len(interrupted) >= 5, f"the audit ({duration:.1f} s) printed before most interrupts: {outcomes}"
-    assert all(code in (130, -signal.SIGINT) and not out for code, out in interrupted.values()), str(interrupted)
+    assert all(code in (130, -signal.SIGINT) and not out for code, out in interrupted.values()), str(
+        interrupted
+    )
     assert 130 in [code for code, _ in interrupted.values()], str(interrupted)

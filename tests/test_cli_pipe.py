@@ -85,8 +85,12 @@ def test_explain_into_a_closed_pipe_gives_141(tmp_path):
     dag_file.write_text(code)
     written = subprocess.run([sys.executable, str(dag_file)], capture_output=True, text=True, timeout=300)
     assert written.returncode == 0, written.stderr[-3000:]
-    explained = subprocess.run([sys.executable, "-m", "airflow_dataset_race_fix", "explain", "adrf_pipe_consumer"],
-                               capture_output=True, text=True, timeout=300)
+    explained = subprocess.run(
+        [sys.executable, "-m", "airflow_dataset_race_fix", "explain", "adrf_pipe_consumer"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert explained.returncode == 0 and "adrf_pipe_consumer" in explained.stdout, explained.stderr[-3000:]
     status, stderr = run_into_closed_pipe("explain", "adrf_pipe_consumer")
     assert "Traceback" not in stderr and "Exception ignored" not in stderr, stderr[-3000:]
@@ -105,7 +109,11 @@ def test_a_reader_that_reads_everything_sees_the_commands_own_status():
     def audit(into: str) -> subprocess.CompletedProcess:
         return subprocess.run(
             f"set -o pipefail; {sys.executable} -m airflow_dataset_race_fix audit {into}",
-            shell=True, executable="/bin/bash", capture_output=True, text=True, timeout=300,
+            shell=True,
+            executable="/bin/bash",
+            capture_output=True,
+            text=True,
+            timeout=300,
         )
 
     alone, piped = audit(">/dev/null"), audit("| cat >/dev/null")

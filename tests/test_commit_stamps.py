@@ -26,18 +26,16 @@ import time
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import select, update
-
 from airflow.datasets import DatasetAny
 from airflow.models.dag import DagModel
 from airflow.models.dagrun import DagRun
 from airflow.models.dataset import DatasetDagRunQueue, DatasetEvent, DatasetModel
 from airflow.utils.session import create_session
+from conftest import BACKEND
+from sqlalchemy import select, update
 
 from reproduce.harness.faults import run_producer
 from reproduce.harness.world import BLOCKED, DONE, PAUSED, Aborted, World
-
-from conftest import BACKEND
 
 servers_only = pytest.mark.skipif(BACKEND == "sqlite", reason="SQLite has one writer and this host's clock")
 LATENCY = "AIRFLOW__DATASET_RACE_FIX__COMMIT_LATENCY_SECONDS"
@@ -109,7 +107,9 @@ def test_an_event_is_dated_at_its_commit_on_the_databases_clock(world):
     ((_, stamp),) = _events(w)
     assert before <= stamp <= after
     with create_session() as session:
-        created_at = session.scalar(select(DatasetDagRunQueue.created_at).where(DatasetDagRunQueue.target_dag_id == d))
+        created_at = session.scalar(
+            select(DatasetDagRunQueue.created_at).where(DatasetDagRunQueue.target_dag_id == d)
+        )
     # the queue row on the same clock, dated just after its event, as Airflow orders them
     # (its test_outlet_datasets checks it; a stock scheduler selects events up to created_at)
     assert stamp < created_at <= after + timedelta(microseconds=1)

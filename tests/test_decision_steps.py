@@ -17,11 +17,28 @@ LOOKBACK, LATENCY = 900 * S, 10 * S
 
 
 def floors(
-    dataset_ids, latest_run, queued=None, newest=None, found_late=None, now=T, checked=None, below_clock=None, oldest=None
+    dataset_ids,
+    latest_run,
+    queued=None,
+    newest=None,
+    found_late=None,
+    now=T,
+    checked=None,
+    below_clock=None,
+    oldest=None,
 ):
     return Runner._dataset_floors(
-        dataset_ids, latest_run, now, queued or {}, newest or {}, found_late or {}, LOOKBACK, LATENCY, checked,
-        below_clock, oldest,
+        dataset_ids,
+        latest_run,
+        now,
+        queued or {},
+        newest or {},
+        found_late or {},
+        LOOKBACK,
+        LATENCY,
+        checked,
+        below_clock,
+        oldest,
     )
 
 
@@ -48,7 +65,9 @@ def test_an_older_queue_row_pulls_the_floor_down_and_the_look_back_bounds_it():
 def test_a_late_commit_found_is_read_from_its_stamp_within_the_look_back():
     late = floors([1, 2], T - S, newest={1: T - 2 * S, 2: T - 2 * S}, found_late={1: T - 100 * S})
     assert not late.full_read and late.floors == {1: T - 100 * S, 2: T - 2 * S - LATENCY}
-    assert floors([1], T - S, newest={1: T - 2 * S}, found_late={1: T - 2000 * S}).floors == {1: T - S - LOOKBACK}
+    assert floors([1], T - S, newest={1: T - 2 * S}, found_late={1: T - 2000 * S}).floors == {
+        1: T - S - LOOKBACK
+    }
 
 
 def test_a_clock_behind_the_latest_run_reads_in_full_from_the_run_before_the_clock():
@@ -58,7 +77,9 @@ def test_a_clock_behind_the_latest_run_reads_in_full_from_the_run_before_the_clo
     # reads from the run before the clock, and so does the fix (not from the clock less the look-back)
     stepped = floors([1], T + 1200 * S, newest={1: T + 1200 * S}, now=T + 960 * S, below_clock=T)
     assert stepped.full_read and stepped.floors == {1: T - LOOKBACK}
-    assert floors([1], T + S, newest={1: T + S}, now=T + S).floors == {1: T + S - LATENCY}  # not ahead: the floor
+    assert floors([1], T + S, newest={1: T + S}, now=T + S).floors == {
+        1: T + S - LATENCY
+    }  # not ahead: the floor
 
 
 def test_nothing_is_read_below_the_oldest_run_db_clean_left():
@@ -68,7 +89,8 @@ def test_nothing_is_read_below_the_oldest_run_db_clean_left():
     # a late commit the net found reads from its stamp, however far below the look-back, but never below the
     # oldest run: runs deleted since the find (db clean) took their consumption records with them
     assert floors([1, 2], T, newest={1: T - S}, found_late={1: T - 60 * S}, oldest=T - 30 * S).floors == {
-        1: T - 30 * S, 2: T - 30 * S
+        1: T - 30 * S,
+        2: T - 30 * S,
     }
     assert floors([1], T, newest={1: T - S}, found_late={1: T - 2000 * S}, oldest=T - 3000 * S).floors == {
         1: T - 2000 * S
@@ -77,7 +99,9 @@ def test_nothing_is_read_below_the_oldest_run_db_clean_left():
     # a row written after it reads from the latency before the row, not below the oldest run (the explorer's
     # 'Q1:a S.loop Q2:a S.loop Q3:a D.clean:d', steps 10 ms apart: Q1 was consumed again)
     assert floors([1], T, queued={1: T + 2 * S}, newest={1: T - S}, oldest=T).floors == {1: T - S - LATENCY}
-    assert floors([1], T, queued={1: T}, oldest=T - 0.5 * S).floors == {1: T - 0.5 * S}  # a row after it: not below
+    assert floors([1], T, queued={1: T}, oldest=T - 0.5 * S).floors == {
+        1: T - 0.5 * S
+    }  # a row after it: not below
 
 
 def test_what_this_process_checked_raises_the_floor_but_never_above_a_queue_row():
@@ -85,10 +109,12 @@ def test_what_this_process_checked_raises_the_floor_but_never_above_a_queue_row(
     assert floors([1], T - 5 * S, newest={1: T - 7 * S}, checked={1: T - 30 * S}).floors == {1: T - 17 * S}
     queued = floors([1], T - 5 * S, queued={1: T - 4 * S}, newest={1: T - 7 * S}, checked={1: T - 2 * S})
     assert queued.floors == {1: T - 14 * S}
-    assert floors([1], T - 5 * S, newest={1: T - 7 * S}, found_late={1: T - 60 * S}, checked={1: T}).floors == {
-        1: T - 60 * S
-    }
-    assert floors([1], T - 5 * S, checked={1: T}).floors == {1: T - 5 * S - LOOKBACK}  # nothing consumed from it
+    assert floors(
+        [1], T - 5 * S, newest={1: T - 7 * S}, found_late={1: T - 60 * S}, checked={1: T}
+    ).floors == {1: T - 60 * S}
+    assert floors([1], T - 5 * S, checked={1: T}).floors == {
+        1: T - 5 * S - LOOKBACK
+    }  # nothing consumed from it
 
 
 def test_a_read_is_remembered_below_what_it_left_and_the_latency_and_forgotten_when_it_cannot_hold():
@@ -97,7 +123,10 @@ def test_a_read_is_remembered_below_what_it_left_and_the_latency_and_forgotten_w
     read = floors([1, 2], latest, newest={1: T - 7 * S, 2: T - 7 * S})
     runner._remember_dataset_reads("d", read, [event(1, T - 30 * S), event(1, T - 20 * S)], state, LATENCY)
     assert runner._checked_dataset_floors("d", [1, 2, 3], T, latest) == {1: T - 30 * S, 2: T - LATENCY}
-    assert runner._checked_dataset_floors("d", [1, 2], T + S, T) == {1: T - 30 * S, 2: T - LATENCY}  # a newer run
+    assert runner._checked_dataset_floors("d", [1, 2], T + S, T) == {
+        1: T - 30 * S,
+        2: T - LATENCY,
+    }  # a newer run
     assert runner._checked_dataset_floors("e", [1, 2], T, latest) == {}
     assert runner._checked_dataset_floors("d", [1, 2], T - S, latest) == {}  # the clock went back
     assert runner._checked_dataset_floors("d", [1, 2], T, latest - S) == {}  # the latest run was deleted

@@ -14,18 +14,16 @@ import json
 import os
 import re
 import subprocess
+import sys
 import textwrap
 import time
 from datetime import datetime, timedelta
 from pathlib import Path
 
-import sys
-
 import pytest
-from shim_children import PYTHON, child_env, output, shim_env
-
 from conftest import AIRFLOW_VERSION, BACKEND
 from matrix import MAIN_PYTHON, MAIN_RELEASE, SOURCE_MODE
+from shim_children import PYTHON, child_env, output, shim_env
 
 # Real processes of the main release through the shim; the SQL it reads, on each backend.
 pytestmark = pytest.mark.skipif(
@@ -36,7 +34,7 @@ pytestmark = pytest.mark.skipif(
 AIRFLOW = os.path.join(os.path.dirname(PYTHON), "airflow")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the session's database settings module
 
-DAGS = '''
+DAGS = """
 import pendulum
 from airflow import DAG
 from airflow.datasets import Dataset
@@ -48,7 +46,7 @@ with DAG("adrf_deployment_producer", start_date=pendulum.datetime(2026, 1, 1, tz
     PythonOperator(task_id="emit", python_callable=lambda: None, outlets=[DATASET, Dataset("adrf://deployment/e")])
 with DAG("adrf_deployment_consumer", start_date=pendulum.datetime(2026, 1, 1, tz="UTC"), schedule=[DATASET]):
     EmptyOperator(task_id="noop")
-'''
+"""
 
 HOST_MODULE = "import os\n\ndef name():\n    return os.environ['ADRF_HOST']\n"
 
@@ -86,16 +84,24 @@ def deployment(tmp_path_factory):
 
     with create_session() as session:
         for day, host in enumerate(("host-a", "host-b", "host-c", "host-a-again"), start=1):
-            producer.create_dagrun(run_id=f"adrf_deployment_{host}", state=DagRunState.RUNNING,
-                                   execution_date=pendulum.datetime(2026, 2, day, tz="UTC"),
-                                   run_type=DagRunType.MANUAL, session=session)
+            producer.create_dagrun(
+                run_id=f"adrf_deployment_{host}",
+                state=DagRunState.RUNNING,
+                execution_date=pendulum.datetime(2026, 2, day, tz="UTC"),
+                run_type=DagRunType.MANUAL,
+                session=session,
+            )
         SerializedDagModel.write_dag(producer, session=session)
     DagModel.get_dagmodel(producer.dag_id).set_is_paused(True)  # the schedulers start none of its tasks
 
     def command_and_env(host: str, kind: str, *args: str) -> tuple[list[str], dict[str, str]]:
-        extra = {"ADRF_HOST": host, "AIRFLOW__CORE__HOSTNAME_CALLABLE": "adrf_host.name",
-                 "AIRFLOW__CORE__DAGS_FOLDER": str(root / "dags"), "AIRFLOW__CORE__EXECUTOR": "SequentialExecutor",
-                 "AIRFLOW__SCHEDULER__STANDALONE_DAG_PROCESSOR": "True"}
+        extra = {
+            "ADRF_HOST": host,
+            "AIRFLOW__CORE__HOSTNAME_CALLABLE": "adrf_host.name",
+            "AIRFLOW__CORE__DAGS_FOLDER": str(root / "dags"),
+            "AIRFLOW__CORE__EXECUTOR": "SequentialExecutor",
+            "AIRFLOW__SCHEDULER__STANDALONE_DAG_PROCESSOR": "True",
+        }
         if kind == "without-package":
             return [PYTHON, "-c", WITHOUT_PACKAGE, *args], child_env([str(root), REPO], **extra)
         switches = {"AIRFLOW_DATASET_RACE_FIX_DISABLED": "1"} if kind == "off" else {}
@@ -115,24 +121,33 @@ def deployment(tmp_path_factory):
     runs = (("host-a", "fixed"), ("host-b", "without-package"), ("host-c", "off"), ("host-a-again", "fixed"))
     for run, kind in runs:
         host = run.removesuffix("-again")
-        airflow(host, kind, "tasks", "run", "adrf_deployment_producer", "emit", f"adrf_deployment_{run}",
-                "--local")
+        airflow(
+            host,
+            kind,
+            "tasks",
+            "run",
+            "adrf_deployment_producer",
+            "emit",
+            f"adrf_deployment_{run}",
+            "--local",
+        )
     return _deployment("--json", "--hours", "1")
 
 
 def _run_triggerer_until_its_job_heartbeats(command: list[str], env: dict[str, str]) -> None:
     """A real ``airflow triggerer``, stopped by SIGTERM once its job row is there (it has no --num-runs)."""
-    from sqlalchemy import select
-
     from airflow.jobs.job import Job
     from airflow.utils.session import create_session
+    from sqlalchemy import select
 
     proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline and proc.poll() is None:
             with create_session() as session:
-                if session.scalar(select(Job.id).where(Job.job_type == "TriggererJob", Job.hostname == "host-a")):
+                if session.scalar(
+                    select(Job.id).where(Job.job_type == "TriggererJob", Job.hostname == "host-a")
+                ):
                     break
             time.sleep(1)
         assert proc.poll() is None, f"the triggerer ended early:\n{proc.stdout.read()[-4000:]}"
@@ -146,8 +161,13 @@ def _ours(rows: list[dict]) -> dict[str, dict]:
 
 
 def _deployment(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([PYTHON, "-m", "airflow_dataset_race_fix", "deployment", *args], env=child_env([REPO]),
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [PYTHON, "-m", "airflow_dataset_race_fix", "deployment", *args],
+        env=child_env([REPO]),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_deployment_names_the_hosts_that_ran_without_the_fix(deployment):
@@ -155,7 +175,9 @@ def test_deployment_names_the_hosts_that_ran_without_the_fix(deployment):
     found = json.loads(deployment.stdout)
     assert found["schema"] == "airflow-dataset-race-fix/deployment/1"
     # Each component once per process start, the triggerer and the dag-processor from their jobs as the schedulers
-    ours = [(row["host"], row["component"]) for row in found["components"] if row["host"] in ("host-a", "host-b")]
+    ours = [
+        (row["host"], row["component"]) for row in found["components"] if row["host"] in ("host-a", "host-b")
+    ]
     processes = ["scheduler", "triggerer", *(["dag-processor"] if BACKEND != "sqlite" else [])]
     assert sorted(ours) == sorted([*(("host-a", name) for name in processes), ("host-b", "scheduler")]), ours
     components = {(row["host"], row["component"]): row for row in found["components"]}
@@ -166,14 +188,25 @@ def test_deployment_names_the_hosts_that_ran_without_the_fix(deployment):
     stock = components["host-b", "scheduler"]
     assert stock["fixed"] is False and stock["why"].startswith("no mark") and stock["stopped"] is not None
     producers = _ours(found["producers"])
-    assert {host: (row["fixed"], row["events"], row["task_instances"]) for host, row in producers.items()} == {
-        "host-a": (True, 4, 2), "host-b": (False, 2, 1), "host-c": (False, 2, 1)}
+    assert {
+        host: (row["fixed"], row["events"], row["task_instances"]) for host, row in producers.items()
+    } == {"host-a": (True, 4, 2), "host-b": (False, 2, 1), "host-c": (False, 2, 1)}
     assert producers["host-b"]["why"].startswith("no mark")
     assert producers["host-c"]["why"] == "disabled by AIRFLOW_DATASET_RACE_FIX_DISABLED"
-    assert producers["host-a"]["dag_id"] == "adrf_deployment_producer" and producers["host-a"]["task_id"] == "emit"
+    assert (
+        producers["host-a"]["dag_id"] == "adrf_deployment_producer"
+        and producers["host-a"]["task_id"] == "emit"
+    )
     # docs/deployment-json.md: every time in ISO 8601, UTC with its offset
-    times = [found["since"], *(row[key] for row in found["components"] + found["producers"]
-                               for key in ("first", "last", "stopped") if row.get(key))]
+    times = [
+        found["since"],
+        *(
+            row[key]
+            for row in found["components"] + found["producers"]
+            for key in ("first", "last", "stopped")
+            if row.get(key)
+        ),
+    ]
     assert all(re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?\+00:00", t) for t in times), times
 
 
@@ -181,32 +214,40 @@ def test_the_documented_json_keys_are_the_printed_keys(deployment):
     """docs/deployment-json.md: each ``<!-- keys: PATH -->`` table lists exactly the keys printed there."""
     text = (Path(REPO) / "docs" / "deployment-json.md").read_text()
     found = json.loads(deployment.stdout)
-    documented = {path: {key for row in table.splitlines()[2:] for key in re.findall(r"`([^`]+)`", row.split("|")[1])}
-                  for path, table in re.findall(r"<!-- keys: (.*?) -->\n((?:\|.*\n)+)", text)}
-    printed = {".": set(found), **{f"{name}[]": {key for row in found[name] for key in row}
-                                   for name in ("components", "producers")}}
+    documented = {
+        path: {key for row in table.splitlines()[2:] for key in re.findall(r"`([^`]+)`", row.split("|")[1])}
+        for path, table in re.findall(r"<!-- keys: (.*?) -->\n((?:\|.*\n)+)", text)
+    }
+    printed = {
+        ".": set(found),
+        **{f"{name}[]": {key for row in found[name] for key in row} for name in ("components", "producers")},
+    }
     assert documented == printed
 
 
 def test_a_host_writes_one_producer_mark_an_hour_and_verdict(deployment):
     """host-a ran two producer tasks, each in fresh processes: one mark, naming the task that wrote it;
     host-c's (off) says why; host-b (no package) wrote none. No task wrote a component mark."""
-    from sqlalchemy import select
-
     from airflow.models.log import Log
     from airflow.utils.session import create_session
+    from sqlalchemy import select
 
     from airflow_dataset_race_fix.evidence import MARK_EVENT
 
     with create_session() as session:
-        marks = [(run_id, json.loads(extra)) for run_id, extra in session.execute(
-            select(Log.run_id, Log.extra).where(Log.event == MARK_EVENT))]
+        marks = [
+            (run_id, json.loads(extra))
+            for run_id, extra in session.execute(select(Log.run_id, Log.extra).where(Log.event == MARK_EVENT))
+        ]
     ours = [(run_id, mark) for run_id, mark in marks if mark["host"] in ("host-a", "host-b", "host-c")]
     producers = sorted((m["host"], m["fixed"], run_id) for run_id, m in ours if m["component"] == "task")
-    assert producers == [("host-a", True, "adrf_deployment_host-a"),
-                         ("host-c", False, "adrf_deployment_host-c")]
+    assert producers == [
+        ("host-a", True, "adrf_deployment_host-a"),
+        ("host-c", False, "adrf_deployment_host-c"),
+    ]
     assert [m for _, m in ours if m["component"] == "task" and m["host"] == "host-c"][0]["why"] == (
-        "disabled by AIRFLOW_DATASET_RACE_FIX_DISABLED")
+        "disabled by AIRFLOW_DATASET_RACE_FIX_DISABLED"
+    )
     processes = ["scheduler", "triggerer", *(["dag-processor"] if BACKEND != "sqlite" else [])]
     assert sorted(m["component"] for _, m in ours if m["component"] != "task") == sorted(processes)
 
@@ -215,21 +256,25 @@ def test_a_component_started_before_the_period_and_alive_in_it_is_fixed(deployme
     """host-a's scheduler as if it had started (and marked) two days ago and heartbeat now: FIXED and running
     with --hours 1. A 'scheduler' mark that matches no job, as earlier releases wrote from a task forked from
     a LocalExecutor scheduler, is no component."""
-    from sqlalchemy import select
-
     from airflow.jobs.job import Job
     from airflow.models.log import Log
     from airflow.utils import timezone
     from airflow.utils.session import create_session
+    from sqlalchemy import select
 
     from airflow_dataset_race_fix.evidence import MARK_EVENT
 
     back = timedelta(days=2)
     with create_session() as session:
-        job = session.scalars(select(Job).where(Job.job_type == "SchedulerJob", Job.hostname == "host-a")).one()
+        job = session.scalars(
+            select(Job).where(Job.job_type == "SchedulerJob", Job.hostname == "host-a")
+        ).one()
         marks = session.scalars(select(Log).where(Log.event == MARK_EVENT, Log.dag_id.is_(None))).all()
-        mark = next(m for m in marks if json.loads(m.extra)["host"] == "host-a"
-                    and json.loads(m.extra)["component"] == "scheduler")
+        mark = next(
+            m
+            for m in marks
+            if json.loads(m.extra)["host"] == "host-a" and json.loads(m.extra)["component"] == "scheduler"
+        )
         extra = json.loads(mark.extra)
         extra["started"] = (datetime.fromisoformat(extra["started"]) - back).isoformat()
         mark.extra, mark.dttm = json.dumps(extra, sort_keys=True), mark.dttm - back
@@ -238,11 +283,20 @@ def test_a_component_started_before_the_period_and_alive_in_it_is_fixed(deployme
         session.add(Log(MARK_EVENT, extra=json.dumps({**extra, "started": timezone.utcnow().isoformat()})))
         job_id, started = job.id, job.start_date
     found = json.loads(_deployment("--json", "--hours", "1").stdout)
-    schedulers = [row for row in found["components"] if row["host"] == "host-a" and row["component"] == "scheduler"]
-    assert [(row["job_id"], row["fixed"], row["stopped"]) for row in schedulers] == [(job_id, True, None)], schedulers
+    schedulers = [
+        row for row in found["components"] if row["host"] == "host-a" and row["component"] == "scheduler"
+    ]
+    assert [(row["job_id"], row["fixed"], row["stopped"]) for row in schedulers] == [(job_id, True, None)], (
+        schedulers
+    )
     text = _deployment("--hours", "1")
-    assert f"FIXED     scheduler (job {job_id}) on host-a, started {started:%Y-%m-%d %H:%M:%S}, seen " in text.stdout
-    assert re.search(r"NOT FIXED scheduler \(job \d+\) on host-b, started .*, stopped \d{4}-", text.stdout), text.stdout
+    assert (
+        f"FIXED     scheduler (job {job_id}) on host-a, started {started:%Y-%m-%d %H:%M:%S}, seen "
+        in text.stdout
+    )
+    assert re.search(r"NOT FIXED scheduler \(job \d+\) on host-b, started .*, stopped \d{4}-", text.stdout), (
+        text.stdout
+    )
     print(text.stdout)  # with -s: what an operator reads
 
 
@@ -250,7 +304,11 @@ def test_a_component_started_before_the_period_and_alive_in_it_is_fixed(deployme
 def test_bad_hours_exit_2_with_one_line(hours):
     proc = _deployment("--hours", hours)
     message = f"hours {hours!r}: expected a number above 0 and at most 8784 (366 days)"
-    assert (proc.returncode, proc.stdout, proc.stderr) == (2, "", f"airflow-dataset-race-fix deployment: error: {message}\n")
+    assert (proc.returncode, proc.stdout, proc.stderr) == (
+        2,
+        "",
+        f"airflow-dataset-race-fix deployment: error: {message}\n",
+    )
 
 
 def test_the_hours_rule():
@@ -258,11 +316,13 @@ def test_the_hours_rule():
 
     assert [period_hours(text) for text in ("0.005", "24", " 8784 ", "1e-3")] == [0.005, 24.0, 8784.0, 0.001]
     for text in ("0", "-0.5", "8784.01", "inf", "-inf", "nan", "1e9", "1e400", "abc", "", "24h"):
-        with pytest.raises(ValueError, match=r"^hours .*: expected a number above 0 and at most 8784 \(366 days\)$"):
+        with pytest.raises(
+            ValueError, match=r"^hours .*: expected a number above 0 and at most 8784 \(366 days\)$"
+        ):
             period_hours(text)
 
 
-LOCAL_DAG = '''
+LOCAL_DAG = """
 import pendulum
 from airflow import DAG
 from airflow.datasets import Dataset
@@ -272,7 +332,7 @@ with DAG("adrf_deployment_local", start_date=pendulum.datetime(2026, 1, 1, tz="U
     EmptyOperator(task_id="emit", outlets=[Dataset("adrf://deployment/local")])
     for index in range(3):
         EmptyOperator(task_id=f"plain_{index}")
-'''
+"""
 
 
 @pytest.mark.skipif(BACKEND == "sqlite", reason="Airflow runs no LocalExecutor on SQLite")
@@ -280,8 +340,6 @@ def test_tasks_forked_from_a_local_executor_scheduler_write_no_scheduler_mark(tm
     """Four tasks run in processes forked from 'airflow scheduler' (LocalExecutor), their command line
     the scheduler's: one scheduler mark for the one scheduler start, one producer mark, no other."""
     import pendulum
-    from sqlalchemy import select
-
     from airflow.models.dag import DagModel
     from airflow.models.dagbag import DagBag
     from airflow.models.log import Log
@@ -290,6 +348,7 @@ def test_tasks_forked_from_a_local_executor_scheduler_write_no_scheduler_mark(tm
     from airflow.utils.session import create_session
     from airflow.utils.state import DagRunState
     from airflow.utils.types import DagRunType
+    from sqlalchemy import select
 
     from airflow_dataset_race_fix.evidence import MARK_EVENT
 
@@ -300,20 +359,36 @@ def test_tasks_forked_from_a_local_executor_scheduler_write_no_scheduler_mark(tm
     dagbag.sync_to_db()
     dag = dagbag.dags["adrf_deployment_local"]
     with create_session() as session:
-        dag.create_dagrun(run_id="adrf_local", state=DagRunState.RUNNING, run_type=DagRunType.MANUAL,
-                          execution_date=pendulum.datetime(2026, 3, 1, tz="UTC"), session=session)
+        dag.create_dagrun(
+            run_id="adrf_local",
+            state=DagRunState.RUNNING,
+            run_type=DagRunType.MANUAL,
+            execution_date=pendulum.datetime(2026, 3, 1, tz="UTC"),
+            session=session,
+        )
         SerializedDagModel.write_dag(dag, session=session)
     DagModel.get_dagmodel(dag.dag_id).set_is_paused(False)
     DagModel.get_dagmodel("adrf_deployment_consumer").set_is_paused(True)  # the other test's: not ours to run
-    env = shim_env(str(tmp_path), REPO, ADRF_HOST="host-l", AIRFLOW__CORE__HOSTNAME_CALLABLE="adrf_host.name",
-                   AIRFLOW__CORE__DAGS_FOLDER=str(tmp_path / "dags"), AIRFLOW__CORE__EXECUTOR="LocalExecutor",
-                   AIRFLOW__CORE__PARALLELISM="4", AIRFLOW__SCHEDULER__STANDALONE_DAG_PROCESSOR="True")
-    proc = subprocess.run([AIRFLOW, "scheduler", "--num-runs", "3"], env=env, capture_output=True, text=True,
-                          timeout=600)
+    env = shim_env(
+        str(tmp_path),
+        REPO,
+        ADRF_HOST="host-l",
+        AIRFLOW__CORE__HOSTNAME_CALLABLE="adrf_host.name",
+        AIRFLOW__CORE__DAGS_FOLDER=str(tmp_path / "dags"),
+        AIRFLOW__CORE__EXECUTOR="LocalExecutor",
+        AIRFLOW__CORE__PARALLELISM="4",
+        AIRFLOW__SCHEDULER__STANDALONE_DAG_PROCESSOR="True",
+    )
+    proc = subprocess.run(
+        [AIRFLOW, "scheduler", "--num-runs", "3"], env=env, capture_output=True, text=True, timeout=600
+    )
     assert proc.returncode == 0, output(proc)[-4000:]
     with create_session() as session:
-        states = dict(session.execute(select(TaskInstance.task_id, TaskInstance.state).where(
-            TaskInstance.dag_id == dag.dag_id)).all())
+        states = dict(
+            session.execute(
+                select(TaskInstance.task_id, TaskInstance.state).where(TaskInstance.dag_id == dag.dag_id)
+            ).all()
+        )
         marks = [json.loads(x) for x in session.scalars(select(Log.extra).where(Log.event == MARK_EVENT))]
     tasks = ("emit", "plain_0", "plain_1", "plain_2")
     assert states == {task_id: "success" for task_id in tasks}, output(proc)[-4000:]

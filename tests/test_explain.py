@@ -11,14 +11,11 @@ an AND condition waiting for one dataset, events dated ahead, a paused DAG, a DA
 
 from __future__ import annotations
 
-import time
-
 import json
+import time
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import delete, event, select, update
-
 from airflow import settings
 from airflow.datasets import DatasetAll, DatasetAny
 from airflow.models.dag import DagModel
@@ -26,12 +23,12 @@ from airflow.models.dagrun import DagRun
 from airflow.models.dataset import DatasetDagRunQueue
 from airflow.utils.session import create_session
 from airflow.utils.types import DagRunType
+from conftest import BACKEND
+from sqlalchemy import delete, event, select, update
 
 from airflow_dataset_race_fix.diagnostics.explain import ExplainError, explain
 from reproduce.harness.scenarios import SCENARIOS
 from reproduce.harness.world import DONE, PAUSED, World
-
-from conftest import BACKEND
 
 
 def _runs(dag_id: str) -> dict[str, tuple]:
@@ -73,7 +70,7 @@ class LoopChecker:
                         pass  # the running scheduler's net has not read this DAG yet: a later loop
                     elif verdict["creates_run"]:
                         assert len(new) == 1, (dag_id, verdict, new)
-                        (date, event_ids), = new.values()
+                        ((date, event_ids),) = new.values()
                         assert event_ids == sorted(verdict["run"]["event_ids"]), (dag_id, verdict, new)
                         assert date.isoformat() == verdict["run"]["logical_date"], (dag_id, verdict, new)
                         self.runs_predicted += 1
@@ -161,7 +158,9 @@ def test_paused_and_max_active_runs(world):
     assert w.checker.checked == 3 and w.checker.runs_predicted == 2
 
 
-@pytest.mark.skipif(BACKEND == "sqlite", reason="an open producer transaction beside the scheduler: SQLite has one writer")
+@pytest.mark.skipif(
+    BACKEND == "sqlite", reason="an open producer transaction beside the scheduler: SQLite has one writer"
+)
 def test_a_late_commit(world):
     """
     S3: P's event commits after the run of a later event; explain names it for the next
@@ -195,7 +194,9 @@ def test_a_late_commit(world):
     assert w.checker.runs_predicted == 3
 
 
-@pytest.mark.skipif(BACKEND == "sqlite", reason="SQLite's clock is this host's: the servers' clock is moved instead")
+@pytest.mark.skipif(
+    BACKEND == "sqlite", reason="SQLite's clock is this host's: the servers' clock is moved instead"
+)
 def test_events_dated_ahead_wait(world, monkeypatch):
     from airflow.datasets.manager import DatasetManager
 
@@ -203,7 +204,10 @@ def test_events_dated_ahead_wait(world, monkeypatch):
     a = w.dataset("a")
     d = w.consumer("d", [a])
     p, s = w.producer("P"), w.scheduler()
-    clock = {"postgres": "clock_timestamp() + interval '600 seconds'", "mysql": "NOW(6) + INTERVAL 600 SECOND"}[BACKEND]
+    clock = {
+        "postgres": "clock_timestamp() + interval '600 seconds'",
+        "mysql": "NOW(6) + INTERVAL 600 SECOND",
+    }[BACKEND]
     with monkeypatch.context() as ahead:
         ahead.setattr(DatasetManager, "_database_clock", classmethod(lambda cls, dialect_name: clock))
         w.emit(p, a), p.finish()  # dated 10 minutes ahead of the database's clock
@@ -221,10 +225,11 @@ def test_bad_input(world):
     d = w.consumer("consumer_of_a", [a])
     with pytest.raises(ExplainError, match="close matches: " + d):
         _explain(d[:-1] + "x")
+    from datetime import datetime, timezone
+
     from airflow.models.dag import DAG
     from airflow.models.serialized_dag import SerializedDagModel
     from airflow.operators.empty import EmptyOperator
-    from datetime import datetime, timezone
 
     cron = DAG(f"{w.prefix}_cron", schedule="@daily", start_date=datetime(2024, 1, 1, tzinfo=timezone.utc))
     EmptyOperator(task_id="t", dag=cron)
@@ -251,9 +256,9 @@ def test_explain_writes_nothing_and_locks_nothing(world):
         json.dumps(_explain(d))  # JSON-able as it is
     finally:
         event.remove(settings.engine, "before_cursor_execute", record)
-    assert sent and all(s.startswith(("SELECT", "WITH", "PRAGMA", "SAVEPOINT", "RELEASE", "ROLLBACK")) for s in sent), [
-        s[:80] for s in sent if not s.startswith("SELECT")
-    ]
+    assert sent and all(
+        s.startswith(("SELECT", "WITH", "PRAGMA", "SAVEPOINT", "RELEASE", "ROLLBACK")) for s in sent
+    ), [s[:80] for s in sent if not s.startswith("SELECT")]
     assert not any("FOR UPDATE" in s or "FOR SHARE" in s for s in sent)
 
 
@@ -263,8 +268,19 @@ def _cli(*args: str, env: dict[str, str] | None = None):
     import sys
 
     return subprocess.run(
-        [sys.executable, "-m", "airflow_dataset_race_fix", "explain", *args, "--db-url", settings.SQL_ALCHEMY_CONN],
-        env={**os.environ, **(env or {})}, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "airflow_dataset_race_fix",
+            "explain",
+            *args,
+            "--db-url",
+            settings.SQL_ALCHEMY_CONN,
+        ],
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
 
 
@@ -282,13 +298,24 @@ def test_the_text_says_whether_the_fix_is_active_and_names_what_each_finding_cou
     p, s = w.producer("P"), w.scheduler()
     w.emit(p, a), p.finish()
     w.loop(s), s.finish()
-    with create_session() as session:  # a stock S6 run (empty, inside the latest's interval), an event dated ahead
+    with (
+        create_session() as session
+    ):  # a stock S6 run (empty, inside the latest's interval), an event dated ahead
         latest = session.scalars(select(DagRun).where(DagRun.dag_id == d)).one()
-        session.add(DagRun(dag_id=d, run_id="stock_overlap", run_type=DagRunType.DATASET_TRIGGERED,
-                           execution_date=latest.execution_date + timedelta(seconds=1), state=DagRunState.SUCCESS,
-                           data_interval=(latest.data_interval_start - timedelta(seconds=1), latest.data_interval_end)))
-        ahead = DatasetEvent(dataset_id=session.scalar(select(DatasetModel.id).where(DatasetModel.uri == a.uri)),
-                             timestamp=timezone.utcnow() + timedelta(days=1))
+        session.add(
+            DagRun(
+                dag_id=d,
+                run_id="stock_overlap",
+                run_type=DagRunType.DATASET_TRIGGERED,
+                execution_date=latest.execution_date + timedelta(seconds=1),
+                state=DagRunState.SUCCESS,
+                data_interval=(latest.data_interval_start - timedelta(seconds=1), latest.data_interval_end),
+            )
+        )
+        ahead = DatasetEvent(
+            dataset_id=session.scalar(select(DatasetModel.id).where(DatasetModel.uri == a.uri)),
+            timestamp=timezone.utcnow() + timedelta(days=1),
+        )
         session.add(ahead)
         session.flush()
         ahead_id = ahead.id
@@ -317,26 +344,35 @@ def test_the_command_exit_codes_text_and_json(world):
     result = _cli(d, "--json")
     assert result.returncode == 0, result.stderr[-2000:]
     found = json.loads(result.stdout)
-    assert found["schema"] == "airflow-dataset-race-fix/explain/1" and found["verdict"]["creates_run"] is False
+    assert (
+        found["schema"] == "airflow-dataset-race-fix/explain/1" and found["verdict"]["creates_run"] is False
+    )
     assert found["fix"]["active_in_this_process"] is False  # the child has no shim: loaded only to explain
     assert found["fix"]["seconds"] < 5
 
     with create_session() as session:  # an empty dataset-triggered run: audit's finding
         dag = SerializedDagModel.get_dag(d, session=session)
         dag.create_dagrun(
-            run_id="dataset_triggered__empty", run_type=DagRunType.DATASET_TRIGGERED,
-            execution_date=datetime(2025, 1, 1, tzinfo=timezone.utc), state=DagRunState.SUCCESS,
-            external_trigger=False, session=session,
+            run_id="dataset_triggered__empty",
+            run_type=DagRunType.DATASET_TRIGGERED,
+            execution_date=datetime(2025, 1, 1, tzinfo=timezone.utc),
+            state=DagRunState.SUCCESS,
+            external_trigger=False,
+            session=session,
             data_interval=(datetime(2025, 1, 1, tzinfo=timezone.utc),) * 2,
         )
     result = _cli(d)
-    assert result.returncode == 1 and "empty_runs 1" in result.stdout and "EMPTY" in result.stdout, result.stdout
+    assert result.returncode == 1 and "empty_runs 1" in result.stdout and "EMPTY" in result.stdout, (
+        result.stdout
+    )
 
     for args, expected in (((d + "x",), f"close matches: {d}"), ((d, "--runs", "-1"), "--runs")):
         result = _cli(*args)
         lines = [line for line in result.stderr.splitlines() if line.strip()]
         assert result.returncode == 2 and result.stdout == "", result.stderr[-2000:]
-        assert lines[-1].startswith("airflow-dataset-race-fix explain: error: ") and expected in lines[-1], lines
+        assert lines[-1].startswith("airflow-dataset-race-fix explain: error: ") and expected in lines[-1], (
+            lines
+        )
 
 
 def test_the_documented_json_keys_are_the_printed_keys(world):
@@ -374,10 +410,20 @@ def test_without_the_fix_in_this_process_the_verdict_is_the_fixed_schedulers_and
         d = w.consumer("d", DatasetAll(a, b))
         p = w.producer("P")
         w.emit(p, a), p.finish()
-        before = (dict(vars(SchedulerJobRunner)), dict(vars(DatasetManager)), airflow_sqlalchemy.USE_ROW_LEVEL_LOCKING)
+        before = (
+            dict(vars(SchedulerJobRunner)),
+            dict(vars(DatasetManager)),
+            airflow_sqlalchemy.USE_ROW_LEVEL_LOCKING,
+        )
         verdict = _explain(d)["verdict"]
-        assert [r["code"] for r in verdict["reasons"]] == ["condition_not_met"] and b.uri in verdict["reasons"][0]["message"]
-        assert (dict(vars(SchedulerJobRunner)), dict(vars(DatasetManager)), airflow_sqlalchemy.USE_ROW_LEVEL_LOCKING) == before
+        assert [r["code"] for r in verdict["reasons"]] == ["condition_not_met"] and b.uri in verdict[
+            "reasons"
+        ][0]["message"]
+        assert (
+            dict(vars(SchedulerJobRunner)),
+            dict(vars(DatasetManager)),
+            airflow_sqlalchemy.USE_ROW_LEVEL_LOCKING,
+        ) == before
         assert "_decide_dataset_triggered_runs" not in vars(SchedulerJobRunner)
     finally:
         w.close()
@@ -400,12 +446,18 @@ def test_a_pending_event_is_no_audit_finding(world):
         w.clock.at(2), w.emit(p, a), p.finish()
     else:
         w.emit(p, a), p.finish()
-        with create_session() as session:  # as if it committed late: dated before the run, and so is its queue row
+        with (
+            create_session() as session
+        ):  # as if it committed late: dated before the run, and so is its queue row
             from airflow.models.dataset import DatasetDagRunQueue, DatasetEvent
 
             newest = session.scalar(select(DatasetEvent.id).order_by(DatasetEvent.id.desc()).limit(1))
             run_date = max(date for date, _ in _runs(d).values())
-            session.execute(update(DatasetEvent).where(DatasetEvent.id == newest).values(timestamp=run_date - timedelta(seconds=1)))
+            session.execute(
+                update(DatasetEvent)
+                .where(DatasetEvent.id == newest)
+                .values(timestamp=run_date - timedelta(seconds=1))
+            )
             session.execute(
                 update(DatasetDagRunQueue)
                 .where(DatasetDagRunQueue.target_dag_id == d)
@@ -417,7 +469,9 @@ def test_a_pending_event_is_no_audit_finding(world):
     assert found["audit"]["counts"]["suspected_lost"] == 1 and found["audit"]["findings"] == {}
 
 
-@pytest.mark.skipif(BACKEND == "sqlite", reason="a producer paused before its COMMIT holds SQLite's one writer")
+@pytest.mark.skipif(
+    BACKEND == "sqlite", reason="a producer paused before its COMMIT holds SQLite's one writer"
+)
 def test_a_late_commit_on_a_quiet_dag_is_the_nets_run_and_pending(world, monkeypatch):
     """
     A late commit below the latest run that the net found (its finding kept in the ``log`` table):
@@ -443,7 +497,10 @@ def test_a_late_commit_on_a_quiet_dag_is_the_nets_run_and_pending(world, monkeyp
     assert w.checker.runs_predicted >= 1
 
 
-@pytest.mark.skipif(BACKEND != "sqlite", reason="moves the database clock: SQLite's is this host's (explain reads the fix's own clock)")
+@pytest.mark.skipif(
+    BACKEND != "sqlite",
+    reason="moves the database clock: SQLite's is this host's (explain reads the fix's own clock)",
+)
 def test_events_no_loop_reaches_are_never_pending(world, monkeypatch):
     """
     An event newer than the DAG's latest run whose queue row is gone, older than the sweep's

@@ -17,7 +17,6 @@ Issue 33's interleaving explorer (tests/explorer, docs/explorer.md) in the test 
 from __future__ import annotations
 
 import pytest
-
 from conftest import BACKEND
 from matrix import ON_EXPLORER_ENVS
 
@@ -64,13 +63,23 @@ ISSUE_47 = {  # item: (DAGs, steps, max_dagruns_to_create_per_loop, tick, what t
     "3-starved-victim": (
         (("h1", "a/1"), ("h2", "a/1"), ("h3", "a/1"), ("v", "b")),
         "Q0:a R0:b S.loop S.loop S.loop S.loop D.full:h D.pause:h Q1:a D.unpause:h D.pause:v Q2:b D.unpause:v S.loop S.loop",
-        1, 0.01, "starved Q2 (v)",
+        1,
+        0.01,
+        "starved Q2 (v)",
     ),
-    "4-db-clean": ((("d", "a"),), "Q1:a S.loop Q2:a S.loop Q3:a S.loop D.clean:d", None, 1.5, "doubled Q1, Q2 (d)"),
+    "4-db-clean": (
+        (("d", "a"),),
+        "Q1:a S.loop Q2:a S.loop Q3:a S.loop D.clean:d",
+        None,
+        1.5,
+        "doubled Q1, Q2 (d)",
+    ),
     "5-clock-step": (
         (("d", "a"),),
         "Q1:a S.loop clock+1200 Q2:a S.loop clock-1200 D.pause:d Q3:a clock+960 D.unpause:d Q4:a S.loop",
-        None, 0.01, "lost Q3 (d)",
+        None,
+        0.01,
+        "lost Q3 (d)",
     ),
 }
 
@@ -96,7 +105,11 @@ def test_issue_47_interleavings_the_fix_does_no_worse(explorer_settings, item):
     print(f"\nstock: {stock.summary()}\nfixed: {fixed.summary()}\n(f61ec50: {before})")
     assert compare(stock, fixed)[0] == [], f"the fix does worse than stock: {fixed.summary()}"
     consumed = {txn: n for dag in fixed.consumed.values() for txn, n in dag.items()}
-    assert {"3-starved-victim": consumed.get("Q2"), "4-db-clean": consumed.get("Q1"), "5-clock-step": consumed.get("Q3")}[item] == 1
+    assert {
+        "3-starved-victim": consumed.get("Q2"),
+        "4-db-clean": consumed.get("Q1"),
+        "5-clock-step": consumed.get("Q3"),
+    }[item] == 1
 
 
 # the net's finds kept in memory (f8287b0): (DAGs, steps, event_lookback_seconds, what the fix did there)
@@ -105,19 +118,22 @@ ISSUE_57 = {
         (("x1", "k&m"), ("x2", "k|m")),
         "Q1:k Q2:m S.loop R1:m R2:k D.pause:x P1.reg:k P1.stamp D.unpause:x P1.stall R3:k S.loop "
         "P1.commit S.loop",
-        None, "lost P1 (x1): the find popped by a decision whose condition was not met",
+        None,
+        "lost P1 (x1): the find popped by a decision whose condition was not met",
     ),
     "2-failing-loop": (
         (("d", "a"),),
         "Q1:a S.loop Q2:a D.pause:d P1.reg:a P1.stamp D.unpause:d P1.stall R1:a S.loop P1.commit S.fail:8 "
         "Q3:a S.loop",
-        None, "starved P1 (d): the find lost with the failed loop, found again by the restart's window pass",
+        None,
+        "starved P1 (d): the find lost with the failed loop, found again by the restart's window pass",
     ),
     "3-restart": (
         (("d", "a"),),
         "Q1:a S.loop D.pause:d P1.reg:a P1.stamp D.unpause:d P1.stall clock+60 R1:a S.loop P1.commit "
         "D.unmark S.loop Q2:a S.restart S.loop",
-        30, "lost P1 (d), as stock: found below the latest run less event_lookback_seconds",
+        30,
+        "lost P1 (d), as stock: found below the latest run less event_lookback_seconds",
     ),
 }
 
@@ -129,7 +145,9 @@ def test_the_model_holds_issue_57s_interleavings():
 
     spaces = {p.name: Space(p) for p in programs("postgres")}
     for program, item in (
-        ("and-late", "1-and-condition"), ("failing-loop", "2-failing-loop"), ("restart", "3-restart")
+        ("and-late", "1-and-condition"),
+        ("failing-loop", "2-failing-loop"),
+        ("restart", "3-restart"),
     ):
         words = [tuple(spaces[program].expand(w)) for w in spaces[program]]
         assert len(words) == len(set(words)) == spaces[program].count()
@@ -185,8 +203,21 @@ def test_the_command_line_replays_a_step_list():
     from pathlib import Path
 
     result = subprocess.run(
-        [sys.executable, "-m", "tests.explorer", "replay", "--backend", "sqlite", "--dags", "d=a", "Q1:a S.loop Q2:a S.loop"],
-        cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "tests.explorer",
+            "replay",
+            "--backend",
+            "sqlite",
+            "--dags",
+            "d=a",
+            "Q1:a S.loop Q2:a S.loop",
+        ],
+        cwd=Path(__file__).resolve().parents[1],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "the fix does worse: no" in result.stdout, result.stdout

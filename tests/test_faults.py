@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from sqlalchemy import func, select
-
 from airflow.models.dagrun import DagRun
 from airflow.models.dataset import DatasetDagRunQueue, DatasetEvent, DatasetModel
 from airflow.utils.session import create_session
+from sqlalchemy import func, select
 
 from reproduce.harness.faults import kill_when_ready
 from reproduce.harness.world import World

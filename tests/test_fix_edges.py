@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from sqlalchemy import select
-
 from airflow.datasets import DatasetAll
 from airflow.models.dag import DagModel
 from airflow.models.dagrun import DagRun
@@ -13,6 +11,7 @@ from airflow.models.dataset import DatasetDagRunQueue, DatasetEvent, DatasetMode
 from airflow.utils.session import create_session
 from airflow.utils.state import DagRunState
 from airflow.utils.types import DagRunType
+from sqlalchemy import select
 
 from reproduce.harness.world import World
 
@@ -27,7 +26,11 @@ def _runs(dag_id: str):
 
 def _queued(dag_id: str) -> int:
     with create_session() as session:
-        return len(session.scalars(select(DatasetDagRunQueue).where(DatasetDagRunQueue.target_dag_id == dag_id)).all())
+        return len(
+            session.scalars(
+                select(DatasetDagRunQueue).where(DatasetDagRunQueue.target_dag_id == dag_id)
+            ).all()
+        )
 
 
 def test_a_manual_run_at_the_same_date_is_stepped_over(variant_fixed):
@@ -94,7 +97,9 @@ def test_a_manual_run_after_the_latest_dataset_run_leaves_its_floor_as_it_was(va
         w.clock.at(4), w.loop(s), s.finish()
         runs = _runs(dag_id)
         assert [(run_type, consumed) for run_type, _, consumed in runs] == [
-            (DagRunType.DATASET_TRIGGERED, 1), (DagRunType.MANUAL, 0), (DagRunType.DATASET_TRIGGERED, 1),
+            (DagRunType.DATASET_TRIGGERED, 1),
+            (DagRunType.MANUAL, 0),
+            (DagRunType.DATASET_TRIGGERED, 1),
         ], runs
         assert w.report().violations() == {}
     finally:
@@ -155,7 +160,8 @@ def test_a_timetable_that_reads_events_its_own_way_gets_airflows_objects(variant
         with create_session() as session:
             ids = sorted(
                 session.scalars(
-                    select(DatasetEvent.id).join(DatasetModel, DatasetModel.id == DatasetEvent.dataset_id)
+                    select(DatasetEvent.id)
+                    .join(DatasetModel, DatasetModel.id == DatasetEvent.dataset_id)
                     .where(DatasetModel.uri == a.uri)
                 ),
                 reverse=True,
@@ -163,7 +169,9 @@ def test_a_timetable_that_reads_events_its_own_way_gets_airflows_objects(variant
             reads = [Runner._DatasetEventRead(event_id, 0, None, "producer", "gone") for event_id in ids]
             own = Runner._events_for_timetable(OwnInterval(a), reads, session)
             assert [(type(e), e.id) for e in own] == [(DatasetEvent, event_id) for event_id in ids]
-            either = DatasetOrTimeSchedule(timetable=CronTriggerTimetable("@daily", timezone="UTC"), datasets=a)
+            either = DatasetOrTimeSchedule(
+                timetable=CronTriggerTimetable("@daily", timezone="UTC"), datasets=a
+            )
             for timetable in (DatasetTriggeredTimetable(a), either):
                 assert Runner._events_for_timetable(timetable, reads, session) is reads
                 assert [e.source_dag_run for e in reads] == [None, None]
@@ -180,7 +188,9 @@ def test_settings_are_read_once_a_process_and_again_when_their_variable_changes(
     reads, read = [], conf.getint
     monkeypatch.setattr(conf, "getint", lambda *args, **kwargs: reads.append(args) or read(*args, **kwargs))
     monkeypatch.setenv("AIRFLOW__DATASET_RACE_FIX__EVENT_LOOKBACK_SECONDS", "4711")
-    assert [DatasetManager._dataset_race_fix_setting("event_lookback_seconds") for _ in range(3)] == [4711] * 3
+    assert [DatasetManager._dataset_race_fix_setting("event_lookback_seconds") for _ in range(3)] == [
+        4711
+    ] * 3
     assert len(reads) == 1, "read once"
     monkeypatch.setenv("AIRFLOW__DATASET_RACE_FIX__EVENT_LOOKBACK_SECONDS", "-4711")
     assert DatasetManager._dataset_race_fix_setting("event_lookback_seconds") == 0, "never below 0"

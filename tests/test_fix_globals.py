@@ -18,13 +18,12 @@ import textwrap
 from types import CodeType, SimpleNamespace
 
 import pytest
+from matrix import ON_SQLITE_ONLY
+from source_patch_support import release
 
 from airflow_dataset_race_fix.source_patches import members
 from airflow_dataset_race_fix.targets import MEMBERS, SUPPORTED_AIRFLOW_VERSIONS
 from tools.patchgen import generator
-
-from source_patch_support import release
-from matrix import ON_SQLITE_ONLY
 
 pytestmark = ON_SQLITE_ONLY
 
@@ -43,7 +42,9 @@ def global_names(code: CodeType) -> set[str]:
 def _fixed_function(member):
     fix_module = importlib.import_module(member.fix_module)
     attribute = vars(getattr(fix_module, member.owner))[member.name]
-    if isinstance(attribute, type):  # a nested class (a typed value): its decorators and body, as a function's
+    if isinstance(
+        attribute, type
+    ):  # a nested class (a typed value): its decorators and body, as a function's
         (node,) = ast.parse(textwrap.dedent("".join(members.fixed_member_lines(member)))).body
         body = [ast.Expr(decorator) for decorator in node.decorator_list] + node.body
         function = ast.FunctionDef(node.name, ast.arguments([], [], None, [], [], None, []), body, [], None)
@@ -64,7 +65,9 @@ def test_globals_are_the_same_objects_in_airflow(member):
         if name in vars(fix_module):
             ours = vars(fix_module)[name]
             if vars(airflow_module).get(name, wrong) is not ours:
-                wrong[name] = f"{ours!r} in the fix, {vars(airflow_module).get(name, 'undefined')!r} in Airflow"
+                wrong[name] = (
+                    f"{ours!r} in the fix, {vars(airflow_module).get(name, 'undefined')!r} in Airflow"
+                )
         elif not hasattr(builtins, name):
             wrong[name] = "neither defined in the fix module nor a builtin"
     assert not wrong, f"{member.qualname}: {wrong}"
@@ -85,7 +88,9 @@ def module_bindings(source: str) -> dict[str, str]:
                 bindings[alias.asname or alias.name] = f"{node.module}.{alias.name}"
         elif isinstance(node, ast.Import):
             for alias in node.names:
-                bindings[alias.asname or alias.name.split(".")[0]] = alias.name if alias.asname else alias.name.split(".")[0]
+                bindings[alias.asname or alias.name.split(".")[0]] = (
+                    alias.name if alias.asname else alias.name.split(".")[0]
+                )
     return bindings
 
 
@@ -100,7 +105,9 @@ def test_globals_are_imported_alike_in_each_release(version):
         _, function = _fixed_function(member)
         for name in sorted(global_names(function.__code__)):
             if name in ours and theirs.get(name) != ours[name]:
-                problems.append(f"{member.name}: {name} is {ours[name]} in the fix, {theirs.get(name)} in {version}")
+                problems.append(
+                    f"{member.name}: {name} is {ours[name]} in the fix, {theirs.get(name)} in {version}"
+                )
             elif name not in ours and not hasattr(builtins, name):
                 problems.append(f"{member.name}: {name} is neither imported by the fix module nor a builtin")
     assert not problems

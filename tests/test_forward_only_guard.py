@@ -12,16 +12,14 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 import time_machine
-from sqlalchemy import event, select, update
-
 from airflow import settings
 from airflow.models.dag import DagModel
 from airflow.models.dataset import DatasetDagRunQueue, DatasetModel
 from airflow.utils.session import create_session
+from conftest import BACKEND
+from sqlalchemy import event, select, update
 
 from reproduce.harness.world import World
-
-from conftest import BACKEND
 
 T0 = datetime(2026, 3, 1, 12, 0, 0, tzinfo=timezone.utc)
 

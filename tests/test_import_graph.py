@@ -72,7 +72,7 @@ def test_no_import_circle_in_the_package():
         state[name] = "open"
         for target in sorted(graph[name]):
             if state.get(target) == "open":
-                circles.append(path[path.index(target):] + [target])
+                circles.append(path[path.index(target) :] + [target])
             elif target not in state:
                 visit(target, [*path, target])
         state[name] = "done"

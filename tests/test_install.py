@@ -21,11 +21,10 @@ from importlib import metadata
 from pathlib import Path
 
 import pytest
-
-from reproduce.harness.database import ScratchDatabase
-
 from conftest import AIRFLOW_VERSION, BACKEND
 from matrix import ON_FULL_RELEASES_ONLY
+
+from reproduce.harness.database import ScratchDatabase
 
 REPO = Path(__file__).resolve().parents[1]
 PYTHON = f"{sys.version_info.major}.{sys.version_info.minor}"
@@ -45,11 +44,19 @@ def _pins() -> dict[str, str]:
 
 
 def test_this_release_is_installed_from_its_pins():
-    assert PINS.is_file(), f"no pins for the installed apache-airflow {AIRFLOW_VERSION} on Python {PYTHON}: {PINS}"
+    assert PINS.is_file(), (
+        f"no pins for the installed apache-airflow {AIRFLOW_VERSION} on Python {PYTHON}: {PINS}"
+    )
     pins = _pins()
     assert pins["apache-airflow"] == AIRFLOW_VERSION
-    installed = {re.sub(r"[-_.]+", "-", d.metadata["Name"]).lower(): d.version for d in metadata.distributions()}
-    differ = {name: (pinned, installed[name]) for name, pinned in pins.items() if installed.get(name, pinned) != pinned}
+    installed = {
+        re.sub(r"[-_.]+", "-", d.metadata["Name"]).lower(): d.version for d in metadata.distributions()
+    }
+    differ = {
+        name: (pinned, installed[name])
+        for name, pinned in pins.items()
+        if installed.get(name, pinned) != pinned
+    }
     assert not differ, f"installed versions differ from {PINS.name} (pinned, installed): {differ}"
 
 
@@ -86,8 +93,20 @@ def test_a_test_session_leaves_no_airflow_home_behind(tmp_path):
     """conftest's AIRFLOW_HOME (logs, airflow.cfg) goes with the session that made it."""
     env = dict(os.environ, TMPDIR=str(tmp_path))
     session = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", "tests/test_readme.py::test_the_readme_shows_commands"],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:randomly",
+            "tests/test_readme.py::test_the_readme_shows_commands",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert session.returncode == 0, session.stdout[-2000:] + session.stderr[-2000:]
     assert not list(tmp_path.glob("adrf-airflow-home-*")), sorted(p.name for p in tmp_path.iterdir())
@@ -134,7 +153,8 @@ def test_quick_start_install_outside_the_repository(tmp_path):
     (no_python / "python").write_text("#!/bin/sh\necho 'python: command not found' >&2\nexit 127\n")
     (no_python / "python").chmod(0o755)
     env = {
-        key: value for key, value in os.environ.items()
+        key: value
+        for key, value in os.environ.items()
         if not key.startswith(("AIRFLOW", "PYTHON", "VIRTUAL_ENV", "PIP_CONSTRAINT"))
     }
     env.update(
@@ -146,13 +166,26 @@ def test_quick_start_install_outside_the_repository(tmp_path):
     # version of its own (our pins say 1.17.0; python-dateutil takes any six >= 1.5).
     python = str(venv / "bin" / "python")
     for requirements in (["-c", str(PINS), f"apache-airflow=={AIRFLOW_VERSION}"], ["six==1.16.0"]):
-        deployed = subprocess.run([python, "-m", "pip", "install", "-q", *requirements], env=env,
-                                  capture_output=True, text=True, timeout=1200)
+        deployed = subprocess.run(
+            [python, "-m", "pip", "install", "-q", *requirements],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=1200,
+        )
         assert deployed.returncode == 0, deployed.stderr[-3000:]
 
     def freeze() -> set[str]:
-        return set(subprocess.run([python, "-m", "pip", "freeze", "--all"], env=env, capture_output=True, text=True,
-                                  timeout=120, check=True).stdout.splitlines())
+        return set(
+            subprocess.run(
+                [python, "-m", "pip", "freeze", "--all"],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=120,
+                check=True,
+            ).stdout.splitlines()
+        )
 
     before = freeze()
     assert "six==1.16.0" in before
@@ -161,42 +194,78 @@ def test_quick_start_install_outside_the_repository(tmp_path):
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     started = time.monotonic()
-    run = subprocess.run(["bash", "-c", script], cwd=elsewhere, env=env, capture_output=True, text=True, timeout=1200)
+    run = subprocess.run(
+        ["bash", "-c", script], cwd=elsewhere, env=env, capture_output=True, text=True, timeout=1200
+    )
     print(f"quick start in a fresh virtualenv: {time.monotonic() - started:.0f} s")
     output = run.stdout + run.stderr
     assert run.returncode == 0, f"{script}\n{output[-4000:]}"
     assert "exit of status: 0" in run.stdout, output[-4000:]
     assert "exit of audit: 0" in run.stdout, output[-4000:]
-    assert "exit of deployment: 0" in run.stdout and "Every process seen ran the fix" in run.stdout, output[-4000:]
-    assert "exit of explain: 2" in run.stdout and "no DAG 'DAG_ID' in the metadata database" in output, output[-4000:]
+    assert "exit of deployment: 0" in run.stdout and "Every process seen ran the fix" in run.stdout, output[
+        -4000:
+    ]
+    assert "exit of explain: 2" in run.stdout and "no DAG 'DAG_ID' in the metadata database" in output, (
+        output[-4000:]
+    )
     assert "Traceback" not in output, output[-4000:]
     after = freeze()
     added = after - before
-    assert before - after == set() and len(added) == 1 and next(iter(added)).startswith("airflow-dataset-race-fix"), (
-        f"the quick start moved packages of the deployment: gone {sorted(before - after)}, new {sorted(added)}"
-    )
+    assert (
+        before - after == set()
+        and len(added) == 1
+        and next(iter(added)).startswith("airflow-dataset-race-fix")
+    ), f"the quick start moved packages of the deployment: gone {sorted(before - after)}, new {sorted(added)}"
     # apply's default patches directory, from a wheel: the copy it installed
-    apply_help = subprocess.run([str(venv / "bin" / "airflow-dataset-race-fix"), "apply", "--help"], cwd=elsewhere,
-                                env=env, capture_output=True, text=True, timeout=120)
-    installed_patches = Path(_run(python, "-c", "import airflow_dataset_race_fix as p; print(p.__path__[0])")) / "patches"
+    apply_help = subprocess.run(
+        [str(venv / "bin" / "airflow-dataset-race-fix"), "apply", "--help"],
+        cwd=elsewhere,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    installed_patches = (
+        Path(_run(python, "-c", "import airflow_dataset_race_fix as p; print(p.__path__[0])")) / "patches"
+    )
     assert (installed_patches / "series").is_file()  # the one series, for every release
-    assert str(installed_patches) in "".join(apply_help.stdout.split()), apply_help.stdout  # wrapped lines joined
+    assert str(installed_patches) in "".join(apply_help.stdout.split()), (
+        apply_help.stdout
+    )  # wrapped lines joined
     # time-machine is only the [reproduce] extra's. (Airflow's pendulum 3 requires it on CPython
     # anyway, so it is installed here; what matters is that this package neither requires nor
     # imports it outside the reproduction harness.)
     requires = subprocess.run(
-        [python, "-c", "import json; from importlib import metadata; "
-         "print(json.dumps(metadata.requires('airflow-dataset-race-fix')))"],
-        cwd=elsewhere, env=env, capture_output=True, text=True, timeout=60, check=True,
+        [
+            python,
+            "-c",
+            "import json; from importlib import metadata; "
+            "print(json.dumps(metadata.requires('airflow-dataset-race-fix')))",
+        ],
+        cwd=elsewhere,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
     ).stdout
     time_machine = [r for r in json.loads(requires) if r.startswith("time-machine")]
     assert any('extra == "reproduce"' in r for r in time_machine), requires
     assert all("extra ==" in r for r in time_machine), f"time-machine must be an extra's only: {requires}"
     for command in ("status", "audit"):
         without = subprocess.run(
-            [python, "-c", "import sys; sys.modules['time_machine'] = None; "
-             "from airflow_dataset_race_fix.cli import main; sys.exit(main([sys.argv[1]]))", command],
-            cwd=elsewhere, env=env, capture_output=True, text=True, timeout=300,
+            [
+                python,
+                "-c",
+                "import sys; sys.modules['time_machine'] = None; "
+                "from airflow_dataset_race_fix.cli import main; sys.exit(main([sys.argv[1]]))",
+                command,
+            ],
+            cwd=elsewhere,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
         )
         assert without.returncode in (0, 1) and "Traceback" not in without.stderr, without.stderr[-3000:]
 
@@ -205,8 +274,9 @@ def _clone(tmp_path: Path) -> Path:
     """A copy of the tracked files to build from, so that a test neither writes into this
     worktree nor depends on its build leftovers."""
     clone = tmp_path / "clone"
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO, check=True,
-                           capture_output=True, text=True).stdout.split()
+    files = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO, check=True, capture_output=True, text=True
+    ).stdout.split()
     for name in files:
         if (REPO / name).is_file():
             (clone / name).parent.mkdir(parents=True, exist_ok=True)
@@ -227,12 +297,27 @@ def test_install_then_uninstall_leaves_nothing_behind(tmp_path):
     clone, venv = _clone(tmp_path), tmp_path / "venv"
     _run(sys._base_executable, "-m", "venv", str(venv))
     python = str(venv / "bin" / "python")
-    _run(python, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp_path / "dist"), str(clone), cwd=tmp_path)
+    _run(
+        python,
+        "-m",
+        "pip",
+        "wheel",
+        "-q",
+        "--no-deps",
+        "-w",
+        str(tmp_path / "dist"),
+        str(clone),
+        cwd=tmp_path,
+    )
     before = {str(p.relative_to(venv)) for p in venv.rglob("*") if "__pycache__" not in p.parts}
     (wheel,) = (tmp_path / "dist").glob("airflow_dataset_race_fix-*.whl")
     _run(python, "-m", "pip", "install", "-q", "--no-deps", str(wheel))
-    found = _run(python, "-c", "from airflow_dataset_race_fix.source_patches import locations as l; "
-                 "print(l.default_patches_dir())", cwd=tmp_path)
+    found = _run(
+        python,
+        "-c",
+        "from airflow_dataset_race_fix.source_patches import locations as l; print(l.default_patches_dir())",
+        cwd=tmp_path,
+    )
     assert Path(found, "series").is_file() and Path(found).is_relative_to(venv), found
     _run(python, "-m", "pip", "uninstall", "-q", "-y", "airflow-dataset-race-fix")
     after = {str(p.relative_to(venv)) for p in venv.rglob("*") if "__pycache__" not in p.parts}
@@ -244,7 +329,11 @@ def _expand(name: str) -> list[str]:
     brace = re.search(r"\{([^{}]*)\}", name)
     if not brace:
         return [name]
-    return [n for alt in brace.group(1).split(",") for n in _expand(name[: brace.start()] + alt + name[brace.end() :])]
+    return [
+        n
+        for alt in brace.group(1).split(",")
+        for n in _expand(name[: brace.start()] + alt + name[brace.end() :])
+    ]
 
 
 def _tox_matrix() -> set[tuple[str, str]]:

@@ -20,17 +20,15 @@ import time
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import func, select
-
+from airflow.models.dag import DagModel
 from airflow.models.dagrun import DagRun
 from airflow.models.dataset import DatasetDagRunQueue, DatasetEvent, DatasetModel
-from airflow.models.dag import DagModel
 from airflow.utils.session import create_session
+from conftest import BACKEND
+from sqlalchemy import func, select
 
 from reproduce.harness.faults import run_producer
 from reproduce.harness.world import BLOCKED, DONE, PAUSED, Aborted, World
-
-from conftest import BACKEND
 
 servers_only = pytest.mark.skipif(BACKEND == "sqlite", reason="needs two open writers (SQLite has one)")
 
@@ -65,7 +63,9 @@ def _runs(dag_id: str) -> list[tuple[object, list[int]]]:
 def _queued(dag_id: str) -> int:
     with create_session() as session:
         return session.scalar(
-            select(func.count()).select_from(DatasetDagRunQueue).where(DatasetDagRunQueue.target_dag_id == dag_id)
+            select(func.count())
+            .select_from(DatasetDagRunQueue)
+            .where(DatasetDagRunQueue.target_dag_id == dag_id)
         )
 
 
@@ -89,7 +89,9 @@ def _db_now():
 
 
 @pytest.mark.parametrize("victim_kind", ["cron", "dataset"])
-def test_dags_kept_waiting_take_no_slot_from_a_dag_that_can_run(world_stock_or_fixed, variant, victim_kind, monkeypatch):
+def test_dags_kept_waiting_take_no_slot_from_a_dag_that_can_run(
+    world_stock_or_fixed, variant, victim_kind, monkeypatch
+):
     """
     Twelve consumers of one event and its queue rows, dated 600 s ahead as a stock producer
     on a host clock ten minutes ahead writes them; then a victim becomes due. Stock and
@@ -123,10 +125,15 @@ def test_dags_kept_waiting_take_no_slot_from_a_dag_that_can_run(world_stock_or_f
     if BACKEND == "sqlite":
         w.clock.at(700)
     else:
-        shifted = {"postgres": "(clock_timestamp() + interval '660 seconds')", "mysql": "(NOW(6) + INTERVAL 660 SECOND)"}
+        shifted = {
+            "postgres": "(clock_timestamp() + interval '660 seconds')",
+            "mysql": "(NOW(6) + INTERVAL 660 SECOND)",
+        }
         from airflow.datasets.manager import DatasetManager
 
-        monkeypatch.setattr(DatasetManager, "_database_clock", classmethod(lambda cls, name: shifted[BACKEND]))
+        monkeypatch.setattr(
+            DatasetManager, "_database_clock", classmethod(lambda cls, name: shifted[BACKEND])
+        )
     for _ in range(3):  # the sweep: at most max_dagruns_to_create_per_loop DAGs a loop
         w.finish_runs()
         w.loop(s), s.finish()
@@ -152,7 +159,11 @@ def test_a_producer_frozen_before_its_commit_holds_up_no_other_producer(world, o
     a, c = w.dataset("a"), w.dataset("c")
     x, z = w.consumer("x", [a]), w.consumer("z", [c])
     p0, frozen, b_producer, c_producer, s = (
-        w.producer("P0"), w.producer("A"), w.producer("B"), w.producer("C"), w.scheduler()
+        w.producer("P0"),
+        w.producer("A"),
+        w.producer("B"),
+        w.producer("C"),
+        w.scheduler(),
     )
     w.emit(p0, a), p0.finish()  # the (a, X) and (c, Z) rows exist: a row stock never waited for
     w.emit(p0, c), p0.finish()
@@ -214,11 +225,15 @@ def test_dags_that_cannot_run_take_no_place_from_a_swept_dag(world, held_by, mon
     w.emit(p, a), p.finish()  # a second event for each held DAG ...
     w.emit(p, v), p.finish()  # ... older than the victim's
     with create_session() as session:  # neither is brought in by a queue row: the sweep's case
-        session.execute(delete(DatasetDagRunQueue).where(DatasetDagRunQueue.target_dag_id.in_([*held, victim])))
+        session.execute(
+            delete(DatasetDagRunQueue).where(DatasetDagRunQueue.target_dag_id.in_([*held, victim]))
+        )
         if held_by == "paused":
             session.execute(update(DagModel).where(DagModel.dag_id.in_(held)).values(is_paused=True))
     w.loop(s), s.finish()
-    assert [events for _, events in _runs(victim)] == [_event_ids(v.uri)], "the victim waited behind DAGs that cannot run"
+    assert [events for _, events in _runs(victim)] == [_event_ids(v.uri)], (
+        "the victim waited behind DAGs that cannot run"
+    )
 
 
 def test_a_paced_sweep_round_reaches_its_last_page(world, monkeypatch):
@@ -231,7 +246,9 @@ def test_a_paced_sweep_round_reaches_its_last_page(world, monkeypatch):
     """
     from sqlalchemy import delete
 
-    monkeypatch.setenv("AIRFLOW__DATASET_RACE_FIX__REQUEUE_INTERVAL_SECONDS", "0.001")  # paced, not every loop
+    monkeypatch.setenv(
+        "AIRFLOW__DATASET_RACE_FIX__REQUEUE_INTERVAL_SECONDS", "0.001"
+    )  # paced, not every loop
     w = world
     a, v = w.dataset("a"), w.dataset("v")
     w.consumers("a", [a], 22)

@@ -21,17 +21,15 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import event, func, select, text
-
 from airflow import settings
 from airflow.datasets import DatasetAny
 from airflow.models.dagrun import DagRun
 from airflow.models.dataset import DatasetDagRunQueue, DatasetEvent, DatasetModel
 from airflow.utils.session import create_session
+from conftest import BACKEND
+from sqlalchemy import event, func, select, text
 
 from reproduce.harness.world import BLOCKED, DONE, PAUSED, World
-
-from conftest import BACKEND
 
 servers_only = pytest.mark.skipif(BACKEND == "sqlite", reason="needs two open writers (SQLite has one)")
 
@@ -51,7 +49,9 @@ def _dataset_id(uri: str) -> int:
 def _queued(dag_id: str) -> list[int]:
     with create_session() as session:
         return sorted(
-            session.scalars(select(DatasetDagRunQueue.dataset_id).where(DatasetDagRunQueue.target_dag_id == dag_id))
+            session.scalars(
+                select(DatasetDagRunQueue.dataset_id).where(DatasetDagRunQueue.target_dag_id == dag_id)
+            )
         )
 
 
@@ -110,7 +110,9 @@ def test_a_row_a_producer_holds_is_skipped_never_waited_for(world):
     p0, p, s = w.producer("P0"), w.producer("P"), w.scheduler()
     w.clock.at(1), w.emit(p0, a), p0.finish(), w.emit(p0, b), p0.finish()
     w.clock.at(2)
-    p.pause_after("update dataset_dag_run_queue")  # b's row written (dated after its event), COMMIT not yet sent
+    p.pause_after(
+        "update dataset_dag_run_queue"
+    )  # b's row written (dated after its event), COMMIT not yet sent
     assert w.emit(p, b) == PAUSED
     assert w.loop(s) == DONE  # a run with E_a and E_b; b's row is held by P: skipped
     s.finish()
@@ -167,9 +169,13 @@ def test_a_postgres_producer_commit_sends_short_statements_in_lock_order(world):
     def record(conn, cursor, statement, parameters, context, executemany):
         sent.append((" ".join(statement.split()).lower(), parameters))
 
-    with settings.engine.connect() as other:  # holds (a, y) as a committing producer does (its own connection)
+    with (
+        settings.engine.connect() as other
+    ):  # holds (a, y) as a committing producer does (its own connection)
         transaction = other.begin()
-        other.execute(text("SELECT 1 FROM dataset_dag_run_queue WHERE target_dag_id = :d FOR UPDATE"), {"d": y})
+        other.execute(
+            text("SELECT 1 FROM dataset_dag_run_queue WHERE target_dag_id = :d FOR UPDATE"), {"d": y}
+        )
         event.listen(settings.engine, "before_cursor_execute", record)
         try:
             with create_session() as session:
@@ -185,23 +191,35 @@ def test_a_postgres_producer_commit_sends_short_statements_in_lock_order(world):
     a_id, b_id = _dataset_id(a.uri), _dataset_id(b.uri)
     writes = [(s, p) for s, p in sent if not s.startswith(("commit", "release", "savepoint"))]
     kinds = [
-        "take" if "for update skip locked" in s
-        else "look" if s.startswith("select q.dataset_id")
-        else "insert" if s.startswith("insert into dataset_dag_run_queue")
-        else "stamp, date, read" if s.startswith("with c as (select clock_timestamp() as now), stamped as (update dataset_event")
-        and "update dataset_dag_run_queue as q" in s and s.endswith("select id, timestamp from stamped") and ";" not in s
+        "take"
+        if "for update skip locked" in s
+        else "look"
+        if s.startswith("select q.dataset_id")
+        else "insert"
+        if s.startswith("insert into dataset_dag_run_queue")
+        else "stamp, date, read"
+        if s.startswith("with c as (select clock_timestamp() as now), stamped as (update dataset_event")
+        and "update dataset_dag_run_queue as q" in s
+        and s.endswith("select id, timestamp from stamped")
+        and ";" not in s
         else s
         for s, _ in writes
     ]
     assert kinds == ["take", "insert", "take", "look", "stamp, date, read"], kinds
-    assert "from dataset_dag_run_queue" in writes[0][0] and "join" not in writes[0][0] and " with " not in writes[0][0]
+    assert (
+        "from dataset_dag_run_queue" in writes[0][0]
+        and "join" not in writes[0][0]
+        and " with " not in writes[0][0]
+    )
     # the keys not taken: (a, y) is held, so only (b, x) is inserted (not waited for: it has a committed row)
     assert writes[1][1] == {"dataset_id_0": a_id, "dag_id_0": y, "dataset_id_1": b_id, "dag_id_1": x}
     assert "do nothing" in writes[1][0] and "do update" not in writes[1][0]
     # the one neither taken nor inserted: taken now (inserted by another producer meanwhile)? else held?
     assert writes[2][1] == writes[3][1] == {"dataset_id_0": a_id, "dag_id_0": y}
     dated = writes[-1][1]  # (a, y) is held: not dated
-    assert [(dated[f"dataset_id_{i}"], dated[f"dag_id_{i}"]) for i in range(2)] == sorted([(a_id, x), (b_id, x)])
+    assert [(dated[f"dataset_id_{i}"], dated[f"dag_id_{i}"]) for i in range(2)] == sorted(
+        [(a_id, x), (b_id, x)]
+    )
     assert "dataset_id_2" not in dated
     assert _queued(x) == sorted((a_id, b_id)) and _queued(y) == [a_id]
 
@@ -224,7 +242,10 @@ def test_postgres_stamps_dates_and_reads_back_in_one_statement(world, outlets):
 
     def record(conn, cursor, statement, parameters, context, executemany):
         lowered = statement.lower()
-        if any(s in lowered for s in ("update dataset_event", "update dataset_dag_run_queue", "select id, timestamp")):
+        if any(
+            s in lowered
+            for s in ("update dataset_event", "update dataset_dag_run_queue", "select id, timestamp")
+        ):
             sent.append(lowered)
 
     from airflow.datasets.manager import dataset_manager
@@ -235,7 +256,8 @@ def test_postgres_stamps_dates_and_reads_back_in_one_statement(world, outlets):
         try:
             with create_session() as session:
                 events = [
-                    dataset_manager.register_dataset_change(dataset=dataset, session=session) for dataset in datasets
+                    dataset_manager.register_dataset_change(dataset=dataset, session=session)
+                    for dataset in datasets
                 ]
         finally:
             event.remove(settings.engine, "before_cursor_execute", record)
@@ -244,7 +266,9 @@ def test_postgres_stamps_dates_and_reads_back_in_one_statement(world, outlets):
         with create_session() as session:
             stamps = dict(
                 session.execute(
-                    select(DatasetEvent.id, DatasetEvent.timestamp).where(DatasetEvent.id.in_([e.id for e in events]))
+                    select(DatasetEvent.id, DatasetEvent.timestamp).where(
+                        DatasetEvent.id.in_([e.id for e in events])
+                    )
                 ).all()
             )
             rows = session.execute(
@@ -252,7 +276,9 @@ def test_postgres_stamps_dates_and_reads_back_in_one_statement(world, outlets):
                     DatasetDagRunQueue.target_dag_id.in_([x, y])
                 )
             ).all()
-        assert {e.id: e.timestamp for e in events} == stamps  # read back: the objects hold the committed stamps
+        assert {
+            e.id: e.timestamp for e in events
+        } == stamps  # read back: the objects hold the committed stamps
         if len(events) > 1:
             assert events[1].timestamp == events[2].timestamp  # one clock for one dataset's events
         newest = {e.dataset_id: e.timestamp for e in events}
@@ -323,7 +349,9 @@ def test_a_rolled_back_savepoint_or_transaction_writes_no_queue_row(world):
     assert _queued(db) == []
     with create_session() as session:
         b_events = session.scalar(
-            select(func.count()).select_from(DatasetEvent).where(DatasetEvent.dataset_id == _dataset_id(b.uri))
+            select(func.count())
+            .select_from(DatasetEvent)
+            .where(DatasetEvent.dataset_id == _dataset_id(b.uri))
         )
     assert b_events == 0
 
@@ -341,7 +369,9 @@ def test_sqlite_rows_in_any_text_format_are_deleted_as_read(world):
     with create_session() as session:
         for uri, stored in ((a.uri, base), (b.uri, base + "+00:00")):
             session.execute(
-                text("UPDATE dataset_dag_run_queue SET created_at = :stored WHERE dataset_id = :ds AND target_dag_id = :d"),
+                text(
+                    "UPDATE dataset_dag_run_queue SET created_at = :stored WHERE dataset_id = :ds AND target_dag_id = :d"
+                ),
                 {"stored": stored, "ds": _dataset_id(uri), "d": d},
             )
     w.clock.at(2), w.loop(s), s.finish()
@@ -349,14 +379,20 @@ def test_sqlite_rows_in_any_text_format_are_deleted_as_read(world):
     # And a producer moves such a row forward into the canonical format.
     with create_session() as session:
         session.execute(
-            text("INSERT INTO dataset_dag_run_queue (dataset_id, target_dag_id, created_at) VALUES (:ds, :d, :stored)"),
+            text(
+                "INSERT INTO dataset_dag_run_queue (dataset_id, target_dag_id, created_at) VALUES (:ds, :d, :stored)"
+            ),
             {"stored": base + "+00:00", "ds": _dataset_id(a.uri), "d": d},
         )
     w.clock.at(-1), w.emit(p, a), p.finish()  # a lagging clock: the stamp follows a's newest event
     with create_session() as session:
-        stored = session.scalar(text("SELECT created_at FROM dataset_dag_run_queue WHERE target_dag_id = :d"), {"d": d})
+        stored = session.scalar(
+            text("SELECT created_at FROM dataset_dag_run_queue WHERE target_dag_id = :d"), {"d": d}
+        )
     # canonical text, one microsecond after its event (stamped one past a's newest, at second 1)
-    assert stored == (w.clock.base + timedelta(seconds=1, microseconds=2)).strftime("%Y-%m-%d %H:%M:%S.%f"), stored
+    assert stored == (w.clock.base + timedelta(seconds=1, microseconds=2)).strftime("%Y-%m-%d %H:%M:%S.%f"), (
+        stored
+    )
     w.drain(s, start=10)
     assert w.report().violations() == {}
 
@@ -376,9 +412,15 @@ def test_a_failed_queue_upsert_keeps_the_rows_for_the_next_commit(world):
     holder, p = w.producer("holder"), w.producer("P")
     # The holder inserts the (a, d) row and keeps its transaction open: a key with no committed
     # row is waited for (as in stock), not left out as a busy existing row would be.
-    holder.do(lambda session: session.execute(text(
-        "INSERT INTO dataset_dag_run_queue (dataset_id, target_dag_id, created_at) "
-        "VALUES (:a, :d, TIMESTAMPADD(SECOND, -5, NOW(6)))"), {"a": _dataset_id(a.uri), "d": d}))
+    holder.do(
+        lambda session: session.execute(
+            text(
+                "INSERT INTO dataset_dag_run_queue (dataset_id, target_dag_id, created_at) "
+                "VALUES (:a, :d, TIMESTAMPADD(SECOND, -5, NOW(6)))"
+            ),
+            {"a": _dataset_id(a.uri), "d": d},
+        )
+    )
     holder.finish()
 
     def register_and_commit_once(session):
@@ -396,13 +438,19 @@ def test_a_failed_queue_upsert_keeps_the_rows_for_the_next_commit(world):
     assert p.finish() == 1205  # the upsert gave up on the held row
     w.commit(holder), holder.finish()
     with create_session() as session:
-        before = session.scalar(select(DatasetDagRunQueue.created_at).where(DatasetDagRunQueue.target_dag_id == d))
+        before = session.scalar(
+            select(DatasetDagRunQueue.created_at).where(DatasetDagRunQueue.target_dag_id == d)
+        )
     w.commit(p), p.finish()  # the caller commits again
     with create_session() as session:
         events = session.scalar(
-            select(func.count()).select_from(DatasetEvent).where(DatasetEvent.dataset_id == _dataset_id(a.uri))
+            select(func.count())
+            .select_from(DatasetEvent)
+            .where(DatasetEvent.dataset_id == _dataset_id(a.uri))
         )
-        after = session.scalar(select(DatasetDagRunQueue.created_at).where(DatasetDagRunQueue.target_dag_id == d))
+        after = session.scalar(
+            select(DatasetDagRunQueue.created_at).where(DatasetDagRunQueue.target_dag_id == d)
+        )
     assert events == 1
     assert after > before  # P's upsert was written at its second COMMIT
 
@@ -430,9 +478,14 @@ def test_deleting_a_consumer_dag_before_the_commit_fails_no_producer(world):
     assert _queued(kept) == [_dataset_id(a.uri)]
     assert _queued(gone) == []
     with create_session() as session:
-        assert session.scalar(
-            select(func.count()).select_from(DatasetEvent).where(DatasetEvent.dataset_id == _dataset_id(a.uri))
-        ) == 1
+        assert (
+            session.scalar(
+                select(func.count())
+                .select_from(DatasetEvent)
+                .where(DatasetEvent.dataset_id == _dataset_id(a.uri))
+            )
+            == 1
+        )
 
 
 def _queue_of_size(w: World, queued: int) -> tuple[str, list[int]]:
@@ -441,7 +494,9 @@ def _queue_of_size(w: World, queued: int) -> tuple[str, list[int]]:
     with create_session() as session:
         session.add_all(DatasetModel(uri=f"race://{w.prefix}/plan{i}") for i in range(queued))
         session.flush()
-        ids = sorted(session.scalars(select(DatasetModel.id).where(DatasetModel.uri.like(f"race://{w.prefix}/plan%"))))
+        ids = sorted(
+            session.scalars(select(DatasetModel.id).where(DatasetModel.uri.like(f"race://{w.prefix}/plan%")))
+        )
         session.execute(
             DatasetDagRunQueue.__table__.insert(),
             [{"dataset_id": i, "target_dag_id": dag_id, "created_at": w.clock.base} for i in ids],
@@ -466,7 +521,9 @@ def test_the_mysql_delete_looks_up_each_key_by_primary_key(world, queued, delete
     dag_id, _ = _queue_of_size(w, queued)
     with create_session() as session:
         rows = session.execute(
-            select(DatasetDagRunQueue.dataset_id, DatasetDagRunQueue.target_dag_id, DatasetDagRunQueue.created_at)
+            select(
+                DatasetDagRunQueue.dataset_id, DatasetDagRunQueue.target_dag_id, DatasetDagRunQueue.created_at
+            )
             .where(DatasetDagRunQueue.target_dag_id == dag_id)
             .order_by(DatasetDagRunQueue.dataset_id)
         ).all()
@@ -533,6 +590,7 @@ def test_a_task_committing_at_the_schedulers_delete_waits_only_for_its_commit(wo
     and the sweep hands Y the task's event in the next loop.
     """
     import time
+
     from airflow.datasets import DatasetAll
 
     w = world

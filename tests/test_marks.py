@@ -14,7 +14,6 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-
 from matrix import ON_MAIN_RELEASE_ONLY
 
 pytestmark = ON_MAIN_RELEASE_ONLY
@@ -72,21 +71,28 @@ def test_a_forked_child_keeps_its_parents_verdict(variant_stock, no_hashing, mon
 
 
 def _task(outlets=("a dataset",), run_id="r1"):
-    return SimpleNamespace(task=SimpleNamespace(outlets=list(outlets), owner="airflow"), dag_id="adrf_marks",
-                           task_id="emit", run_id=run_id, map_index=-1, try_number=1, execution_date=None)
+    return SimpleNamespace(
+        task=SimpleNamespace(outlets=list(outlets), owner="airflow"),
+        dag_id="adrf_marks",
+        task_id="emit",
+        run_id=run_id,
+        map_index=-1,
+        try_number=1,
+        execution_date=None,
+    )
 
 
 def _producer_marks() -> list[dict]:
-    from sqlalchemy import select
-
     from airflow.models.log import Log
     from airflow.utils.session import create_session
+    from sqlalchemy import select
 
     from airflow_dataset_race_fix.evidence import MARK_EVENT
 
     with create_session() as session:
-        rows = session.execute(select(Log.run_id, Log.extra).where(Log.event == MARK_EVENT,
-                                                                     Log.dag_id == "adrf_marks")).all()
+        rows = session.execute(
+            select(Log.run_id, Log.extra).where(Log.event == MARK_EVENT, Log.dag_id == "adrf_marks")
+        ).all()
     return [{**json.loads(extra), "run_id": run_id} for run_id, extra in rows]
 
 
@@ -95,10 +101,9 @@ def fresh_host(monkeypatch, tmp_path):
     """This process as a host of its own: its claim files in a directory of the test's, no marks yet."""
     import tempfile
 
-    from sqlalchemy import delete
-
     from airflow.models.log import Log
     from airflow.utils.session import create_session
+    from sqlalchemy import delete
 
     from airflow_dataset_race_fix import evidence
 
@@ -139,10 +144,9 @@ def test_a_mark_that_cannot_be_written_fails_no_task_and_is_tried_again(fresh_ho
 
 def test_the_documented_delete_removes_the_marks_and_nothing_else(fresh_host):
     """docs/activation.md's statement, as an operator pastes it, on this backend."""
-    from sqlalchemy import func, select, text
-
     from airflow.models.log import Log
     from airflow.utils.session import create_session
+    from sqlalchemy import func, select, text
 
     doc = (Path(__file__).parents[1] / "docs" / "activation.md").read_text()
     statement = re.search(r"^(DELETE FROM log WHERE event = 'dataset-race-fix';)$", doc, re.MULTILINE)[1]
@@ -152,6 +156,7 @@ def test_the_documented_delete_removes_the_marks_and_nothing_else(fresh_host):
     with create_session() as session:
         session.execute(text(statement.rstrip(";")))
     with create_session() as session:
-        left = session.execute(select(Log.event, func.count()).where(Log.dag_id == "adrf_marks")
-                               .group_by(Log.event)).all()
+        left = session.execute(
+            select(Log.event, func.count()).where(Log.dag_id == "adrf_marks").group_by(Log.event)
+        ).all()
     assert left == [("adrf-marks-other", 1)]

@@ -19,19 +19,17 @@ from __future__ import annotations
 import time
 
 import pytest
-from sqlalchemy import event, func, select, update
-from sqlalchemy.exc import OperationalError
-
 from airflow import settings
 from airflow.models import Log
 from airflow.models.dag import DagModel
 from airflow.utils.session import create_session
-
-from reproduce.harness.world import DONE, PAUSED, World
-
 from conftest import BACKEND, SOURCE_MODE
+from sqlalchemy import event, func, select, update
+from sqlalchemy.exc import OperationalError
 from test_commit_stamps import _pause
 from test_safety_net import LATENCY, _consumed, _events
+
+from reproduce.harness.world import DONE, PAUSED, World
 
 pytestmark = pytest.mark.skipif(
     BACKEND == "sqlite", reason="a producer paused before its COMMIT holds SQLite's one writer"
@@ -41,7 +39,9 @@ FINDING = "dataset-race-fix-finding"
 
 def _findings(dag_id: str) -> int:
     with create_session() as session:
-        return session.scalar(select(func.count()).select_from(Log).where(Log.event == FINDING, Log.dag_id == dag_id))
+        return session.scalar(
+            select(func.count()).select_from(Log).where(Log.event == FINDING, Log.dag_id == dag_id)
+        )
 
 
 def _set_active(dag_id: str, active: bool) -> None:
@@ -122,7 +122,8 @@ def test_an_and_dags_late_event_is_consumed_once_its_condition_is_met(world, mon
 
 
 @pytest.mark.parametrize(
-    "fault", ["on the run's link insert", "on the net's finding insert", "the scheduler dies before its COMMIT"]
+    "fault",
+    ["on the run's link insert", "on the net's finding insert", "the scheduler dies before its COMMIT"],
 )
 def test_a_loop_that_fails_after_the_find_loses_nothing(world, monkeypatch, fault):
     """
@@ -245,7 +246,9 @@ def test_a_full_late_queue_loses_nothing_and_says_so(world, monkeypatch):
     w.loop(s), s.finish()  # P's event appears past the cap: dropped, and the ids followed from below it again
     assert ("dataset_race_fix.net_ids_dropped", 1) in counted
     assert late not in sum(_consumed(d), [])
-    s.runner.__dict__["_dataset_race_fix_net"]["late"] = []  # as if the 100 000 were probed (5 to 1 000 a look)
+    s.runner.__dict__["_dataset_race_fix_net"][
+        "late"
+    ] = []  # as if the 100 000 were probed (5 to 1 000 a look)
     for _ in range(3):
         w.loop(s), s.finish()
     assert late in sum(_consumed(d), []), "the dropped late event was lost"
@@ -267,7 +270,9 @@ def test_a_restart_resumes_where_the_ids_were_followed(world, monkeypatch, then)
     w = world
     d, late, s, (k,) = late_commit(w, "k")  # s saw P's id missing and marked it; then it stops
     with create_session() as session:
-        marks = session.scalar(select(func.count()).select_from(Log).where(Log.event == "dataset-race-fix-followed"))
+        marks = session.scalar(
+            select(func.count()).select_from(Log).where(Log.event == "dataset-race-fix-followed")
+        )
     assert marks >= 1, "the scheduler left no mark of where it followed the ids"
     time.sleep(9)  # longer than the look-back: the next run lies past P's stamp by more than that
     q = w.producer("Q2")

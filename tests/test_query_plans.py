@@ -25,18 +25,16 @@ from datetime import timedelta
 from typing import Callable, Iterator
 
 import pytest
-from sqlalchemy import event, select, text
-
 from airflow import settings
 from airflow.models.dag import DagModel
 from airflow.models.dataset import DatasetDagRunQueue, DatasetModel
 from airflow.utils.session import create_session
-
-from reproduce.harness.world import DONE, World
-from reproduce.benchmark.world import add_history
-
 from conftest import BACKEND
 from matrix import ON_MAIN_RELEASE_ONLY
+from sqlalchemy import event, select, text
+
+from reproduce.benchmark.world import add_history
+from reproduce.harness.world import DONE, World
 
 pytestmark = [
     ON_MAIN_RELEASE_ONLY,
@@ -86,7 +84,9 @@ def test_the_consumed_event_check_reads_the_runs_since_the_floor_not_the_associa
     producer, scheduler = w.producer("p"), w.scheduler()
     assert w.emit(producer, a) == DONE
 
-    with explained(lambda statement: statement.lstrip().startswith("SELECT dataset_event.id") and "NOT IN" in statement) as plans:
+    with explained(
+        lambda statement: statement.lstrip().startswith("SELECT dataset_event.id") and "NOT IN" in statement
+    ) as plans:
         assert w.loop(scheduler) == DONE
     assert plans, "the loop sent no consumed-event check"
     for plan in plans:
@@ -114,8 +114,12 @@ def test_the_queue_delete_locks_once_and_deletes_by_address_whatever_the_statist
         conn.execute(text("ANALYZE dataset_dag_run_queue"))
         conn.execute(delete_all)
     queue(ids)
+
     def the_delete(statement: str) -> bool:
-        return statement.lstrip().upper().startswith("DELETE FROM DATASET_DAG_RUN_QUEUE") and "LOCKED" in statement.upper()
+        return (
+            statement.lstrip().upper().startswith("DELETE FROM DATASET_DAG_RUN_QUEUE")
+            and "LOCKED" in statement.upper()
+        )
 
     with explained(the_delete) as plans, create_session() as session:
         nested_loops_only(session)
@@ -147,19 +151,30 @@ def test_the_sweep_probes_by_index_whatever_the_statistics(world):
         for table in ("dataset_dag_run_queue", "dag_schedule_dataset_reference", "dataset_event", "dag_run"):
             conn.execute(text(f"ANALYZE {table}"))
     w.consumers("c", [a], SWEPT)
-    with settings.engine.begin() as conn:  # the tables grow past their statistics, whatever earlier tests left
-        conn.execute(text(
-            "INSERT INTO dataset_event (dataset_id, timestamp, extra) SELECT id, to_timestamp(g), '{}' "
-            "FROM dataset, generate_series(1, 20000) g WHERE uri = :uri"), {"uri": a.uri})
-        conn.execute(text(
-            "INSERT INTO dag_run (dag_id, run_id, execution_date, run_type, state, external_trigger, clear_number) "
-            "SELECT :dag_id, 'history_' || g, to_timestamp(g), 'manual', 'success', true, 0 FROM generate_series(1, 20000) g"),
-            {"dag_id": f"{w.prefix}_history"})
+    with (
+        settings.engine.begin() as conn
+    ):  # the tables grow past their statistics, whatever earlier tests left
+        conn.execute(
+            text(
+                "INSERT INTO dataset_event (dataset_id, timestamp, extra) SELECT id, to_timestamp(g), '{}' "
+                "FROM dataset, generate_series(1, 20000) g WHERE uri = :uri"
+            ),
+            {"uri": a.uri},
+        )
+        conn.execute(
+            text(
+                "INSERT INTO dag_run (dag_id, run_id, execution_date, run_type, state, external_trigger, clear_number) "
+                "SELECT :dag_id, 'history_' || g, to_timestamp(g), 'manual', 'success', true, 0 FROM generate_series(1, 20000) g"
+            ),
+            {"dag_id": f"{w.prefix}_history"},
+        )
     w.clock.at(2)
     assert w.emit(producer, a) == DONE
     with settings.engine.begin() as conn:  # half the DAGs lose their row: the sweep's finds
         conn.execute(
-            text("DELETE FROM dataset_dag_run_queue WHERE target_dag_id LIKE :prefix AND right(target_dag_id, 1) IN ('1', '3', '5', '7', '9')"),
+            text(
+                "DELETE FROM dataset_dag_run_queue WHERE target_dag_id LIKE :prefix AND right(target_dag_id, 1) IN ('1', '3', '5', '7', '9')"
+            ),
             {"prefix": f"{w.prefix}_c%"},
         )
     scheduler = w.scheduler()
@@ -193,7 +208,9 @@ def datasets(w: World, count: int) -> list[int]:
     with create_session() as session:
         session.add_all(DatasetModel(uri=f"race://{w.prefix}/q{i}") for i in range(count))
         session.flush()
-        return sorted(session.scalars(select(DatasetModel.id).where(DatasetModel.uri.like(f"race://{w.prefix}/q%"))))
+        return sorted(
+            session.scalars(select(DatasetModel.id).where(DatasetModel.uri.like(f"race://{w.prefix}/q%")))
+        )
 
 
 def queue_rows(w: World, dataset_ids: list[int], dag_ids: list[str]) -> None:
@@ -201,7 +218,11 @@ def queue_rows(w: World, dataset_ids: list[int], dag_ids: list[str]) -> None:
     with create_session() as session:
         session.execute(
             DatasetDagRunQueue.__table__.insert(),
-            [{"dataset_id": i, "target_dag_id": d, "created_at": w.clock.base} for d in dag_ids for i in dataset_ids],
+            [
+                {"dataset_id": i, "target_dag_id": d, "created_at": w.clock.base}
+                for d in dag_ids
+                for i in dataset_ids
+            ],
         )
 
 
@@ -217,7 +238,9 @@ def forget_statistics(tables: tuple[str, ...] = PLANNED_TABLES) -> None:
     with settings.engine.begin() as conn:
         for table in tables:
             conn.execute(text("DELETE FROM pg_statistic WHERE starelid = CAST(:t AS regclass)"), {"t": table})
-            conn.execute(text("UPDATE pg_class SET reltuples = -1 WHERE oid = CAST(:t AS regclass)"), {"t": table})
+            conn.execute(
+                text("UPDATE pg_class SET reltuples = -1 WHERE oid = CAST(:t AS regclass)"), {"t": table}
+            )
 
 
 @contextmanager
@@ -243,7 +266,9 @@ def test_the_newest_consumed_event_starts_from_the_latest_runs_events(world, sta
     with statistics_state(statistics):
         producer, scheduler = w.producer("p"), w.scheduler()
         assert w.emit(producer, a) == DONE
-        with explained(lambda statement: "LEFT OUTER JOIN dag_schedule_dataset_reference" in statement) as plans:
+        with explained(
+            lambda statement: "LEFT OUTER JOIN dag_schedule_dataset_reference" in statement
+        ) as plans:
             assert w.loop(scheduler) == DONE
     assert plans, "the loop sent no statement for the newest consumed events"
     for plan in plans:
@@ -262,7 +287,9 @@ def test_the_latest_run_is_read_in_index_order_whatever_the_statistics(world, st
     search for an older one, when the newest run is not dataset-triggered, is planned as the
     statistics say, behind a one-time filter: run, it is never executed here.
     """
-    monkeypatch.setenv("AIRFLOW__DATASET_RACE_FIX__NET_LOOK_INTERVAL_SECONDS", "0")  # the net's references at once
+    monkeypatch.setenv(
+        "AIRFLOW__DATASET_RACE_FIX__NET_LOOK_INTERVAL_SECONDS", "0"
+    )  # the net's references at once
     w = world
     if statistics == "near-empty":
         analyze()
@@ -277,7 +304,10 @@ def test_the_latest_run_is_read_in_index_order_whatever_the_statistics(world, st
         # the loop's runs of the DAGs it decides, and the sweep's and the net's latest run per reference
         wanted = lambda statement: any(  # noqa: E731
             part in statement
-            for part in ("LEFT OUTER JOIN dag_schedule_dataset_reference", "SELECT dag_schedule_dataset_reference.dag_id")
+            for part in (
+                "LEFT OUTER JOIN dag_schedule_dataset_reference",
+                "SELECT dag_schedule_dataset_reference.dag_id",
+            )
         )
         with explained(wanted, run=True) as plans:
             assert w.loop(scheduler) == DONE
@@ -287,14 +317,21 @@ def test_the_latest_run_is_read_in_index_order_whatever_the_statistics(world, st
     for plan in plans:
         run_scans = [line for line in plan.splitlines() if "Scan" in line and " on dag_run " in line]
         assert run_scans, plan
-        for line in run_scans:  # each stopped at the DAG's newest (oldest) run, or never run (the search for another)
+        for line in (
+            run_scans
+        ):  # each stopped at the DAG's newest (oldest) run, or never run (the search for another)
             assert "never executed" in line or (
-                "Scan using dag_run_dag_id_execution_date_key on dag_run " in line.replace("Scan Backward", "Scan")
+                "Scan using dag_run_dag_id_execution_date_key on dag_run "
+                in line.replace("Scan Backward", "Scan")
                 and re.search(r"rows=1 loops=\d+\)", line)
             ), plan
-    loop_scans = [[line for line in plan.splitlines() if " on dag_run " in line and "never executed" not in line]
-                  for plan in plans]
-    assert [2] in [[len(scans)] for scans in loop_scans], plans  # the loop's: its DAG's newest run and its oldest
+    loop_scans = [
+        [line for line in plan.splitlines() if " on dag_run " in line and "never executed" not in line]
+        for plan in plans
+    ]
+    assert [2] in [[len(scans)] for scans in loop_scans], (
+        plans
+    )  # the loop's: its DAG's newest run and its oldest
 
 
 @pytest.mark.parametrize("statistics", ["none", "fresh"])
@@ -304,15 +341,16 @@ def test_the_net_reads_its_findings_and_marks_by_the_event_index(world, statisti
     grows with every task (the audit log): they are read by ``idx_log_event``, never a scan of
     the table, with no statistics as with fresh ones.
     """
-    from sqlalchemy import insert
-
     from airflow.models import Log
     from airflow.utils import timezone
+    from sqlalchemy import insert
 
     w = world
     with create_session() as session:  # an audit log of 20 000 rows of other events
         now = timezone.utcnow()
-        session.execute(insert(Log), [{"dttm": now, "event": "running", "dag_id": f"d{i % 50}"} for i in range(20_000)])
+        session.execute(
+            insert(Log), [{"dttm": now, "event": "running", "dag_id": f"d{i % 50}"} for i in range(20_000)]
+        )
     w.dataset("a")
     scheduler = w.scheduler()
     with statistics_state(statistics):
@@ -324,7 +362,10 @@ def test_the_net_reads_its_findings_and_marks_by_the_event_index(world, statisti
         assert "idx_log_event" in plan and "Seq Scan" not in plan, plan
 
 
-PRODUCER_QUEUE = (200, 100)  # queue rows of other DAGs and datasets beside a producer's: 200 DAGs x 100 datasets
+PRODUCER_QUEUE = (
+    200,
+    100,
+)  # queue rows of other DAGs and datasets beside a producer's: 200 DAGs x 100 datasets
 
 
 @pytest.mark.parametrize("statistics", ["none", "near-empty", "fresh"])
@@ -359,10 +400,16 @@ def test_a_producers_commit_probes_the_queue_by_primary_key_whatever_the_statist
         with settings.engine.connect() as other:
             holding = other.begin()
             other.execute(
-                text("SELECT 1 FROM dataset_dag_run_queue WHERE dataset_id = :d AND target_dag_id = :t FOR UPDATE"),
+                text(
+                    "SELECT 1 FROM dataset_dag_run_queue WHERE dataset_id = :d AND target_dag_id = :t FOR UPDATE"
+                ),
                 {"d": ids[1], "t": dag_ids[0]},
             )
-            with explained(lambda s: "dataset_dag_run_queue" in s and not s.lstrip().upper().startswith(("UPDATE", "WITH"))) as plans:
+            with explained(
+                lambda s: (
+                    "dataset_dag_run_queue" in s and not s.lstrip().upper().startswith(("UPDATE", "WITH"))
+                )
+            ) as plans:
                 with create_session() as session:
                     nested_loops_only(session)
                     busy = DatasetManager._postgres_upsert_queue_rows(keys, [], session)

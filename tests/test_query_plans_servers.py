@@ -9,21 +9,21 @@ from contextlib import contextmanager
 from typing import Iterator
 
 import pytest
-from sqlalchemy import event, func, select, text
-
 from airflow import settings
 from airflow.models.dataset import DagScheduleDatasetReference
 from airflow.utils.session import create_session
+from conftest import BACKEND
+from matrix import ON_MAIN_RELEASE_ONLY
+from sqlalchemy import event, func, select, text
+from test_query_plans import CONSUMED, busy_dag
 
 from reproduce.harness.world import DONE, World
 
-from conftest import BACKEND
-from matrix import ON_MAIN_RELEASE_ONLY
-from test_query_plans import CONSUMED, busy_dag
-
 pytestmark = [
     ON_MAIN_RELEASE_ONLY,
-    pytest.mark.skipif(BACKEND == "postgres", reason="MariaDB's and SQLite's reads (PostgreSQL: test_query_plans.py)"),
+    pytest.mark.skipif(
+        BACKEND == "postgres", reason="MariaDB's and SQLite's reads (PostgreSQL: test_query_plans.py)"
+    ),
 ]
 
 
@@ -82,7 +82,9 @@ def other_dags_paused(w: World) -> Iterator[None]:
 
     with create_session() as session:
         others = session.scalars(
-            select(DagModel.dag_id).where(DagModel.is_paused.is_(False), ~DagModel.dag_id.startswith(w.prefix))
+            select(DagModel.dag_id).where(
+                DagModel.is_paused.is_(False), ~DagModel.dag_id.startswith(w.prefix)
+            )
         ).all()
         session.execute(update(DagModel).where(DagModel.dag_id.in_(others)).values(is_paused=True))
     try:
@@ -104,13 +106,25 @@ def statistics(state: str) -> None:
             conn.execute(text("DROP TABLE IF EXISTS sqlite_stat1"))
         else:
             for table in tables:
-                conn.execute(text("DELETE FROM mysql.innodb_index_stats WHERE database_name = DATABASE() AND table_name = :t"), {"t": table})
-                conn.execute(text("DELETE FROM mysql.innodb_table_stats WHERE database_name = DATABASE() AND table_name = :t"), {"t": table})
+                conn.execute(
+                    text(
+                        "DELETE FROM mysql.innodb_index_stats WHERE database_name = DATABASE() AND table_name = :t"
+                    ),
+                    {"t": table},
+                )
+                conn.execute(
+                    text(
+                        "DELETE FROM mysql.innodb_table_stats WHERE database_name = DATABASE() AND table_name = :t"
+                    ),
+                    {"t": table},
+                )
     settings.engine.dispose()  # new connections: SQLite reads its statistics when it opens
 
 
 # the net's read of the new ids: 5 000 at most by construction (a first start reads the last 10 000 again, two looks)
-NET_IDS = "SELECT dataset_event.id, dataset_event.dataset_id, dataset_event.timestamp FROM dataset_event WHERE"
+NET_IDS = (
+    "SELECT dataset_event.id, dataset_event.dataset_id, dataset_event.timestamp FROM dataset_event WHERE"
+)
 FROM_REFERENCES = "FROM dag_schedule_dataset_reference JOIN dag ON"  # the sweep's references
 
 
@@ -145,8 +159,10 @@ def test_no_statement_of_the_loop_reads_the_datasets_history(world, state):
         references = session.scalar(select(func.count()).select_from(DagScheduleDatasetReference))
     bound = CONSUMED // 4 + references if BACKEND == "mysql" else CONSUMED
     judged = [  # the statements that read events (Airflow's own read the DAG table, the fleet's size)
-        (n, s) for n, s in counted
-        if "dataset_event" in s and not " ".join(s.split()).startswith(NET_IDS)
+        (n, s)
+        for n, s in counted
+        if "dataset_event" in s
+        and not " ".join(s.split()).startswith(NET_IDS)
         and not (BACKEND == "sqlite" and FROM_REFERENCES in s)
     ]
     history_reads = [(n, " ".join(s.split())[:400]) for n, s in judged if n > bound]

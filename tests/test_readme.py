@@ -11,11 +11,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from matrix import ON_SQLITE_ONLY
 
 from airflow_dataset_race_fix import __version__
 from airflow_dataset_race_fix.cli import build_parser
-
-from matrix import ON_SQLITE_ONLY
 
 pytestmark = ON_SQLITE_ONLY
 
@@ -160,7 +159,12 @@ def test_bench_script_starts():
 
 
 # Words of the README's "why" column and the reproduction's counter each names.
-STOCK_COUNTERS = {"empty run": "empty_runs", "lost": "lost", "doubled": "doubled", "out of order": "out_of_order"}
+STOCK_COUNTERS = {
+    "empty run": "empty_runs",
+    "lost": "lost",
+    "doubled": "doubled",
+    "out of order": "out_of_order",
+}
 
 
 def test_behaviour_that_differs_names_what_each_scenario_shows_on_stock():
@@ -170,10 +174,16 @@ def test_behaviour_that_differs_names_what_each_scenario_shows_on_stock():
     from reproduce.harness.catalog import CATALOG
 
     expected = {info.id: set(info.expect_stock) for info in CATALOG}
-    section = BEHAVIOUR.read_text().split("## Behaviour that differs from stock Airflow\n", 1)[1].split("\n## ", 1)[0]
+    section = (
+        BEHAVIOUR.read_text()
+        .split("## Behaviour that differs from stock Airflow\n", 1)[1]
+        .split("\n## ", 1)[0]
+    )
     table = section.split("**Upgrade", 1)[0]
     cited = 0
-    for row in (line for line in table.splitlines() if line.startswith("| ") and not line.startswith("| what")):
+    for row in (
+        line for line in table.splitlines() if line.startswith("| ") and not line.startswith("| what")
+    ):
         why = row.split(" | ")[1]
         scenarios = re.findall(r"\bS\d+b?\b", why)
         counters = {counter for word, counter in STOCK_COUNTERS.items() if word in why}
@@ -196,7 +206,11 @@ def test_what_installing_alone_changes_is_what_airflow_loads():
         "print('PLUGINS ' + json.dumps([p.name for p in plugins_manager.plugins"
         " if type(p).__module__.startswith('airflow_dataset_race_fix')]))\n"
     )
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "AIRFLOW__DATASET_RACE_FIX__ENABLE_VIA_PLUGIN")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("PYTHONPATH", "AIRFLOW__DATASET_RACE_FIX__ENABLE_VIA_PLUGIN")
+    }
     child = _run(sys.executable, "-c", code, env=env)
     assert child.returncode == 0, child.stderr[-3000:]
     loaded = json.loads(next(line for line in child.stdout.splitlines() if line.startswith("PLUGINS "))[8:])
@@ -205,6 +219,8 @@ def test_what_installing_alone_changes_is_what_airflow_loads():
     intro = " ".join(section.strip().split("\n\n", 1)[0].split())
     assert "Installing the package" in intro and "changes nothing" not in intro, intro
     for name in loaded:
-        assert f"`{name}`" in intro, f"installing adds plugin {name}: the README's sentence must say so: {intro}"
+        assert f"`{name}`" in intro, (
+            f"installing adds plugin {name}: the README's sentence must say so: {intro}"
+        )
     assert "Browse > Dataset runs" in intro
     assert "Same section." not in README.read_text(), "a sentence that names no section"

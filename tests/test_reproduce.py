@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import AIRFLOW_VERSION, BACKEND
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -49,7 +48,10 @@ def test_deterministic_shows_every_race_on_stock_and_none_fixed(tmp_path):
     assert "S1  stale queue timestamp" in done.stdout  # the table
     assert "bug shown" in done.stdout and "forced interleavings" in done.stdout and "--e2e" in done.stdout
     if BACKEND == "sqlite":
-        assert "not run on sqlite: S2b (--backend postgres or mysql), S3 (--backend postgres or mysql)" in done.stdout
+        assert (
+            "not run on sqlite: S2b (--backend postgres or mysql), S3 (--backend postgres or mysql)"
+            in done.stdout
+        )
 
 
 @pytest.mark.parametrize("only", ["S9", "inapplicable"])
@@ -121,7 +123,9 @@ def test_a_named_database_is_ours_and_an_existing_one_is_refused_untouched():
         with engine.begin() as conn:
             conn.execute(text("CREATE TABLE theirs (id INTEGER)"))
         done = reproduce("--backend", BACKEND, "--database", name, "--only", "S1", timeout=120)
-        assert done.returncode == 2 and f"database {name!r} already exists" in done.stderr, done.stderr[-2000:]
+        assert done.returncode == 2 and f"database {name!r} already exists" in done.stderr, done.stderr[
+            -2000:
+        ]
         with engine.connect() as conn:
             assert conn.execute(text("SELECT count(*) FROM theirs")).scalar() == 0  # neither used nor dropped
     finally:
@@ -133,11 +137,15 @@ def test_a_named_database_is_ours_and_an_existing_one_is_refused_untouched():
     assert not existing.exists()  # dropped after each
 
 
-@pytest.mark.parametrize("backend, name, expected", [("sqlite", "adrf_x", "SQLite runs on a temporary file"),
-                                                      ("postgres", "x; DROP", "letters, digits")])
+@pytest.mark.parametrize(
+    "backend, name, expected",
+    [("sqlite", "adrf_x", "SQLite runs on a temporary file"), ("postgres", "x; DROP", "letters, digits")],
+)
 def test_a_bad_database_name_is_a_usage_error(backend, name, expected):
     done = reproduce("--backend", backend, "--database", name, timeout=120)
-    assert done.returncode == 2 and expected in done.stderr and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert done.returncode == 2 and expected in done.stderr and "Traceback" not in done.stderr, done.stderr[
+        -2000:
+    ]
 
 
 def test_conflicting_backend_and_url():
@@ -155,7 +163,9 @@ def test_unsupported_airflow_is_refused_before_anything_runs(monkeypatch):
         runner.check_airflow_version()
 
 
-@pytest.mark.skipif(os.environ.get("ADRF_E2E") != "1", reason="e2e with a real scheduler is opt-in (ADRF_E2E=1)")
+@pytest.mark.skipif(
+    os.environ.get("ADRF_E2E") != "1", reason="e2e with a real scheduler is opt-in (ADRF_E2E=1)"
+)
 def test_e2e_real_scheduler(tmp_path):
     """One stock and one fixed run of a real scheduler: the fix must lose nothing and fail no producer."""
     out = tmp_path / "e2e.json"
@@ -180,7 +190,9 @@ def test_chaos_needs_celery():
     assert done.returncode == 2 and "--chaos needs --e2e --executor celery" in done.stderr
 
 
-@pytest.mark.skipif(os.environ.get("ADRF_E2E_CELERY") != "1", reason="CeleryExecutor e2e is opt-in (ADRF_E2E_CELERY=1)")
+@pytest.mark.skipif(
+    os.environ.get("ADRF_E2E_CELERY") != "1", reason="CeleryExecutor e2e is opt-in (ADRF_E2E_CELERY=1)"
+)
 @pytest.mark.skipif(BACKEND == "sqlite", reason="Airflow runs no CeleryExecutor on SQLite")
 def test_e2e_celery_with_chaos(tmp_path):
     """Stock and fixed on CeleryExecutor while a scheduler and a worker are SIGKILLed and restarted:
@@ -188,14 +200,27 @@ def test_e2e_celery_with_chaos(tmp_path):
     fix, and no producer fails or needs a retry for any reason but the faults."""
     out = tmp_path / "e2e-celery.json"
     done = reproduce(
-        "--e2e", "--executor", "celery", "--backend", BACKEND, "--chaos", "kill-scheduler", "--chaos", "kill-worker",
-        "--json", str(out), timeout=2400,
+        "--e2e",
+        "--executor",
+        "celery",
+        "--backend",
+        BACKEND,
+        "--chaos",
+        "kill-scheduler",
+        "--chaos",
+        "kill-worker",
+        "--json",
+        str(out),
+        timeout=2400,
     )
     print(done.stdout)
     result = json.loads(out.read_text())
     for run in result["runs"]:
         assert not run.get("error"), done.stdout + done.stderr[-3000:]
-        assert [f["fault"] for f in run["e2e"]["faults"] if f["fault"] != "restart"] == ["kill-scheduler", "kill-worker"]
+        assert [f["fault"] for f in run["e2e"]["faults"] if f["fault"] != "restart"] == [
+            "kill-scheduler",
+            "kill-worker",
+        ]
         assert run["e2e"]["topology"]["schedulers"] == (2 if BACKEND == "postgres" else 1)
     fixed = [r for r in result["runs"] if r["variant"] == "fixed"]
     assert fixed and all(r["e2e"]["fix_active_count"] == r["e2e"]["producer_tis_succeeded"] for r in fixed)

@@ -15,17 +15,17 @@ from __future__ import annotations
 import time
 
 import pytest
-from sqlalchemy import func, select, update
-
 from airflow.models.dagrun import DagRun
 from airflow.models.dataset import DatasetEvent, DatasetModel
 from airflow.utils.session import create_session
+from conftest import BACKEND
+from sqlalchemy import func, select, update
 
 from reproduce.harness.world import DONE, PAUSED, Actor, World
 
-from conftest import BACKEND
-
-servers_only = pytest.mark.skipif(BACKEND == "sqlite", reason="a producer paused before its COMMIT holds SQLite's one writer")
+servers_only = pytest.mark.skipif(
+    BACKEND == "sqlite", reason="a producer paused before its COMMIT holds SQLite's one writer"
+)
 LATENCY = "AIRFLOW__DATASET_RACE_FIX__COMMIT_LATENCY_SECONDS"
 
 
@@ -49,7 +49,9 @@ def _consumed(dag_id: str) -> list[list[int]]:
         ]
 
 
-def commit_late_after_a_run(w: World, quiet: bool = False, before_r=lambda: None) -> tuple[str, dict[str, int], Actor]:
+def commit_late_after_a_run(
+    w: World, quiet: bool = False, before_r=lambda: None
+) -> tuple[str, dict[str, int], Actor]:
     """
     Issue 30's interleaving, up to the late COMMIT: P is stamped, holds the busy queue row and
     stalls past ``commit_latency_seconds`` (set to 1 by the caller) before its COMMIT; R commits
@@ -89,13 +91,20 @@ def _jump_event_ids(by: int) -> None:
 
     with settings.engine.connect() as conn:
         if BACKEND == "postgres":  # setval is not transactional
-            conn.execute(text("SELECT setval('dataset_event_id_seq', nextval('dataset_event_id_seq') + :by)"), {"by": by})
+            conn.execute(
+                text("SELECT setval('dataset_event_id_seq', nextval('dataset_event_id_seq') + :by)"),
+                {"by": by},
+            )
             conn.commit()
         else:  # InnoDB's counter is not transactional either: an explicit id rolled back still moves it
             dataset_id = conn.scalar(text("SELECT min(id) FROM dataset"))
             top = conn.scalar(text("SELECT max(id) FROM dataset_event")) + 2 * by
-            conn.execute(text("INSERT INTO dataset_event (id, dataset_id, timestamp, extra) VALUES (:id, :d, now(), '{}')"),
-                         {"id": top, "d": dataset_id})
+            conn.execute(
+                text(
+                    "INSERT INTO dataset_event (id, dataset_id, timestamp, extra) VALUES (:id, :d, now(), '{}')"
+                ),
+                {"id": top, "d": dataset_id},
+            )
             conn.rollback()
 
 
@@ -138,7 +147,10 @@ def test_a_late_commit_below_the_latest_run_is_consumed_within_a_few_loops(world
     d, ids, s = commit_late_after_a_run(w, quiet=row == "no queue row")
     if row != "no queue row":
         q2 = w.producer("Q2")
-        w.emit(q2, w.dataset("k")), q2.finish()  # moves the row past P's stamp: no row pulls the floor down to it
+        (
+            w.emit(q2, w.dataset("k")),
+            q2.finish(),
+        )  # moves the row past P's stamp: no row pulls the floor down to it
     scheduler = s if then == "the same scheduler" else w.scheduler("restarted")
     time.sleep(0.5)  # the net looks at the ids at most every half second
     # a restarted one's window pass takes 3 % of the time: its loops 0.1 s apart, as an idle scheduler's are further
@@ -149,7 +161,9 @@ def test_a_late_commit_below_the_latest_run_is_consumed_within_a_few_loops(world
         time.sleep(0 if then == "the same scheduler" else 0.1)
     assert ids["late"] in sum(_consumed(d), []), f"not consumed after {loops} loops"
     w.drain(scheduler, start=None)
-    assert sorted(sum(_consumed(d), [])) == sorted(ids.values()) + ([] if row == "no queue row" else [max(_events(w))])
+    assert sorted(sum(_consumed(d), [])) == sorted(ids.values()) + (
+        [] if row == "no queue row" else [max(_events(w))]
+    )
     assert w.report().violations() == {}
 
 
@@ -248,16 +262,23 @@ def test_db_clean_of_runs_makes_nothing_be_consumed_again(world, monkeypatch, th
         time.sleep(1.1)
     assert [len(run) for run in _consumed(d)] == [1, 1, 1]
     with create_session() as session:  # db clean dates runs by their start: they ran
-        session.execute(update(DagRun).where(DagRun.dag_id == d).values(start_date=DagRun.execution_date, state="success"))
+        session.execute(
+            update(DagRun).where(DagRun.dag_id == d).values(start_date=DagRun.execution_date, state="success")
+        )
         newest = session.scalar(select(func.max(DagRun.execution_date)).where(DagRun.dag_id == d))
     tables = ["dag_run", "dataset_event"] if with_events else ["dag_run"]
-    run_cleanup(clean_before_timestamp=newest, table_names=tables, dry_run=False, confirm=False, skip_archive=True)
+    run_cleanup(
+        clean_before_timestamp=newest, table_names=tables, dry_run=False, confirm=False, skip_archive=True
+    )
     assert len(_consumed(d)) == 1  # the latest run is kept
     scheduler = s if then == "the same scheduler" else w.scheduler("restarted")
     for _ in range(5):
         w.loop(scheduler), scheduler.finish()
     assert len(_consumed(d)) == 1, "cleaned runs' events consumed again"
-    w.emit(p, a), p.finish()  # its queue row reads from commit_latency_seconds before it: not below the oldest run
+    (
+        w.emit(p, a),
+        p.finish(),
+    )  # its queue row reads from commit_latency_seconds before it: not below the oldest run
     w.loop(scheduler), scheduler.finish()
     assert _consumed(d)[-1] == [max(_events(w))]
 
@@ -272,11 +293,10 @@ def test_a_restarted_scheduler_finds_a_quiet_dags_late_commit_first(world, monke
     """
     from datetime import timedelta
 
-    from sqlalchemy import insert
-
     from airflow.models.dataset import association_table
     from airflow.utils.state import DagRunState
     from airflow.utils.types import DagRunType
+    from sqlalchemy import insert
 
     monkeypatch.setenv("AIRFLOW__DATASET_RACE_FIX__REQUEUE_INTERVAL_SECONDS", "0")
     w = world
@@ -286,7 +306,9 @@ def test_a_restarted_scheduler_finds_a_quiet_dags_late_commit_first(world, monke
     w.clock.stop()
     from test_net_findings import caught_up
 
-    caught_up(w, s)  # its mark then lies at the newest id: what is inserted below commits while no scheduler runs
+    caught_up(
+        w, s
+    )  # its mark then lies at the newest id: what is inserted below commits while no scheduler runs
     for _ in range(2):  # the quiet DAG's two runs
         w.emit(p, b), p.finish()
         w.loop(s), s.finish()
@@ -294,8 +316,14 @@ def test_a_restarted_scheduler_finds_a_quiet_dags_late_commit_first(world, monke
     from airflow.datasets.manager import DatasetManager
 
     with create_session() as session:
-        dates = list(session.scalars(select(DagRun.execution_date).where(DagRun.dag_id == quiet).order_by(DagRun.execution_date)))
-        b_id, a_id = (session.scalar(select(DatasetModel.id).where(DatasetModel.uri == ds.uri)) for ds in (b, a))
+        dates = list(
+            session.scalars(
+                select(DagRun.execution_date).where(DagRun.dag_id == quiet).order_by(DagRun.execution_date)
+            )
+        )
+        b_id, a_id = (
+            session.scalar(select(DatasetModel.id).where(DatasetModel.uri == ds.uri)) for ds in (b, a)
+        )
         # the late commit: stamped between the two runs, committed after the second, while no scheduler ran
         stranded = DatasetEvent(dataset_id=b_id, timestamp=dates[0] + (dates[1] - dates[0]) / 2)
         session.add(stranded)
@@ -303,17 +331,34 @@ def test_a_restarted_scheduler_finds_a_quiet_dags_late_commit_first(world, monke
         late = stranded.id
         # the busy DAG: 40 000 events over the last 800 s, all consumed by its latest run, dated now (after an older run)
         now = DatasetManager._database_now(session)
-        session.execute(insert(DatasetEvent), [
-            {"dataset_id": a_id, "timestamp": now - timedelta(seconds=800) * (40_000 - i) / 40_000, "extra": {}}
-            for i in range(40_000)])
-        runs = [DagRun(dag_id=busy, run_id=f"dataset_triggered__busy{i}", execution_date=now - timedelta(seconds=900 * i),
-                       state=DagRunState.SUCCESS, run_type=DagRunType.DATASET_TRIGGERED, external_trigger=False)
-                for i in (1, 0)]
+        session.execute(
+            insert(DatasetEvent),
+            [
+                {
+                    "dataset_id": a_id,
+                    "timestamp": now - timedelta(seconds=800) * (40_000 - i) / 40_000,
+                    "extra": {},
+                }
+                for i in range(40_000)
+            ],
+        )
+        runs = [
+            DagRun(
+                dag_id=busy,
+                run_id=f"dataset_triggered__busy{i}",
+                execution_date=now - timedelta(seconds=900 * i),
+                state=DagRunState.SUCCESS,
+                run_type=DagRunType.DATASET_TRIGGERED,
+                external_trigger=False,
+            )
+            for i in (1, 0)
+        ]
         session.add_all(runs)
         session.flush()
         session.execute(
             insert(association_table).from_select(
-                ["dag_run_id", "event_id"], select(runs[1].id, DatasetEvent.id).where(DatasetEvent.dataset_id == a_id)
+                ["dag_run_id", "event_id"],
+                select(runs[1].id, DatasetEvent.id).where(DatasetEvent.dataset_id == a_id),
             )
         )
     restarted, loops = w.scheduler("restarted"), 0

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from conftest import BACKEND
 
 from reproduce.harness.scenarios import SCENARIOS, run_scenario
-
-from conftest import BACKEND
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=[s.id for s in SCENARIOS])
@@ -16,6 +15,8 @@ def test_scenario(scenario, variant):
     outcome = run_scenario(scenario)
     print(f"{scenario.id} {variant} on {BACKEND}: {outcome.report.totals()}")
     if variant == "stock":
-        assert outcome.shows_bug(), f"stock Airflow should show {scenario.expect_stock}: {outcome.report.totals()}"
+        assert outcome.shows_bug(), (
+            f"stock Airflow should show {scenario.expect_stock}: {outcome.report.totals()}"
+        )
     else:
         assert outcome.violations == {}, outcome.report.as_dict()

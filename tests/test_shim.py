@@ -16,16 +16,18 @@ import subprocess
 import sysconfig
 
 import pytest
+from conftest import AIRFLOW_VERSION
+from matrix import ON_SQLITE_ONLY
 from shim_children import (
     ALL_ORIGINAL,
     ALL_PATCHED,
     IMPORT_TARGETS,
     INFO_LINE,
-    TARGETS,
     PYTHON,
-    assert_fixed_once,
     REPORT_CODE,
+    TARGETS,
     airflow_shadow,
+    assert_fixed_once,
     child_env,
     count,
     output,
@@ -40,9 +42,6 @@ from shim_children import (
 
 from airflow_dataset_race_fix import BOOTSTRAP_DIR
 from airflow_dataset_race_fix.targets import MEMBERS
-
-from conftest import AIRFLOW_VERSION
-from matrix import ON_SQLITE_ONLY
 
 pytestmark = ON_SQLITE_ONLY
 
@@ -79,8 +78,13 @@ before = {{name: name in sys.modules for name in {STARTUP_MODULES!r}}}
 
 
 def test_startup_with_the_shim_alone_does_not_import_airflow():
-    plain = result(run_python(LOADED_AT_START + "import json\nprint('RESULT ' + json.dumps(before))", child_env()))
-    code = LOADED_AT_START + REPORT_CODE + f"""
+    plain = result(
+        run_python(LOADED_AT_START + "import json\nprint('RESULT ' + json.dumps(before))", child_env())
+    )
+    code = (
+        LOADED_AT_START
+        + REPORT_CODE
+        + f"""
 from airflow_dataset_race_fix.post_import import PostImportFinder
 _report(
     before=before,
@@ -89,6 +93,7 @@ _report(
     bootstrap_dir_kept=sys.path.count({BOOTSTRAP_DIR!r}),
 )
 """
+    )
     proc = run_python(code, shim_env())
     report = result(proc)
     # Nothing heavy at start: not airflow, not the target list (it needs inspect), nothing
@@ -111,11 +116,14 @@ def test_the_plain_check_from_the_issue_prints_false():
 
 
 def test_a_user_sitecustomize_still_runs_and_is_chained(tmp_path):
-    user = write_sitecustomize(str(tmp_path / "user"), """
+    user = write_sitecustomize(
+        str(tmp_path / "user"),
+        """
         import sys
         sys.user_sitecustomize_ran = True
         print("USER SITECUSTOMIZE RAN")
-    """)
+    """,
+    )
     code = IMPORT_TARGETS.replace(
         "_report()", "_report(user=sys.user_sitecustomize_ran, module=sys.modules['sitecustomize'].__file__)"
     )
@@ -137,18 +145,23 @@ def test_a_failing_user_sitecustomize_is_reported_and_the_shim_still_starts(tmp_
 def test_python_dash_S_skips_the_shim_quietly_and_the_explicit_import_still_works():
     # -S: site does not run, so neither sitecustomize nor .pth files; PYTHONPATH stays.
     quiet = run_python(
-        "import sys; print('sitecustomize' in sys.modules, 'airflow_dataset_race_fix' in sys.modules)", shim_env(), "-S"
+        "import sys; print('sitecustomize' in sys.modules, 'airflow_dataset_race_fix' in sys.modules)",
+        shim_env(),
+        "-S",
     )
     assert quiet.returncode == 0 and quiet.stdout.split() == ["False", "False"], output(quiet)
     assert quiet.stderr == ""
 
     src = os.path.dirname(os.path.dirname(BOOTSTRAP_DIR))
-    explicit = REPORT_CODE + f"""
+    explicit = (
+        REPORT_CODE
+        + f"""
 sys.path[:0] = [{sysconfig.get_paths()["purelib"]!r}, {src!r}]
 import airflow_dataset_race_fix.auto
 import airflow.jobs.scheduler_job_runner, airflow.datasets.manager
 _report()
 """
+    )
     report = result(run_python(explicit, child_env(), "-S"))
     assert report["routes"] == ["import"] and report["states"] == ALL_PATCHED
 
@@ -162,7 +175,10 @@ _report()
     ids=["manager-first", "scheduler-first", "via-taskinstance"],
 )
 def test_targets_are_patched_in_any_import_order_with_one_info_line_per_target(order):
-    code = REPORT_CODE + "".join(f"\nimport {name}" for name in order) + """
+    code = (
+        REPORT_CODE
+        + "".join(f"\nimport {name}" for name in order)
+        + """
 import airflow.datasets.manager as m, airflow.jobs.scheduler_job_runner as s
 from airflow_dataset_race_fix.fix.datasets.manager import DatasetManager as FixedManager
 from airflow_dataset_race_fix.fix.jobs.scheduler_job_runner import SchedulerJobRunner as FixedRunner
@@ -172,6 +188,7 @@ _report(
     loader_is_real=type(m.__loader__).__name__ == "SourceFileLoader" and type(m.__spec__.loader).__name__ == "SourceFileLoader",
 )
 """
+    )
     proc = run_python(code, shim_env())
     report = result(proc)
     assert report["states"] == ALL_PATCHED
@@ -183,13 +200,16 @@ _report(
 
 
 def test_airflow_imported_before_the_hooks_explicit_import():
-    code = REPORT_CODE + """
+    code = (
+        REPORT_CODE
+        + """
 import airflow.datasets.manager, airflow.jobs.scheduler_job_runner
 before = {n: __import__("airflow_dataset_race_fix.runtime", fromlist=["x"]).module_state(n).state
           for n in ("airflow.datasets.manager", "airflow.jobs.scheduler_job_runner")}
 import airflow_dataset_race_fix.auto
 _report(before=before)
 """
+    )
     proc = run_python(code, child_env())
     report = result(proc)
     assert report["before"] == ALL_ORIGINAL
@@ -198,14 +218,18 @@ _report(before=before)
 
 
 def test_airflow_imported_before_the_hooks_by_a_chained_sitecustomize(tmp_path):
-    write_sitecustomize(str(tmp_path / "user"), "import airflow.jobs.scheduler_job_runner, airflow.datasets.manager\n")
+    write_sitecustomize(
+        str(tmp_path / "user"), "import airflow.jobs.scheduler_job_runner, airflow.datasets.manager\n"
+    )
     proc = run_python(REPORT_CODE + "\n_report()\n", shim_env(str(tmp_path / "user")))
     report = result(proc)
     assert report["airflow_imported"] and report["states"] == ALL_PATCHED
 
 
 def test_idempotent_and_unapply_restores_the_originals_exactly():
-    code = REPORT_CODE + """
+    code = (
+        REPORT_CODE
+        + """
 import airflow.datasets.manager as m, airflow.jobs.scheduler_job_runner as s
 from airflow_dataset_race_fix import bootstrap, runtime
 from airflow_dataset_race_fix.targets import MEMBERS
@@ -227,6 +251,7 @@ _report(
     marker_gone=not any(runtime.MARKER in vars(o) for o in owners.values()),
 )
 """
+    )
     report = result(run_python(code, child_env()))
     assert len(report["changed"]) == len(MEMBERS)  # every member the fix replaces or adds
     assert report["idempotent"] and report["restored"] and report["marker_gone"]
@@ -238,10 +263,14 @@ _report(
 def test_unsupported_airflow_version_patches_nothing_and_warns_once(tmp_path):
     write_sitecustomize(str(tmp_path / "user"), UNSUPPORTED_AIRFLOW)
     env = shim_env(str(tmp_path / "user"))
-    proc = run_python(IMPORT_TARGETS + "\nimport importlib, airflow.datasets.manager as m; importlib.reload(m)\n", env)
+    proc = run_python(
+        IMPORT_TARGETS + "\nimport importlib, airflow.datasets.manager as m; importlib.reload(m)\n", env
+    )
     report = result(proc)
     assert report["states"] == {name: "refused" for name in TARGETS}
-    warnings = [line for line in output(proc).splitlines() if "WARNING" in line and "airflow-dataset-race-fix" in line]
+    warnings = [
+        line for line in output(proc).splitlines() if "WARNING" in line and "airflow-dataset-race-fix" in line
+    ]
     assert len(warnings) == 1, warnings  # one for the process, not repeated by the reload
     for line in warnings:
         assert "the fix is NOT in place: no target module is patched in this process" in line
@@ -270,10 +299,17 @@ def test_changed_target_function_is_refused_with_what_was_found(tmp_path):
     # producers strands events).
     assert report["states"] == {name: "refused" for name in TARGETS}
     assert report["kept"] == "sitecustomize"  # the other tool's function is left in place
-    warnings = [line for line in output(proc).splitlines() if "WARNING" in line and "airflow-dataset-race-fix" in line]
+    warnings = [
+        line for line in output(proc).splitlines() if "WARNING" in line and "airflow-dataset-race-fix" in line
+    ]
     assert len(warnings) == 1
-    assert "no target module is patched in this process, because airflow.datasets.manager was refused" in warnings[0]
-    assert f"DatasetManager._postgres_queue_dagruns is not the Airflow {AIRFLOW_VERSION} original" in warnings[0]
+    assert (
+        "no target module is patched in this process, because airflow.datasets.manager was refused"
+        in warnings[0]
+    )
+    assert (
+        f"DatasetManager._postgres_queue_dagruns is not the Airflow {AIRFLOW_VERSION} original" in warnings[0]
+    )
     assert "expected sha256 8d5f0ab80581" in warnings[0] and "found sha256" in warnings[0]
 
     status = run_status(env, "--json")
@@ -282,7 +318,10 @@ def test_changed_target_function_is_refused_with_what_was_found(tmp_path):
     assert targets["airflow.datasets.manager"]["status"] == "refused"
     assert f"not the Airflow {AIRFLOW_VERSION} original" in targets["airflow.datasets.manager"]["detail"]
     assert targets["airflow.jobs.scheduler_job_runner"]["status"] == "refused"
-    assert "all or nothing and airflow.datasets.manager was refused" in targets["airflow.jobs.scheduler_job_runner"]["detail"]
+    assert (
+        "all or nothing and airflow.datasets.manager was refused"
+        in targets["airflow.jobs.scheduler_job_runner"]["detail"]
+    )
 
 
 def test_a_target_refused_after_another_was_patched_takes_the_patch_back(tmp_path):
@@ -290,7 +329,9 @@ def test_a_target_refused_after_another_was_patched_takes_the_patch_back(tmp_pat
     # changes before its import (another tool, a deploy): the process must not keep a fixed
     # manager beside a stock scheduler.
     site = airflow_shadow(str(tmp_path / "site"))
-    code = REPORT_CODE + f"""
+    code = (
+        REPORT_CODE
+        + f"""
 import airflow.datasets.manager as m
 from airflow_dataset_race_fix import runtime
 import shim_children
@@ -300,22 +341,30 @@ import airflow.jobs.scheduler_job_runner
 from airflow_dataset_race_fix.fix.datasets.manager import DatasetManager as FixedManager
 _report(before=before, manager_fixed=vars(m.DatasetManager)["_postgres_queue_dagruns"] is vars(FixedManager)["_postgres_queue_dagruns"])
 """
+    )
     proc = run_python(code, shim_env(site, os.path.dirname(__file__)))
     report = result(proc)
     assert report["before"] == "patched"
     assert report["states"] == {name: "refused" for name in TARGETS}
     assert report["manager_fixed"] is False  # the original is back
-    warnings = [line for line in output(proc).splitlines() if "WARNING" in line and "airflow-dataset-race-fix" in line]
-    assert len(warnings) == 1 and "because airflow.jobs.scheduler_job_runner was refused" in warnings[0], warnings
+    warnings = [
+        line for line in output(proc).splitlines() if "WARNING" in line and "airflow-dataset-race-fix" in line
+    ]
+    assert len(warnings) == 1 and "because airflow.jobs.scheduler_job_runner was refused" in warnings[0], (
+        warnings
+    )
 
 
 def test_a_replacement_without_readable_source_is_refused_not_crashed():
-    code = REPORT_CODE + """
+    code = (
+        REPORT_CODE
+        + """
 import airflow.datasets.manager as m
 m.DatasetManager._slow_path_queue_dagruns = classmethod(eval("lambda cls, *a, **k: None"))
 import airflow_dataset_race_fix.auto
 _report()
 """
+    )
     proc = run_python(code, child_env())
     assert result(proc)["states"]["airflow.datasets.manager"] == "refused"
     assert "whose source cannot be read" in output(proc)
@@ -323,7 +372,9 @@ _report()
 
 def test_source_already_fixed_keeps_the_shim_idle_and_says_so(tmp_path):
     # What a source patch leaves behind: Airflow's classes already carry the fixed members.
-    write_sitecustomize(str(tmp_path / "user"), """
+    write_sitecustomize(
+        str(tmp_path / "user"),
+        """
         import airflow.datasets.manager as m, airflow.jobs.scheduler_job_runner as s
         from airflow_dataset_race_fix.fix.datasets import manager as fm
         from airflow_dataset_race_fix.fix.jobs import scheduler_job_runner as fs
@@ -332,7 +383,8 @@ def test_source_already_fixed_keeps_the_shim_idle_and_says_so(tmp_path):
             fixed_owner = getattr(fm if member.module.endswith("manager") else fs, member.owner)
             owner = getattr(m if member.module.endswith("manager") else s, member.owner)
             setattr(owner, member.name, vars(fixed_owner)[member.name])
-    """)
+    """,
+    )
     env = shim_env(str(tmp_path / "user"))
     proc = run_python(IMPORT_TARGETS, env)
     assert result(proc)["states"] == {name: "source-patched" for name in TARGETS}
@@ -426,8 +478,12 @@ def test_status_no_import_reports_waiting_targets():
 
 
 def test_status_help_is_plain_text():
-    proc = subprocess.run([PYTHON, "-m", "airflow_dataset_race_fix", "status", "--help"],
-                          env=child_env(), capture_output=True, text=True)
+    proc = subprocess.run(
+        [PYTHON, "-m", "airflow_dataset_race_fix", "status", "--help"],
+        env=child_env(),
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0 and "a .pth file" in proc.stdout and "--no-import)" in proc.stdout
     assert "``" not in proc.stdout and ":func:" not in proc.stdout
 
@@ -451,7 +507,9 @@ def fresh_venv(tmp_path):
     python = str(venv / "bin" / "python")
     site_packages = subprocess.run(
         [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        capture_output=True, text=True, check=True,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout.strip()
     # '00-' sorts before our .pth: site processes .pth files in name order.
     with open(os.path.join(site_packages, "00-adrf-test-link.pth"), "w") as f:
@@ -463,8 +521,13 @@ def test_pth_install_activates_and_remove_deactivates(fresh_venv):
     python, site_packages = fresh_venv
 
     def shim(*args):
-        return subprocess.run([python, "-m", "airflow_dataset_race_fix", "shim", *args],
-                              env=child_env(), capture_output=True, text=True, timeout=60)
+        return subprocess.run(
+            [python, "-m", "airflow_dataset_race_fix", "shim", *args],
+            env=child_env(),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
 
     installed = shim("install-pth")
     pth = os.path.join(site_packages, "airflow_dataset_race_fix_shim.pth")
@@ -473,7 +536,10 @@ def test_pth_install_activates_and_remove_deactivates(fresh_venv):
 
     report = result(run_python(IMPORT_TARGETS, child_env(), python=python))
     assert report["routes"] == ["pth"] and report["states"] == ALL_PATCHED
-    assert result(run_python(REPORT_CODE + "\n_report()", child_env(), python=python))["airflow_imported"] is False
+    assert (
+        result(run_python(REPORT_CODE + "\n_report()", child_env(), python=python))["airflow_imported"]
+        is False
+    )
 
     status = run_status(child_env(), python=python)
     assert status.returncode == 0, output(status)
@@ -502,17 +568,32 @@ def test_pth_left_behind_by_an_uninstall_is_silent(fresh_venv, leftover):
         os.makedirs(os.path.join(site_packages, "airflow_dataset_race_fix", "__pycache__"))
     with open(os.path.join(site_packages, "airflow_dataset_race_fix_shim.pth"), "w") as f:
         f.write(PTH_CONTENT)
-    proc = run_python("import sys; print('ok', 'airflow_dataset_race_fix.bootstrap' in sys.modules)", child_env(),
-                      "-X", "dev", "-W", "error", python=python)
+    proc = run_python(
+        "import sys; print('ok', 'airflow_dataset_race_fix.bootstrap' in sys.modules)",
+        child_env(),
+        "-X",
+        "dev",
+        "-W",
+        "error",
+        python=python,
+    )
     assert (proc.returncode, proc.stdout, proc.stderr) == (0, "ok False\n", "")
 
 
 def test_install_pth_says_to_remove_it_before_pip_uninstall(fresh_venv):
     python, site_packages = fresh_venv
-    proc = subprocess.run([python, "-m", "airflow_dataset_race_fix", "shim", "install-pth"],
-                          env=child_env(), capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [python, "-m", "airflow_dataset_race_fix", "shim", "install-pth"],
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, output(proc)
-    assert "Before 'pip uninstall airflow-dataset-race-fix', run 'airflow-dataset-race-fix shim remove-pth'" in proc.stdout
+    assert (
+        "Before 'pip uninstall airflow-dataset-race-fix', run 'airflow-dataset-race-fix shim remove-pth'"
+        in proc.stdout
+    )
     with open(os.path.join(site_packages, "airflow_dataset_race_fix_shim.pth")) as f:
         assert "before\n# 'pip uninstall airflow-dataset-race-fix'" in f.read()
 
@@ -539,18 +620,26 @@ def local_settings_home(tmp_path, body: str = LOCAL_SETTINGS) -> dict[str, str]:
 
 
 def test_airflow_local_settings_turns_the_shim_on_before_any_target_is_imported(tmp_path):
-    code = REPORT_CODE + """
+    code = (
+        REPORT_CODE
+        + """
 import airflow, airflow_local_settings
 imported_before = airflow_local_settings.TARGETS_IMPORTED_BEFORE
 import airflow.datasets.manager, airflow.jobs.scheduler_job_runner
 _report(imported_before=imported_before)
 """
+    )
     env = child_env(**local_settings_home(tmp_path))
     proc = run_python(code, env)
     report = result(proc)
-    assert report["imported_before"] == [], "airflow_local_settings runs inside 'import airflow', before any target"
+    assert report["imported_before"] == [], (
+        "airflow_local_settings runs inside 'import airflow', before any target"
+    )
     assert report["routes"] == ["airflow_local_settings"] and report["states"] == ALL_PATCHED
-    assert sorted(assert_fixed_once(output(proc), *TARGETS)) == sorted(TARGETS) and count(output(proc), "WARNING") == 0
+    assert (
+        sorted(assert_fixed_once(output(proc), *TARGETS)) == sorted(TARGETS)
+        and count(output(proc), "WARNING") == 0
+    )
 
     status = run_status(env)
     assert status.returncode == 0, output(status)
@@ -567,8 +656,11 @@ def test_strict_airflow_local_settings_makes_a_refused_target_fail_its_import(tm
     # Airflow imports airflow_local_settings first (the hooks start), then the user's
     # sitecustomize reports an unsupported release, then the target's import raises.
     write_sitecustomize(str(tmp_path / "user"), UNSUPPORTED_AIRFLOW)
-    env = child_env([str(tmp_path / "user")], switches={"AIRFLOW_DATASET_RACE_FIX_STRICT": "1"},
-                    **local_settings_home(tmp_path))
+    env = child_env(
+        [str(tmp_path / "user")],
+        switches={"AIRFLOW_DATASET_RACE_FIX_STRICT": "1"},
+        **local_settings_home(tmp_path),
+    )
     proc = run_python("import airflow.jobs.scheduler_job_runner\nprint('RESULT {}')", env)
     assert proc.returncode == 1 and "RESULT" not in proc.stdout, output(proc)[-3000:]
     assert "RefusedError: airflow-dataset-race-fix (strict)" in proc.stderr
@@ -577,10 +669,13 @@ def test_strict_airflow_local_settings_makes_a_refused_target_fail_its_import(tm
 
 def test_airflow_local_settings_without_the_package_leaves_airflow_working_and_says_so(tmp_path):
     # The package missing (a failed requirements install): the README's file must not stop Airflow.
-    code = REPORT_CODE.replace("def _report", "sys.modules['airflow_dataset_race_fix.auto'] = None\ndef _report") + """
+    code = (
+        REPORT_CODE.replace("def _report", "sys.modules['airflow_dataset_race_fix.auto'] = None\ndef _report")
+        + """
 import airflow.datasets.manager, airflow.jobs.scheduler_job_runner
 _report()
 """
+    )
     proc = run_python(code, child_env(**local_settings_home(tmp_path)))
     report = result(proc)
     assert report["states"] == ALL_ORIGINAL and report["routes"] == []
@@ -595,7 +690,9 @@ def test_status_tells_an_airflow_local_settings_that_does_not_import_the_fix(tmp
     assert "config/airflow_local_settings.py (does not import airflow_dataset_race_fix.auto)" in status.stdout
 
 
-LOAD_PLUGINS = REPORT_CODE + """
+LOAD_PLUGINS = (
+    REPORT_CODE
+    + """
 import airflow.datasets.manager, airflow.jobs.scheduler_job_runner
 from airflow_dataset_race_fix import runtime
 before = {name: runtime.module_state(name).state for name in ("airflow.datasets.manager", "airflow.jobs.scheduler_job_runner")}
@@ -608,6 +705,7 @@ _report(
     entry_point_loaded="airflow_dataset_race_fix.plugin" in sys.modules,
 )
 """
+)
 
 
 @pytest.mark.parametrize("opt_in", [None, "False"], ids=["unset", "False"])
@@ -628,7 +726,10 @@ def test_the_plugin_route_with_the_opt_in_in_airflow_cfg(tmp_path):
     report = result(proc)
     assert report["before"] == ALL_ORIGINAL and report["states"] == ALL_PATCHED
     assert report["routes"] == ["plugin"] and PLUGIN_NAME in report["plugins"]
-    assert sorted(assert_fixed_once(output(proc), *TARGETS)) == sorted(TARGETS) and count(output(proc), "WARNING") == 0
+    assert (
+        sorted(assert_fixed_once(output(proc), *TARGETS)) == sorted(TARGETS)
+        and count(output(proc), "WARNING") == 0
+    )
 
 
 @pytest.mark.parametrize("where", ["AIRFLOW_HOME", "AIRFLOW_CONFIG"])
@@ -636,8 +737,12 @@ def test_status_no_import_reads_the_opt_in_from_airflow_cfg_as_status_does(tmp_p
     """A Dockerfile's 'RUN ... status --no-import' with the opt-in in airflow.cfg (issue 31):
     the same verdict as plain 'status', without importing Airflow."""
     config = tmp_path / "airflow.cfg"
-    config.write_text("[core]\nload_examples = False\n\n[dataset_race_fix]\nenable_via_plugin = True  # the opt-in\n")
-    env = child_env(**({"AIRFLOW_HOME": str(tmp_path)} if where == "AIRFLOW_HOME" else {"AIRFLOW_CONFIG": str(config)}))
+    config.write_text(
+        "[core]\nload_examples = False\n\n[dataset_race_fix]\nenable_via_plugin = True  # the opt-in\n"
+    )
+    env = child_env(
+        **({"AIRFLOW_HOME": str(tmp_path)} if where == "AIRFLOW_HOME" else {"AIRFLOW_CONFIG": str(config)})
+    )
     env.pop("AIRFLOW__DATASET_RACE_FIX__ENABLE_VIA_PLUGIN", None)
     status = run_status(env)
     assert status.returncode == 0 and "Shim activated by: plugin" in status.stdout, output(status)
@@ -673,8 +778,12 @@ def test_an_opt_in_that_is_not_a_boolean_leaves_the_process_stock_and_says_so():
     proc = run_python(LOAD_PLUGINS, child_env(AIRFLOW__DATASET_RACE_FIX__ENABLE_VIA_PLUGIN="yes please"))
     report = result(proc)
     assert report["states"] == ALL_ORIGINAL and PLUGIN_NAME not in report["plugins"]
-    warnings = [line for line in output(proc).splitlines() if "WARNING" in line and "airflow-dataset-race-fix" in line]
-    assert len(warnings) == 1 and "the plugin route failed (AirflowConfigException" in warnings[0], output(proc)[-3000:]
+    warnings = [
+        line for line in output(proc).splitlines() if "WARNING" in line and "airflow-dataset-race-fix" in line
+    ]
+    assert len(warnings) == 1 and "the plugin route failed (AirflowConfigException" in warnings[0], output(
+        proc
+    )[-3000:]
 
 
 def test_the_disable_switch_wins_over_the_plugin_opt_in():
@@ -696,13 +805,17 @@ def test_the_plugin_route_refuses_a_changed_target_all_or_nothing(strict):
         return
     report = result(proc)
     assert report["states"] == {name: "refused" for name in TARGETS}
-    warnings = [line for line in output(proc).splitlines() if "WARNING" in line and "airflow-dataset-race-fix" in line]
+    warnings = [
+        line for line in output(proc).splitlines() if "WARNING" in line and "airflow-dataset-race-fix" in line
+    ]
     assert len(warnings) == 1 and "DatasetManager._postgres_queue_dagruns is not the Airflow" in warnings[0]
 
 
 # A program that registers a dataset event without having loaded Airflow's plugins: the
 # listener hook inside register_dataset_change loads them, in the middle of that call.
-MID_CALL = REPORT_CODE + """
+MID_CALL = (
+    REPORT_CODE
+    + """
 from sqlalchemy import func, select
 from airflow.datasets import Dataset
 from airflow.datasets.manager import DatasetManager
@@ -726,6 +839,7 @@ try:
 finally:
     _report(new_events=events() - before)
 """
+)
 
 
 @pytest.mark.parametrize("strict", [False, True], ids=["warn", "strict"])
@@ -735,11 +849,13 @@ def test_plugins_loaded_during_a_targeted_call_leave_the_process_stock(strict):
     text = output(proc)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert lines, text[-3000:]
-    report = json.loads(lines[-1][len("RESULT "):])
+    report = json.loads(lines[-1][len("RESULT ") :])
     assert "DatasetManager.register_dataset_change was already running" in text, text[-3000:]
     assert report["states"] == {name: "refused" for name in TARGETS}
     if strict:
-        assert proc.returncode == 1 and report["new_events"] == 0, "strict: the process exits, the event is not committed"
+        assert proc.returncode == 1 and report["new_events"] == 0, (
+            "strict: the process exits, the event is not committed"
+        )
     else:
         assert proc.returncode == 0 and report["new_events"] == 1, "the stock call finishes, wholly stock"
         assert count(text, "WARNING") == 1 and count(text, INFO_LINE) == 0
@@ -772,15 +888,28 @@ def test_fix_in_place_is_logged_at_info_only_by_long_running_processes(monkeypat
 
 def test_shim_cli_rejects_a_missing_site_dir(tmp_path):
     proc = subprocess.run(
-        [PYTHON, "-m", "airflow_dataset_race_fix", "shim", "install-pth", "--site-dir", str(tmp_path / "nope")],
-        env=child_env(), capture_output=True, text=True,
+        [
+            PYTHON,
+            "-m",
+            "airflow_dataset_race_fix",
+            "shim",
+            "install-pth",
+            "--site-dir",
+            str(tmp_path / "nope"),
+        ],
+        env=child_env(),
+        capture_output=True,
+        text=True,
     )
     assert proc.returncode == 2 and "is not a directory" in proc.stderr
 
 
 def test_shim_path_prints_the_bootstrap_directory():
     proc = subprocess.run(
-        [PYTHON, "-m", "airflow_dataset_race_fix", "shim", "path"], env=child_env(), capture_output=True, text=True
+        [PYTHON, "-m", "airflow_dataset_race_fix", "shim", "path"],
+        env=child_env(),
+        capture_output=True,
+        text=True,
     )
     assert proc.returncode == 0 and proc.stdout.strip() == BOOTSTRAP_DIR
 
@@ -801,7 +930,9 @@ def test_sqlite_without_upsert_is_refused_clearly(tmp_path, backend):
         assert report["states"] == ALL_PATCHED
         return
     assert report["states"] == {name: "refused" for name in TARGETS}
-    warnings = [line for line in output(proc).splitlines() if "WARNING" in line and "airflow-dataset-race-fix" in line]
+    warnings = [
+        line for line in output(proc).splitlines() if "WARNING" in line and "airflow-dataset-race-fix" in line
+    ]
     assert warnings and all("SQLite library is 3.22.0, which has no upsert" in line for line in warnings)
     status = run_status(env)
     assert status.returncode == 1 and "no upsert" in output(status)
@@ -809,7 +940,9 @@ def test_sqlite_without_upsert_is_refused_clearly(tmp_path, backend):
 
 # --- other interpreters that inherit PYTHONPATH ---------------------------------------------
 
-OLD_PYTHONS = [os.path.expanduser(f"~/.pyenv/versions/{v}/bin/python") for v in ("2.7.18", "3.6.15", "3.7.16")]
+OLD_PYTHONS = [
+    os.path.expanduser(f"~/.pyenv/versions/{v}/bin/python") for v in ("2.7.18", "3.6.15", "3.7.16")
+]
 
 
 @pytest.mark.parametrize("python", OLD_PYTHONS, ids=lambda path: path.split("/")[-3])

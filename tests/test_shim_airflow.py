@@ -39,16 +39,18 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from conftest import AIRFLOW_VERSION, BACKEND
+from matrix import MAIN_PYTHON, MAIN_RELEASE, ON_SQLITE_ONLY
 from shim_children import (
     INFO_LINE,
     PYTHON,
-    assert_fixed_once,
-    fixed_targets,
     WARNING_MARK,
     airflow_shadow,
+    assert_fixed_once,
     change_one_byte,
     child_env,
     count,
+    fixed_targets,
     output,
     readme_local_settings,
     result,
@@ -58,9 +60,6 @@ from shim_children import (
 )
 
 from reproduce.harness.database import DatabaseUnavailable, ScratchDatabase
-
-from conftest import AIRFLOW_VERSION, BACKEND
-from matrix import MAIN_PYTHON, MAIN_RELEASE, ON_SQLITE_ONLY
 
 pytestmark = ON_SQLITE_ONLY
 
@@ -86,7 +85,7 @@ ROUTES_SERVERS_ENV = pytest.mark.skipif(
     reason="webserver, triggerer, 'tasks run' and 'tasks test' per route: in the quick start's env only, for CI time",
 )
 
-DAGS = '''
+DAGS = """
 import pendulum
 
 from airflow import DAG
@@ -109,7 +108,7 @@ with DAG("adrf_shim_scheduler_consumer", start_date=START, schedule=[SCHEDULER_D
 
 with DAG("adrf_shim_marker", start_date=START, schedule=None, catchup=False):
     PythonOperator(task_id="mark", python_callable=lambda: print("ADRF TASK RAN"))
-'''
+"""
 
 # Child code run without the shim against the scratch database: read or seed the tables.
 PROBE = """
@@ -166,7 +165,12 @@ class AirflowWorld:
             f.write(readme_local_settings())
 
     def env(
-        self, shim: bool, disabled: bool = False, strict: bool = False, site: str | None = None, log_level: str = "INFO",
+        self,
+        shim: bool,
+        disabled: bool = False,
+        strict: bool = False,
+        site: str | None = None,
+        log_level: str = "INFO",
         route: str | None = None,
     ) -> dict[str, str]:
         """``route``: None (``shim`` says PYTHONPATH or nothing), or one of MANAGED_ROUTES."""
@@ -183,8 +187,15 @@ class AirflowWorld:
         return child_env([site] if site else [], switches=switches, log_level=log_level, **airflow_env)
 
     def airflow(
-        self, *args: str, shim: bool = True, disabled: bool = False, strict: bool = False, site: str | None = None,
-        succeed: bool = True, log_level: str = "INFO", route: str | None = None,
+        self,
+        *args: str,
+        shim: bool = True,
+        disabled: bool = False,
+        strict: bool = False,
+        site: str | None = None,
+        succeed: bool = True,
+        log_level: str = "INFO",
+        route: str | None = None,
     ) -> subprocess.CompletedProcess:
         env = self.env(shim, disabled, strict, site, log_level, route)
         proc = subprocess.run([AIRFLOW, *args], env=env, capture_output=True, text=True, timeout=300)
@@ -215,7 +226,10 @@ def world(tmp_path_factory):
         reserialize = world.airflow("dags", "reserialize", log_level="DEBUG")
         announced = fixed_targets(output(reserialize), level="DEBUG")
         assert announced and len(set(announced)) == len(announced), output(reserialize)[-3000:]
-        assert count(output(reserialize), INFO_LINE) == len(announced) and count(output(reserialize), "WARNING") == 0
+        assert (
+            count(output(reserialize), INFO_LINE) == len(announced)
+            and count(output(reserialize), "WARNING") == 0
+        )
         yield world
     finally:
         database.drop()
@@ -257,7 +271,9 @@ def test_a_scheduler_with_the_shim_runs_the_fixed_scheduler(world, variant):
         assert after["queue_created_at"] is None, "the queue row without events is dropped"
     else:
         assert count(output(run), INFO_LINE) == 0
-        assert after["runs"] == before["runs"] + 1 and 0 in after["consumed"], "stock: a run that consumes nothing"
+        assert after["runs"] == before["runs"] + 1 and 0 in after["consumed"], (
+            "stock: a run that consumes nothing"
+        )
 
 
 @pytest.fixture(scope="module")
@@ -282,7 +298,10 @@ def test_one_changed_byte_in_the_manager_leaves_the_scheduler_stock_too(world, c
     assert count(output(run), INFO_LINE) == 0, output(run)[-3000:]
     warnings = _our_warnings(output(run))
     assert len(warnings) == 1, warnings
-    assert "no target module is patched in this process, because airflow.datasets.manager was refused" in warnings[0]
+    assert (
+        "no target module is patched in this process, because airflow.datasets.manager was refused"
+        in warnings[0]
+    )
     assert "DatasetManager._slow_path_queue_dagruns is not the Airflow" in warnings[0]
     # The stock scheduler's S5: a run that consumes nothing.
     assert after["runs"] == before["runs"] + 1 and 0 in after["consumed"]
@@ -299,15 +318,21 @@ def test_one_changed_byte_in_the_manager_leaves_the_scheduler_stock_too(world, c
     ids=["tasks-test", "scheduler"],
 )
 def test_strict_mode_stops_the_airflow_command_when_a_target_is_refused(world, changed_manager, command):
-    _assert_strict_mode_stops(world, changed_manager, command, "RefusedError: airflow-dataset-race-fix (strict)")
+    _assert_strict_mode_stops(
+        world, changed_manager, command, "RefusedError: airflow-dataset-race-fix (strict)"
+    )
 
 
-def _assert_strict_mode_stops(world, changed_manager, command, refusal: str, route: str | None = None) -> None:
+def _assert_strict_mode_stops(
+    world, changed_manager, command, refusal: str, route: str | None = None
+) -> None:
     """The command fails on the refused manager, runs no task code and no scheduler loop."""
     key = "'adrf://shim-e2e/scheduler', 'adrf_shim_scheduler_consumer'"
     before = world.probe(f"queue_row({key}, {NOW}); state({key})")
 
-    run = world.airflow(*command, site=changed_manager, strict=True, succeed=False, **({"route": route} if route else {}))
+    run = world.airflow(
+        *command, site=changed_manager, strict=True, succeed=False, **({"route": route} if route else {})
+    )
 
     text = output(run)
     assert run.returncode != 0, text[-3000:]
@@ -336,7 +361,9 @@ def test_dags_test_on_a_managed_route_runs_the_fixed_producer(world, route, logi
     run = world.airflow("dags", "test", "adrf_shim_producer", logical_date, route=route)
 
     assert_fixed_once(output(run), "airflow.datasets.manager")
-    assert world.probe(f"state({key})")["queue_created_at"] > "2026", "the fixed producer moved the row forward"
+    assert world.probe(f"state({key})")["queue_created_at"] > "2026", (
+        "the fixed producer moved the row forward"
+    )
 
 
 @ROUTES_ENV
@@ -392,14 +419,24 @@ def test_tasks_run_on_a_managed_route_runs_the_fixed_producer(world, route):
     itself in a process forked from it)."""
     key = "'adrf://shim-e2e/task', 'adrf_shim_task_consumer'"
     run_id = f"adrf_tasks_run_{route}"
-    world.airflow("dags", "trigger", "adrf_shim_producer", "--run-id", run_id, "--exec-date",
-                  {LOCAL_SETTINGS_ROUTE: "2026-06-01", PLUGIN_ROUTE: "2026-06-02"}[route], shim=False)
+    world.airflow(
+        "dags",
+        "trigger",
+        "adrf_shim_producer",
+        "--run-id",
+        run_id,
+        "--exec-date",
+        {LOCAL_SETTINGS_ROUTE: "2026-06-01", PLUGIN_ROUTE: "2026-06-02"}[route],
+        shim=False,
+    )
     world.probe(f"queue_row({key}, {STALE}); state({key})")
 
     run = world.airflow("tasks", "run", "adrf_shim_producer", "emit", run_id, "--local", route=route)
 
     assert_fixed_once(output(run), "airflow.datasets.manager")
-    assert world.probe(f"state({key})")["queue_created_at"] > "2026", "the fixed producer moved the row forward"
+    assert world.probe(f"state({key})")["queue_created_at"] > "2026", (
+        "the fixed producer moved the row forward"
+    )
 
 
 @ROUTES_ENV
@@ -408,22 +445,36 @@ def test_a_producer_task_s_own_log_says_whether_its_code_is_fixed(world, variant
     """The task runs in a process forked from 'tasks run --local' (as under the LocalExecutor): its
     log, the one an operator reads in the UI, says once whether its code is fixed, and if not, why."""
     run_id = f"adrf_task_log_{variant}"
-    world.airflow("dags", "trigger", "adrf_shim_producer", "--run-id", run_id, "--exec-date", date, shim=False)
+    world.airflow(
+        "dags", "trigger", "adrf_shim_producer", "--run-id", run_id, "--exec-date", date, shim=False
+    )
 
-    world.airflow("tasks", "run", "adrf_shim_producer", "emit", run_id, "--local", disabled=variant == "disabled")
+    world.airflow(
+        "tasks", "run", "adrf_shim_producer", "emit", run_id, "--local", disabled=variant == "disabled"
+    )
 
     import glob
 
-    (path,) = glob.glob(os.path.join(world.airflow_env["AIRFLOW_HOME"], "**", f"run_id={run_id}", "task_id=emit",
-                                     "attempt=*.log"), recursive=True)
+    (path,) = glob.glob(
+        os.path.join(
+            world.airflow_env["AIRFLOW_HOME"], "**", f"run_id={run_id}", "task_id=emit", "attempt=*.log"
+        ),
+        recursive=True,
+    )
     with open(path) as f:
         task_log = f.read()
     if variant == "fixed":
         assert assert_fixed_once(task_log) == ["airflow.datasets.manager"]
     else:
         assert count(task_log, INFO_LINE) == 0
-        assert count(task_log, "INFO - airflow-dataset-race-fix: the fix is NOT in place in this process: disabled "
-                               "by AIRFLOW_DATASET_RACE_FIX_DISABLED") == 1, task_log[-3000:]
+        assert (
+            count(
+                task_log,
+                "INFO - airflow-dataset-race-fix: the fix is NOT in place in this process: disabled "
+                "by AIRFLOW_DATASET_RACE_FIX_DISABLED",
+            )
+            == 1
+        ), task_log[-3000:]
 
 
 @ROUTES_SERVERS_ENV
@@ -439,7 +490,9 @@ def test_tasks_test_on_a_managed_route_has_the_fix_before_the_task_runs(world, r
 def _server(args: list[str], env: dict[str, str], log_path):
     """An Airflow server in a session of its own, stopped with everything it started."""
     with open(log_path, "w") as log:
-        proc = subprocess.Popen([AIRFLOW, *args], env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            [AIRFLOW, *args], env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
     try:
         yield proc
     finally:
@@ -473,8 +526,23 @@ def test_a_triggerer_on_a_managed_route_has_the_fix_before_its_loop(world, route
 
 @pytest.fixture(scope="module")
 def api_user(world):
-    world.airflow("users", "create", "--username", "adrf", "--password", "adrf", "--role", "Admin",
-                  "--email", "adrf@example.invalid", "--firstname", "a", "--lastname", "b", shim=False)
+    world.airflow(
+        "users",
+        "create",
+        "--username",
+        "adrf",
+        "--password",
+        "adrf",
+        "--role",
+        "Admin",
+        "--email",
+        "adrf@example.invalid",
+        "--firstname",
+        "a",
+        "--lastname",
+        "b",
+        shim=False,
+    )
     return "adrf", "adrf"
 
 
@@ -492,7 +560,9 @@ def test_the_rest_api_on_a_managed_route_runs_the_fixed_producer(world, api_user
     world.probe(f"queue_row({key}, {STALE}); state({key})")
     port = _free_port()
     env = world.env(shim=False, route=route)
-    env.update(AIRFLOW__API__AUTH_BACKENDS="airflow.api.auth.backend.basic_auth", AIRFLOW__WEBSERVER__WORKERS="1")
+    env.update(
+        AIRFLOW__API__AUTH_BACKENDS="airflow.api.auth.backend.basic_auth", AIRFLOW__WEBSERVER__WORKERS="1"
+    )
     log_path = tmp_path / "webserver.log"
     base = f"http://127.0.0.1:{port}"
 
@@ -521,11 +591,14 @@ def test_the_rest_api_on_a_managed_route_runs_the_fixed_producer(world, api_user
     # The answer is the event as flushed, before the commit restamps it: what docs/behaviour.md says (issue 50)
     from datetime import datetime, timezone
 
-    from sqlalchemy import create_engine, text as sql
+    from sqlalchemy import create_engine
+    from sqlalchemy import text as sql
 
     engine = create_engine(world.airflow_env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"])
     with engine.connect() as conn:
-        stored = conn.execute(sql("SELECT timestamp FROM dataset_event WHERE id = :id"), {"id": answer["id"]}).scalar()
+        stored = conn.execute(
+            sql("SELECT timestamp FROM dataset_event WHERE id = :id"), {"id": answer["id"]}
+        ).scalar()
     engine.dispose()
     stored = stored if isinstance(stored, datetime) else datetime.fromisoformat(stored)
     assert datetime.fromisoformat(answer["timestamp"]) < stored.replace(tzinfo=stored.tzinfo or timezone.utc)
@@ -534,4 +607,6 @@ def test_the_rest_api_on_a_managed_route_runs_the_fixed_producer(world, api_user
 
     text = log_path.read_text()
     assert count(text, INFO_LINE) >= 1 and not _our_warnings(text), text[-3000:]
-    assert world.probe(f"state({key})")["queue_created_at"] > "2026", "the fixed producer moved the row forward"
+    assert world.probe(f"state({key})")["queue_created_at"] > "2026", (
+        "the fixed producer moved the row forward"
+    )

@@ -12,10 +12,7 @@ import threading
 from collections import Counter
 from datetime import timedelta
 
-from sqlalchemy import event, func, insert, select, update
-
 from airflow import settings
-
 from airflow.datasets import DatasetAny
 from airflow.models.dag import DagModel
 from airflow.models.dagrun import DagRun
@@ -27,14 +24,14 @@ from airflow.models.dataset import (
     association_table,
 )
 from airflow.models.serialized_dag import SerializedDagModel
+from airflow.utils.session import create_session
 from airflow.utils.state import DagRunState
 from airflow.utils.types import DagRunType
-from airflow.utils.session import create_session
+from matrix import ON_MAIN_RELEASE_ONLY
+from sqlalchemy import event, func, insert, select, update
 
 from airflow_dataset_race_fix.diagnostics import invariant
 from reproduce.harness.world import DONE, World
-
-from matrix import ON_MAIN_RELEASE_ONLY
 
 pytestmark = ON_MAIN_RELEASE_ONLY
 
@@ -66,9 +63,12 @@ def test_one_dag_with_ten_thousand_queued_rows(variant_fixed):
             session.flush()
             session.add_all(DagScheduleDatasetReference(dag_id=dag_id, dataset_id=m.id) for m in models)
             session.add_all(
-                DatasetEvent(dataset_id=m.id, timestamp=start - timedelta(seconds=i % 500)) for i, m in enumerate(models)
+                DatasetEvent(dataset_id=m.id, timestamp=start - timedelta(seconds=i % 500))
+                for i, m in enumerate(models)
             )
-            session.add_all(DatasetDagRunQueue(dataset_id=m.id, target_dag_id=dag_id, created_at=start) for m in models)
+            session.add_all(
+                DatasetDagRunQueue(dataset_id=m.id, target_dag_id=dag_id, created_at=start) for m in models
+            )
         w.clock.at(2), w.emit(p, a), p.finish()
         w.clock.at(3)
         assert w.loop(s) == DONE
@@ -110,7 +110,9 @@ def test_one_dataset_with_ten_thousand_consuming_dags(variant_fixed):
         finally:
             DagModel.NUM_DAGS_PER_DAGRUN_QUERY = per_loop
         assert _count(DagRun, DagRun.dag_id.like(f"{w.prefix}_c%")) == len(ready)
-        assert _count(DatasetDagRunQueue, DatasetDagRunQueue.target_dag_id.like(f"{w.prefix}_c%")) == len(held)
+        assert _count(DatasetDagRunQueue, DatasetDagRunQueue.target_dag_id.like(f"{w.prefix}_c%")) == len(
+            held
+        )
         with create_session() as session:
             report = invariant.check(session, ready + held[:100])
         assert report.violations() == {}
@@ -139,27 +141,48 @@ def test_a_first_run_over_many_events_takes_each_in_few_statements_as_airflow_da
         # and a wider interval (matched on both keys, or the interval is wrong); events of a run that is gone and
         # events with no producer (the REST API's), dated by their own stamps.
         with create_session() as session:
-            session.execute(insert(DagRun), [
-                {"dag_id": dag, "run_id": f"run_{i}", "run_type": DagRunType.MANUAL, "state": DagRunState.SUCCESS,
-                 "execution_date": start - timedelta(hours=i + 1, days=days), "external_trigger": True,
-                 "data_interval_start": start - timedelta(hours=i + 2, days=days),
-                 "data_interval_end": start - timedelta(hours=i + 1, days=days) - timedelta(minutes=hours_later)}
-                for dag, days, hours_later in ((producer, 0, 0), (f"{w.prefix}_other", 3, -600))
-                for i in range(20)
-            ])
+            session.execute(
+                insert(DagRun),
+                [
+                    {
+                        "dag_id": dag,
+                        "run_id": f"run_{i}",
+                        "run_type": DagRunType.MANUAL,
+                        "state": DagRunState.SUCCESS,
+                        "execution_date": start - timedelta(hours=i + 1, days=days),
+                        "external_trigger": True,
+                        "data_interval_start": start - timedelta(hours=i + 2, days=days),
+                        "data_interval_end": start
+                        - timedelta(hours=i + 1, days=days)
+                        - timedelta(minutes=hours_later),
+                    }
+                    for dag, days, hours_later in ((producer, 0, 0), (f"{w.prefix}_other", 3, -600))
+                    for i in range(20)
+                ],
+            )
             dataset_id = session.scalar(select(DatasetModel.id).where(DatasetModel.uri == a.uri))
             sources = [(None, None), (producer, "gone")] + [(producer, f"run_{i}") for i in range(20)]
-            session.execute(insert(DatasetEvent), [
-                {"dataset_id": dataset_id, "timestamp": start - timedelta(seconds=800 * (BULK - i) / BULK), "extra": {},
-                 "source_dag_id": sources[i % len(sources)][0], "source_run_id": sources[i % len(sources)][1]}
-                for i in range(BULK)
-            ])
+            session.execute(
+                insert(DatasetEvent),
+                [
+                    {
+                        "dataset_id": dataset_id,
+                        "timestamp": start - timedelta(seconds=800 * (BULK - i) / BULK),
+                        "extra": {},
+                        "source_dag_id": sources[i % len(sources)][0],
+                        "source_run_id": sources[i % len(sources)][1],
+                    }
+                    for i in range(BULK)
+                ],
+            )
         w.clock.at(2), w.emit(p, a), p.finish()
         w.clock.at(3)
         statements: list[str] = []
 
         def record(conn, cursor, statement, parameters, context, executemany):
-            if threading.current_thread().name == f"actor-{s.name}":  # the scheduler's, not the lock monitor's
+            if (
+                threading.current_thread().name == f"actor-{s.name}"
+            ):  # the scheduler's, not the lock monitor's
                 statements.append(statement)
 
         event.listen(settings.engine, "before_cursor_execute", record)
@@ -168,20 +191,32 @@ def test_a_first_run_over_many_events_takes_each_in_few_statements_as_airflow_da
             s.finish()
         finally:
             event.remove(settings.engine, "before_cursor_execute", record)
-        links = [text for text in statements if text.lstrip().upper().startswith("INSERT INTO DAGRUN_DATASET_EVENT")]
-        assert len(statements) < 100, Counter(text[:100] for text in statements).most_common(3)  # Airflow: 25 000+
+        links = [
+            text
+            for text in statements
+            if text.lstrip().upper().startswith("INSERT INTO DAGRUN_DATASET_EVENT")
+        ]
+        assert len(statements) < 100, Counter(text[:100] for text in statements).most_common(
+            3
+        )  # Airflow: 25 000+
         assert len(links) == 3 and max(text.count("(") for text in links) == 10_000 + 1, len(links)
         with create_session() as session:
             run = session.scalar(select(DagRun).where(DagRun.dag_id == dag_id))
-            linked = session.scalars(select(association_table.c.event_id).where(association_table.c.dag_run_id == run.id))
+            linked = session.scalars(
+                select(association_table.c.event_id).where(association_table.c.dag_run_id == run.id)
+            )
             events = session.scalars(select(DatasetEvent).where(DatasetEvent.dataset_id == dataset_id)).all()
             assert sorted(linked) == sorted(e.id for e in events) and len(events) == BULK + 1
             dag = SerializedDagModel.get_dag(dag_id, session=session)
             expected = dag.timetable.data_interval_for_events(run.execution_date, events)
             assert (run.data_interval_start, run.data_interval_end) == tuple(expected)
-            assert expected.start == start - timedelta(hours=21) and expected.end == max(e.timestamp for e in events)
+            assert expected.start == start - timedelta(hours=21) and expected.end == max(
+                e.timestamp for e in events
+            )
             assert run.run_id == dag.timetable.generate_run_id(
-                run_type=DagRunType.DATASET_TRIGGERED, logical_date=run.execution_date, data_interval=expected,
+                run_type=DagRunType.DATASET_TRIGGERED,
+                logical_date=run.execution_date,
+                data_interval=expected,
                 events=events,
             )
         assert w.report().violations() == {}

@@ -18,6 +18,9 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import AIRFLOW_VERSION
+from matrix import ON_MAIN_RELEASE_ONLY, ON_SQLITE_ONLY
+from source_patch_support import PATCHES_DIR, release, site_packages, snapshot
 
 from airflow_dataset_race_fix.cli import main
 from airflow_dataset_race_fix.source_patches import applier, members
@@ -26,10 +29,6 @@ from airflow_dataset_race_fix.source_patches.safe_write import TEMP_SUFFIX
 from airflow_dataset_race_fix.source_patches.series import SERIES, VERIFIED, read_series, read_verified
 from airflow_dataset_race_fix.targets import MEMBERS, SUPPORTED_AIRFLOW_VERSIONS, members_of
 from tools.patchgen import generator
-
-from conftest import AIRFLOW_VERSION
-from source_patch_support import PATCHES_DIR, release, site_packages, snapshot
-from matrix import ON_MAIN_RELEASE_ONLY, ON_SQLITE_ONLY
 
 # the nine releases' files, whichever Airflow is installed: once per Python
 pytestmark = [ON_SQLITE_ONLY, ON_MAIN_RELEASE_ONLY]
@@ -63,7 +62,9 @@ def assert_patched(sp, version: str) -> None:
         # What the shim's "source-patched" check compares: the member as inspect.getsource sees it.
         lines = text.splitlines(keepends=True)
         for member in members_of(spec.module):
-            assert members.member_lines(lines, member.owner, member.name) == members.fixed_member_lines(member)
+            assert members.member_lines(lines, member.owner, member.name) == members.fixed_member_lines(
+                member
+            )
 
 
 # -- generated, one source of truth -------------------------------------------------------
@@ -83,12 +84,16 @@ def test_patches_exist_for_exactly_the_supported_versions():
 @pytest.mark.parametrize("version", VERSIONS)
 def test_targeted_members_are_the_fingerprinted_originals(version):
     for member in MEMBERS:
-        lines = release(version).files[generator.target_path(member.module)].decode().splitlines(keepends=True)
+        lines = (
+            release(version).files[generator.target_path(member.module)].decode().splitlines(keepends=True)
+        )
         span = members.member_span(lines, member.owner, member.name)
         if member.original_sha256 is None:
             assert span is None, f"{member.qualname} already exists in {version}"
         else:
-            assert members.dedented_sha256(lines[span[0] : span[1]]) == member.original_sha256, member.qualname
+            assert members.dedented_sha256(lines[span[0] : span[1]]) == member.original_sha256, (
+                member.qualname
+            )
 
 
 def test_patch_headers_are_dep3_with_the_license_notice():
@@ -133,7 +138,17 @@ def test_cli_applies_and_reverts(version, tmp_path, capsys):
 
 def run_patch(sp, patch_file, *options: str) -> str:
     result = subprocess.run(
-        [PATCH, "-p1", "--forward", "--no-backup-if-mismatch", "-d", str(sp), "-i", str(patch_file), *options],
+        [
+            PATCH,
+            "-p1",
+            "--forward",
+            "--no-backup-if-mismatch",
+            "-d",
+            str(sp),
+            "-i",
+            str(patch_file),
+            *options,
+        ],
         capture_output=True,
         text=True,
     )
@@ -191,7 +206,9 @@ def test_modified_target_is_refused(tmp_path, capsys):
 def test_hand_edit_after_apply_is_kept(tmp_path, capsys):
     sp = site_packages(VERSION, tmp_path)
     assert cli(capsys, "apply", sp)[0] == 0
-    (sp / MANAGER).write_text((sp / MANAGER).read_text().replace("# MySQL and SQLite", "# edited: MySQL and SQLite"))
+    (sp / MANAGER).write_text(
+        (sp / MANAGER).read_text().replace("# MySQL and SQLite", "# edited: MySQL and SQLite")
+    )
     before = snapshot(sp)
     rc, _, err = cli(capsys, "revert", sp)
     assert rc == 1 and MANAGER in err
@@ -237,8 +254,13 @@ def test_a_local_build_that_changed_a_target_is_refused_and_says_what_still_work
     changed = (sp / MANAGER).read_bytes() + b"\n# the platform's own change\n"
     (sp / MANAGER).write_bytes(changed)
     record = next(sp.glob("apache_airflow-*.dist-info")) / "RECORD"  # a consistent build: its RECORD has it
-    record.write_text("\n".join(f"{MANAGER},{record_digest(changed)},{len(changed)}" if line.startswith(MANAGER + ",")
-                                 else line for line in record.read_text().splitlines()) + "\n")
+    record.write_text(
+        "\n".join(
+            f"{MANAGER},{record_digest(changed)},{len(changed)}" if line.startswith(MANAGER + ",") else line
+            for line in record.read_text().splitlines()
+        )
+        + "\n"
+    )
     before = snapshot(sp)
     rc, _, err = cli(capsys, "apply", sp)
     assert rc == 1 and MANAGER in err and "this local build of" in err and "audit, explain" in err, err
@@ -247,7 +269,9 @@ def test_a_local_build_that_changed_a_target_is_refused_and_says_what_still_work
 
 def test_files_of_another_release_are_refused(tmp_path, capsys):
     sp = site_packages(VERSION, tmp_path)
-    (sp / SCHEDULER).write_bytes(release("2.10.0").files[SCHEDULER])  # 2.10.0's file under this release's RECORD
+    (sp / SCHEDULER).write_bytes(
+        release("2.10.0").files[SCHEDULER]
+    )  # 2.10.0's file under this release's RECORD
     before = snapshot(sp)
     rc, _, err = cli(capsys, "apply", sp)
     assert rc == 1 and SCHEDULER in err and f"neither the pristine apache-airflow {VERSION}" in err, err
@@ -287,9 +311,22 @@ def test_half_applied_patch_is_refused(tmp_path, capsys):
 @pytest.mark.parametrize(
     "edit, message",
     [
-        (lambda t: t.replace("# deleted at the end, as read", "# deleted at the end"), "differs from the fix"),
-        (lambda t: t.replace("\n         self._create_dag_runs(non_dataset_dags", "\n         self._create_dag_runs2(non_dataset_dags", 1), "does not fit"),
-        (lambda t: t.replace("+            Stats.incr(\"dataset.triggered_dagruns\")\n", "", 1), "cannot be read as a patch"),
+        (
+            lambda t: t.replace("# deleted at the end, as read", "# deleted at the end"),
+            "differs from the fix",
+        ),
+        (
+            lambda t: t.replace(
+                "\n         self._create_dag_runs(non_dataset_dags",
+                "\n         self._create_dag_runs2(non_dataset_dags",
+                1,
+            ),
+            "does not fit",
+        ),
+        (
+            lambda t: t.replace('+            Stats.incr("dataset.triggered_dagruns")\n', "", 1),
+            "cannot be read as a patch",
+        ),
     ],
     ids=["added-line", "context-line", "line-counts"],
 )
@@ -310,8 +347,16 @@ def test_hand_edited_patch_file_is_refused(edit, message, tmp_path, capsys):
 def test_read_only_site_packages_is_refused(tmp_path):
     sp = site_packages(VERSION, tmp_path)
     before = snapshot(sp)
-    command = [sys.executable, "-m", "airflow_dataset_race_fix", "apply", "--site-packages", str(sp),
-               "--patches-dir", str(PATCHES_DIR)]
+    command = [
+        sys.executable,
+        "-m",
+        "airflow_dataset_race_fix",
+        "apply",
+        "--site-packages",
+        str(sp),
+        "--patches-dir",
+        str(PATCHES_DIR),
+    ]
     if os.geteuid() == 0:
         setpriv = shutil.which("setpriv")
         if setpriv is None:
@@ -494,7 +539,9 @@ def test_sigkill_at_any_step_of_apply_or_revert_never_leaves_a_half_state_that_r
     def interrupted(operation: str, kill: str | None, delay: float) -> tuple[str, ...] | None:
         """Run ``operation`` in a child killed at step ``kill`` (or after ``delay``); the state it leaves."""
         env = child_env(ADRF_TEST_STEP=kill) if kill else child_env()
-        child = subprocess.Popen([sys.executable, "-c", APPLIER_CHILD, operation, str(sp), str(PATCHES_DIR)], env=env)
+        child = subprocess.Popen(
+            [sys.executable, "-c", APPLIER_CHILD, operation, str(sp), str(PATCHES_DIR)], env=env
+        )
         if not kill:
             try:
                 child.wait(delay)
@@ -516,7 +563,12 @@ def test_sigkill_at_any_step_of_apply_or_revert_never_leaves_a_half_state_that_r
                     kills[i + 1 :] = [k for k in kills[i + 1 :] if k[0] is None]  # every step was tried
                 continue
             # Never a fixed file beside a stock one: while they disagree, the scheduler is absent.
-            whole = (("pristine", "pristine"), ("patched", "patched"), ("pristine", "absent"), ("patched", "absent"))
+            whole = (
+                ("pristine", "pristine"),
+                ("patched", "patched"),
+                ("pristine", "absent"),
+                ("patched", "absent"),
+            )
             assert left in whole, (operation, kill, left)
             inspection = applier.check(sp, PATCHES_DIR)
             if "absent" in left:
@@ -529,7 +581,9 @@ def test_sigkill_at_any_step_of_apply_or_revert_never_leaves_a_half_state_that_r
                     assert rc == 1 and "interrupted" in out, out
                 if left == ("patched", "absent"):
                     status = run_status(child_env([str(sp)]))
-                    assert status.returncode == 1 and "did not finish (killed?)" in status.stdout, output(status)
+                    assert status.returncode == 1 and "did not finish (killed?)" in status.stdout, output(
+                        status
+                    )
             # The next command finishes the interrupted one, or undoes it (every other time).
             recovery, end = (operation, start[undo]) if i % 2 else (undo, start[operation])
             rc, out, err = cli(capsys, recovery, sp)
@@ -544,9 +598,20 @@ def _apply_child(sp, *env: tuple[str, str]) -> subprocess.Popen:
     from shim_children import child_env
 
     return subprocess.Popen(
-        [sys.executable, "-m", "airflow_dataset_race_fix", "apply", "--site-packages", str(sp),
-         "--patches-dir", str(PATCHES_DIR)],
-        env=child_env(**dict(env)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "airflow_dataset_race_fix",
+            "apply",
+            "--site-packages",
+            str(sp),
+            "--patches-dir",
+            str(PATCHES_DIR),
+        ],
+        env=child_env(**dict(env)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
 
 
@@ -577,10 +642,15 @@ def test_a_second_apply_waits_for_the_first_then_says_already_applied(tmp_path):
 
     for _ in range(3):  # free-running pairs, as two deploy jobs would start them
         for command in ("revert", "apply"):
-            pair = [subprocess.Popen(
-                [sys.executable, "-c", APPLIER_CHILD, command, str(sp), str(PATCHES_DIR)],
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            ) for _ in range(2)]
+            pair = [
+                subprocess.Popen(
+                    [sys.executable, "-c", APPLIER_CHILD, command, str(sp), str(PATCHES_DIR)],
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+                for _ in range(2)
+            ]
             outputs = [child.communicate(timeout=60) for child in pair]
             assert [child.returncode for child in pair] == [0, 0], outputs
             assert not any("Traceback" in err or "half applied" in err for _, err in outputs), outputs

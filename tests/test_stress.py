@@ -26,9 +26,13 @@ def test_stress_multi_outlet_fixed(variant_fixed):
     assert result.problems() == {}, result.as_dict()
 
 
-@pytest.mark.skipif(not os.environ.get("ADRF_STRESS_STOCK"), reason="stock stress is opt-in (ADRF_STRESS_STOCK=1)")
+@pytest.mark.skipif(
+    not os.environ.get("ADRF_STRESS_STOCK"), reason="stock stress is opt-in (ADRF_STRESS_STOCK=1)"
+)
 @pytest.mark.parametrize("mode", ["single", "multi_outlet"])
 def test_stress_stock_report(variant_stock, mode):
     """Not an assertion on stock Airflow: it prints what stock loses under the same load."""
-    result = run_stress(StressConfig(seed=seed_from_env(), **(MULTI_OUTLET if mode == "multi_outlet" else {})))
+    result = run_stress(
+        StressConfig(seed=seed_from_env(), **(MULTI_OUTLET if mode == "multi_outlet" else {}))
+    )
     print(f"STOCK stress counts ({mode}): {result.problems()} samples {result.failure_samples}")

@@ -22,18 +22,16 @@ import time
 from datetime import datetime, timedelta
 
 import pytest
-from sqlalchemy import delete, select, update
-
 from airflow.datasets import DatasetAny
 from airflow.models.dagrun import DagRun
 from airflow.models.dataset import DatasetDagRunQueue, DatasetEvent, DatasetModel
 from airflow.utils.session import create_session
+from conftest import BACKEND
+from sqlalchemy import delete, select, update
 
 from airflow_dataset_race_fix import cli
 from reproduce.harness.faults import run_producer
 from reproduce.harness.world import DONE, PAUSED, World
-
-from conftest import BACKEND
 
 DAY = 86_400
 
@@ -42,7 +40,11 @@ def _runs(dag_id: str) -> list[tuple]:
     """(logical date, data interval, consumed event timestamps) per run, in creation order."""
     with create_session() as session:
         return [
-            (r.execution_date, (r.data_interval_start, r.data_interval_end), sorted(e.timestamp for e in r.consumed_dataset_events))
+            (
+                r.execution_date,
+                (r.data_interval_start, r.data_interval_end),
+                sorted(e.timestamp for e in r.consumed_dataset_events),
+            )
             for r in session.scalars(select(DagRun).where(DagRun.dag_id == dag_id).order_by(DagRun.id))
         ]
 
@@ -82,11 +84,18 @@ def test_a_producer_clock_a_day_ahead_dates_no_run_in_the_future(world):
     w.clock.at(6), w.loop(s), s.finish()
     w.clock.at(7), w.loop(s), s.finish()
     runs = _runs(d)
-    assert [r[2] for r in runs] == [[w.clock.base + timedelta(seconds=1)], [w.clock.base + timedelta(seconds=5)]]
-    assert all(r[0] <= w.clock.base + timedelta(seconds=6 + 60) for r in runs)  # never ahead of the clock + 60 s
+    assert [r[2] for r in runs] == [
+        [w.clock.base + timedelta(seconds=1)],
+        [w.clock.base + timedelta(seconds=5)],
+    ]
+    assert all(
+        r[0] <= w.clock.base + timedelta(seconds=6 + 60) for r in runs
+    )  # never ahead of the clock + 60 s
     assert len([m for m in log.messages if "ahead of the scheduler's clock" in m]) == 1  # once per DAG
     with create_session() as session:  # its queue row is gone (it took no slot), the event is waiting
-        assert not session.scalar(select(DatasetDagRunQueue.dataset_id).where(DatasetDagRunQueue.target_dag_id == d))
+        assert not session.scalar(
+            select(DatasetDagRunQueue.dataset_id).where(DatasetDagRunQueue.target_dag_id == d)
+        )
     assert w.report().by_dag()[d].future_dated == 1
     w.clock.at(DAY + 10), w.loop(s), s.finish()  # the clock got there: the sweep takes it, in order
     assert [len(r[2]) for r in _runs(d)] == [1, 1, 1]
@@ -142,8 +151,14 @@ def test_turning_the_fix_on_over_a_damaged_stock_history_adds_no_finding(world):
         events = {t: Event(dataset_id=dataset_id, timestamp=at(t)) for t in (10, 14, 15, 20)}
         session.add_all(events.values())
         for date, (start, end), consumed in ((30, (10, 20), (10, 20)), (40, (15, 15), (15,))):
-            run = DagRun(dag_id=d, run_id=f"stock_{date}", run_type=DagRunType.DATASET_TRIGGERED,
-                         execution_date=at(date), data_interval=(at(start), at(end)), state=DagRunState.SUCCESS)
+            run = DagRun(
+                dag_id=d,
+                run_id=f"stock_{date}",
+                run_type=DagRunType.DATASET_TRIGGERED,
+                execution_date=at(date),
+                data_interval=(at(start), at(end)),
+                state=DagRunState.SUCCESS,
+            )
             run.consumed_dataset_events.extend(events[t] for t in consumed)
             session.add(run)
         session.add(DatasetDagRunQueue(dataset_id=dataset_id, target_dag_id=d, created_at=at(14)))
@@ -171,7 +186,10 @@ def test_a_stock_producer_during_a_rolling_upgrade_is_found_and_requeued(world, 
     report = w.report().by_dag()[d]
     assert (report.produced, report.consumed, report.lost) == (2, 1, 1)  # stranded: no queue row
     capsys.readouterr()
-    assert cli.main(["audit", "--json", "--dag-id", d]) in (0, 1)  # "not queued" alone is no finding (a paused DAG)
+    assert cli.main(["audit", "--json", "--dag-id", d]) in (
+        0,
+        1,
+    )  # "not queued" alone is no finding (a paused DAG)
     found = json.loads(capsys.readouterr().out)
     assert [g["not_queued"] for g in found["findings"]["stranded"]] == [1]
     assert cli.main(["audit", "--requeue", "--yes", "--dag-id", d]) in (0, 1)
@@ -248,8 +266,9 @@ def test_db_clean_keeps_the_run_started_last(variant, kept, then, monkeypatch):
     w = World(f"clean_{kept.split()[1]}_{then.split()[1]}_{variant}")
     try:
         a = w.dataset("a")
-        yearly = DatasetOrTimeSchedule(timetable=CronTriggerTimetable("0 0 1 1 *", timezone="UTC"),
-                                       datasets=[a])
+        yearly = DatasetOrTimeSchedule(
+            timetable=CronTriggerTimetable("0 0 1 1 *", timezone="UTC"), datasets=[a]
+        )
         d = w.consumer("d", yearly if kept == "a scheduled run" else [a])
         p, s = w.producer("P"), w.scheduler()
         w.clock.stop()
@@ -272,14 +291,26 @@ def test_db_clean_keeps_the_run_started_last(variant, kept, then, monkeypatch):
                 kept_id = first.id
             else:  # the yearly run, dated at its cron instant, started after the dataset-triggered runs
                 when = datetime(timezone.utcnow().year, 1, 1, tzinfo=timezone.utc)
-                run = DagRun(dag_id=d, run_id=f"scheduled__{when.isoformat()}", run_type=DagRunType.SCHEDULED,
-                             execution_date=when, data_interval=(when, when), state=DagRunState.SUCCESS,
-                             start_date=timezone.utcnow(), external_trigger=False)
+                run = DagRun(
+                    dag_id=d,
+                    run_id=f"scheduled__{when.isoformat()}",
+                    run_type=DagRunType.SCHEDULED,
+                    execution_date=when,
+                    data_interval=(when, when),
+                    state=DagRunState.SUCCESS,
+                    start_date=timezone.utcnow(),
+                    external_trigger=False,
+                )
                 session.add(run)
                 session.flush()
                 kept_id = run.id
-        run_cleanup(clean_before_timestamp=timezone.utcnow(), table_names=["dag_run"], dry_run=False,
-                    confirm=False, skip_archive=True)
+        run_cleanup(
+            clean_before_timestamp=timezone.utcnow(),
+            table_names=["dag_run"],
+            dry_run=False,
+            confirm=False,
+            skip_archive=True,
+        )
         with create_session() as session:
             assert session.scalars(select(DagRun.id).where(DagRun.dag_id == d)).all() == [kept_id]
         scheduler = s if then == "the same scheduler" else w.scheduler("restarted")
@@ -301,10 +332,14 @@ def test_db_clean_keeps_the_run_started_last(variant, kept, then, monkeypatch):
 
 def _event_ids(dataset) -> list[int]:
     with create_session() as session:
-        return list(session.scalars(
-            select(DatasetEvent.id).join(DatasetModel, DatasetModel.id == DatasetEvent.dataset_id)
-            .where(DatasetModel.uri == dataset.uri).order_by(DatasetEvent.id)
-        ))
+        return list(
+            session.scalars(
+                select(DatasetEvent.id)
+                .join(DatasetModel, DatasetModel.id == DatasetEvent.dataset_id)
+                .where(DatasetModel.uri == dataset.uri)
+                .order_by(DatasetEvent.id)
+            )
+        )
 
 
 def _consumed_by_new_runs(dag_id: str, kept_id: int) -> list[list[int]]:

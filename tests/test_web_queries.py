@@ -20,21 +20,19 @@ from datetime import datetime, timedelta, timezone
 from typing import Iterator
 
 import pytest
-from sqlalchemy import event, insert, select, text
-
 from airflow import settings
 from airflow.models.dagrun import DagRun
 from airflow.models.dataset import DatasetDagRunQueue, DatasetEvent, DatasetModel, association_table
 from airflow.utils.session import create_session
 from airflow.utils.state import DagRunState
 from airflow.utils.types import DagRunType
+from conftest import BACKEND
+from matrix import ON_MAIN_RELEASE_ONLY
+from sqlalchemy import event, insert, select, text
+from test_lock_discipline import _dataset_id
 
 from airflow_dataset_race_fix.diagnostics import invariant
 from reproduce.harness.world import World
-
-from conftest import BACKEND
-from matrix import ON_MAIN_RELEASE_ONLY
-from test_lock_discipline import _dataset_id
 
 
 @pytest.fixture
@@ -52,30 +50,74 @@ def _events(dataset_id: int, instants: list[datetime]) -> list[int]:
     tag = f"bulk_{next(_tags)}"
     with create_session() as session:
         for start in range(0, len(instants), 5000):
-            session.execute(insert(DatasetEvent), [
-                {"dataset_id": dataset_id, "timestamp": t, "extra": {}, "source_dag_id": "producer",
-                 "source_task_id": "emit", "source_run_id": tag, "source_map_index": -1}
-                for t in instants[start : start + 5000]])
-        return list(session.scalars(
-            select(DatasetEvent.id).where(DatasetEvent.dataset_id == dataset_id, DatasetEvent.source_run_id == tag)
-            .order_by(DatasetEvent.id)))
+            session.execute(
+                insert(DatasetEvent),
+                [
+                    {
+                        "dataset_id": dataset_id,
+                        "timestamp": t,
+                        "extra": {},
+                        "source_dag_id": "producer",
+                        "source_task_id": "emit",
+                        "source_run_id": tag,
+                        "source_map_index": -1,
+                    }
+                    for t in instants[start : start + 5000]
+                ],
+            )
+        return list(
+            session.scalars(
+                select(DatasetEvent.id)
+                .where(DatasetEvent.dataset_id == dataset_id, DatasetEvent.source_run_id == tag)
+                .order_by(DatasetEvent.id)
+            )
+        )
 
 
 def _run(dag_id: str, name: str, date: datetime, event_ids: list[int]) -> None:
     """A DATASET_TRIGGERED run of ``dag_id`` dated ``date`` that consumed ``event_ids``."""
     with create_session() as session:
-        session.execute(insert(DagRun), [{
-            "dag_id": dag_id, "run_id": f"dataset_triggered__{name}", "execution_date": date, "state": DagRunState.SUCCESS,
-            "run_type": DagRunType.DATASET_TRIGGERED, "external_trigger": False, "data_interval_start": date,
-            "data_interval_end": date, "queued_at": date, "start_date": date, "end_date": date, "clear_number": 0}])
-        run_id = session.scalar(select(DagRun.id).where(DagRun.dag_id == dag_id, DagRun.run_id == f"dataset_triggered__{name}"))
+        session.execute(
+            insert(DagRun),
+            [
+                {
+                    "dag_id": dag_id,
+                    "run_id": f"dataset_triggered__{name}",
+                    "execution_date": date,
+                    "state": DagRunState.SUCCESS,
+                    "run_type": DagRunType.DATASET_TRIGGERED,
+                    "external_trigger": False,
+                    "data_interval_start": date,
+                    "data_interval_end": date,
+                    "queued_at": date,
+                    "start_date": date,
+                    "end_date": date,
+                    "clear_number": 0,
+                }
+            ],
+        )
+        run_id = session.scalar(
+            select(DagRun.id).where(DagRun.dag_id == dag_id, DagRun.run_id == f"dataset_triggered__{name}")
+        )
         for start in range(0, len(event_ids), 5000):
-            session.execute(insert(association_table),
-                            [{"dag_run_id": run_id, "event_id": i} for i in event_ids[start : start + 5000]])
+            session.execute(
+                insert(association_table),
+                [{"dag_run_id": run_id, "event_id": i} for i in event_ids[start : start + 5000]],
+            )
 
 
-COUNTS = ("produced", "consumed", "runs", "lost", "suspected_lost", "doubled", "empty_runs", "out_of_order",
-          "future_dated", "overlapping_intervals")
+COUNTS = (
+    "produced",
+    "consumed",
+    "runs",
+    "lost",
+    "suspected_lost",
+    "doubled",
+    "empty_runs",
+    "out_of_order",
+    "future_dated",
+    "overlapping_intervals",
+)
 
 
 def test_the_window_count_is_audits_count_over_the_window(world):
@@ -95,20 +137,35 @@ def test_the_window_count_is_audits_count_over_the_window(world):
     _run(both, "2", now - timedelta(minutes=15), on_b[1:3])
     _run(both, "empty", now - timedelta(minutes=10), [])
     _run(both, "3", now - timedelta(minutes=12), on_a[4:6])  # out of order (created after "empty")
-    with create_session() as session:  # a dataset ``one`` does not reference, of which a run of it consumed an event
+    with (
+        create_session() as session
+    ):  # a dataset ``one`` does not reference, of which a run of it consumed an event
         session.add(DatasetModel(uri=f"race://{w.prefix}/gone"))
-    _run(one, "gone", now - timedelta(minutes=5), _events(_dataset_id(f"race://{w.prefix}/gone"), [now - timedelta(minutes=6)]))
+    _run(
+        one,
+        "gone",
+        now - timedelta(minutes=5),
+        _events(_dataset_id(f"race://{w.prefix}/gone"), [now - timedelta(minutes=6)]),
+    )
     with create_session() as session:  # b's events wait for ``both`` (not lost); a's do not
-        session.execute(insert(DatasetDagRunQueue), [{"dataset_id": b_id, "target_dag_id": both, "created_at": now}])
+        session.execute(
+            insert(DatasetDagRunQueue), [{"dataset_id": b_id, "target_dag_id": both, "created_at": now}]
+        )
 
     with create_session() as session:
         audited = invariant.check(session, [one, both], since=since).by_dag()
         counted = invariant.check_window(session, [one, both], since=since).by_dag()
     for dag_id in (one, both):
-        assert {c: getattr(counted[dag_id], c) for c in COUNTS} == {c: getattr(audited[dag_id], c) for c in COUNTS}
+        assert {c: getattr(counted[dag_id], c) for c in COUNTS} == {
+            c: getattr(audited[dag_id], c) for c in COUNTS
+        }
         assert counted[dag_id].findings() == audited[dag_id].findings()
     assert audited[one].doubled == 1 and audited[one].produced == 8
-    assert audited[both].suspected_lost >= 2 and audited[both].empty_runs == 1 and audited[both].out_of_order == 1
+    assert (
+        audited[both].suspected_lost >= 2
+        and audited[both].empty_runs == 1
+        and audited[both].out_of_order == 1
+    )
     assert audited[one].lost == 3 and audited[both].lost == 4  # b's unconsumed event is queued: not lost
 
 
@@ -130,8 +187,12 @@ def rows_handled() -> Iterator[list[tuple[int, str]]]:
             return
         streamed = getattr(cursor, "name", None) is not None  # psycopg2's named (server-side) cursor
         with cursor.connection.cursor() as probe:
-            probe.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + ("DECLARE adrf_probe CURSOR FOR " if streamed else "")
-                          + statement, parameters)
+            probe.execute(
+                "EXPLAIN (ANALYZE, FORMAT JSON) "
+                + ("DECLARE adrf_probe CURSOR FOR " if streamed else "")
+                + statement,
+                parameters,
+            )
             plan = probe.fetchone()[0]
         plan = plan if isinstance(plan, list) else json.loads(plan)
         handled.append((_rows(plan[0]["Plan"]), statement))
@@ -157,7 +218,9 @@ def _forget_statistics(tables: tuple[str, ...]) -> None:
     with settings.engine.begin() as conn:
         for table in tables:
             conn.execute(text("DELETE FROM pg_statistic WHERE starelid = CAST(:t AS regclass)"), {"t": table})
-            conn.execute(text("UPDATE pg_class SET reltuples = -1 WHERE oid = CAST(:t AS regclass)"), {"t": table})
+            conn.execute(
+                text("UPDATE pg_class SET reltuples = -1 WHERE oid = CAST(:t AS regclass)"), {"t": table}
+            )
 
 
 def _analyze(tables: tuple[str, ...]) -> None:
@@ -176,8 +239,13 @@ def test_the_lists_findings_read_the_window_whatever_the_statistics(world, stati
     a, b = w.dataset("a"), w.dataset("b")
     big = w.consumer("big", [b])
     small = w.consumers("c", [a], SMALL)
-    tables = ("dataset_event", "dag_run", "dagrun_dataset_event", "dag_schedule_dataset_reference",
-              "dataset_dag_run_queue")
+    tables = (
+        "dataset_event",
+        "dag_run",
+        "dagrun_dataset_event",
+        "dag_schedule_dataset_reference",
+        "dataset_dag_run_queue",
+    )
     now = datetime.now(timezone.utc)
     a_id, b_id = _dataset_id(a.uri), _dataset_id(b.uri)
     on_a = _events(a_id, [now - timedelta(minutes=9, seconds=i) for i in range(SMALL)])
@@ -187,7 +255,9 @@ def test_the_lists_findings_read_the_window_whatever_the_statistics(world, stati
         _analyze(tables)
     history = _events(b_id, [now - timedelta(hours=3) + timedelta(seconds=i) for i in range(HISTORY)])
     _run(big, "history", now - timedelta(hours=2), history)
-    in_window = _events(b_id, [now - timedelta(minutes=10) + timedelta(milliseconds=100 * i) for i in range(WINDOW)])
+    in_window = _events(
+        b_id, [now - timedelta(minutes=10) + timedelta(milliseconds=100 * i) for i in range(WINDOW)]
+    )
     _run(big, "first", now - timedelta(minutes=2), in_window)
     if statistics == "none":
         _forget_statistics(tables)
@@ -196,7 +266,9 @@ def test_the_lists_findings_read_the_window_whatever_the_statistics(world, stati
 
     found = [{"dag_id": dag_id, "verdict": "waits", "_late": []} for dag_id in [big] + small]
     with rows_handled() as handled, create_session() as session:
-        if statistics != "fresh":  # the plans such statistics choose, made certain (as tests/test_query_plans.py)
+        if (
+            statistics != "fresh"
+        ):  # the plans such statistics choose, made certain (as tests/test_query_plans.py)
             for setting in ("enable_hashagg", "enable_hashjoin", "enable_mergejoin", "enable_material"):
                 session.execute(text(f"SET LOCAL {setting} = off"))
         listing.add_findings(session, found, now)

@@ -52,24 +52,24 @@ STATES = ("never analyzed", "behind", "fresh")
 
 def analyze() -> None:
     """Every table's statistics, as autovacuum or a DBA's ANALYZE takes them."""
-    from sqlalchemy import inspect, text
-
     from airflow import settings
+    from sqlalchemy import inspect, text
 
     with settings.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         if conn.dialect.name == "mysql":
             quote = conn.dialect.identifier_preparer.quote  # `trigger`
-            conn.execute(text("ANALYZE TABLE " + ", ".join(quote(name) for name in inspect(conn).get_table_names())))
+            conn.execute(
+                text("ANALYZE TABLE " + ", ".join(quote(name) for name in inspect(conn).get_table_names()))
+            )
         else:
             conn.execute(text("ANALYZE"))
 
 
 def build(state: str) -> dict:
     """The 200 DAGs, then the big DAG's 50 000 pending events (bulk-loaded, queued for it)."""
-    from sqlalchemy import insert, select
-
     from airflow.models.dataset import DatasetDagRunQueue, DatasetEvent, DatasetModel
     from airflow.utils.session import create_session
+    from sqlalchemy import insert, select
 
     from reproduce.harness.world import World
 
@@ -93,9 +93,18 @@ def build(state: str) -> dict:
         for start in range(0, BIG, 5000):
             session.execute(
                 insert(DatasetEvent),
-                [{"dataset_id": dataset_id, "timestamp": t, "extra": {"n": start + i}, "source_dag_id": "producer",
-                  "source_task_id": "emit", "source_run_id": "bulk", "source_map_index": -1}
-                 for i, t in enumerate(instants[start : start + 5000])],
+                [
+                    {
+                        "dataset_id": dataset_id,
+                        "timestamp": t,
+                        "extra": {"n": start + i},
+                        "source_dag_id": "producer",
+                        "source_task_id": "emit",
+                        "source_run_id": "bulk",
+                        "source_map_index": -1,
+                    }
+                    for i, t in enumerate(instants[start : start + 5000])
+                ],
             )
         session.add(DatasetDagRunQueue(dataset_id=dataset_id, target_dag_id=big, created_at=instants[0]))
     dags = {"big": big, "first": min(many), "dataset_id": dataset_id, "instants": instants}
@@ -108,33 +117,58 @@ def build(state: str) -> dict:
 
 def consume(state: str, dags: dict, suffix: str = "") -> None:
     """The big DAG's first run, which consumed its ``instants``' events (bulk-loaded too), its queue row gone."""
-    from sqlalchemy import delete, insert, select
-
     from airflow.models.dagrun import DagRun
     from airflow.models.dataset import DatasetDagRunQueue, DatasetEvent, association_table
     from airflow.utils.session import create_session
     from airflow.utils.state import DagRunState
     from airflow.utils.types import DagRunType
+    from sqlalchemy import delete, insert, select
 
     big, instants = dags["big"], dags["instants"]
     end = instants[-1] + timedelta(seconds=1)
     with create_session() as session:
-        session.execute(insert(DagRun), [{
-            "dag_id": big, "run_id": f"dataset_triggered__first{suffix}", "execution_date": end, "state": DagRunState.SUCCESS,
-            "run_type": DagRunType.DATASET_TRIGGERED, "external_trigger": False, "data_interval_start": instants[0],
-            "data_interval_end": instants[-1], "queued_at": end, "start_date": end, "end_date": end, "clear_number": 0}])
+        session.execute(
+            insert(DagRun),
+            [
+                {
+                    "dag_id": big,
+                    "run_id": f"dataset_triggered__first{suffix}",
+                    "execution_date": end,
+                    "state": DagRunState.SUCCESS,
+                    "run_type": DagRunType.DATASET_TRIGGERED,
+                    "external_trigger": False,
+                    "data_interval_start": instants[0],
+                    "data_interval_end": instants[-1],
+                    "queued_at": end,
+                    "start_date": end,
+                    "end_date": end,
+                    "clear_number": 0,
+                }
+            ],
+        )
         run_id = session.scalar(select(DagRun.id).where(DagRun.dag_id == big, DagRun.execution_date == end))
-        ids = list(session.scalars(select(DatasetEvent.id).where(
-            DatasetEvent.dataset_id == dags["dataset_id"], DatasetEvent.timestamp.between(instants[0], instants[-1]))))
+        ids = list(
+            session.scalars(
+                select(DatasetEvent.id).where(
+                    DatasetEvent.dataset_id == dags["dataset_id"],
+                    DatasetEvent.timestamp.between(instants[0], instants[-1]),
+                )
+            )
+        )
         for start in range(0, len(ids), 5000):
-            session.execute(insert(association_table), [{"dag_run_id": run_id, "event_id": i} for i in ids[start : start + 5000]])
+            session.execute(
+                insert(association_table),
+                [{"dag_run_id": run_id, "event_id": i} for i in ids[start : start + 5000]],
+            )
         session.execute(delete(DatasetDagRunQueue).where(DatasetDagRunQueue.target_dag_id == big))
     if state == "fresh" and not suffix:
         analyze()
 
 
 def _airflow(env: dict, *args: str) -> None:
-    done = subprocess.run([sys.executable, "-m", "airflow", *args], env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "airflow", *args], env=env, capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr[-3000:]
 
 
@@ -144,7 +178,9 @@ def login(base: str):
     session = requests.Session()
     page = session.get(f"{base}/login/", timeout=30).text
     token = re.search(r'name="csrf_token" type="hidden" value="([^"]+)"', page).group(1)
-    session.post(f"{base}/login/", data={"username": "admin", "password": PASSWORD, "csrf_token": token}, timeout=30)
+    session.post(
+        f"{base}/login/", data={"username": "admin", "password": PASSWORD, "csrf_token": token}, timeout=30
+    )
     return session
 
 
@@ -175,7 +211,10 @@ def cpu_seconds(pgid: int, database: str | None) -> float:
     if database:
         import psycopg2
 
-        with psycopg2.connect(host="127.0.0.1", user="postgres", dbname="postgres") as conn, conn.cursor() as cursor:
+        with (
+            psycopg2.connect(host="127.0.0.1", user="postgres", dbname="postgres") as conn,
+            conn.cursor() as cursor,
+        ):
             cursor.execute("SELECT pid FROM pg_stat_activity WHERE datname = %s", (database,))
             pids = [str(pid) for (pid,) in cursor.fetchall()]
     total = 0
@@ -185,7 +224,9 @@ def cpu_seconds(pgid: int, database: str | None) -> float:
                 fields = handle.read().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        if int(fields[2]) == pgid or pid in pids:  # fields[2]: the process group; [11], [12]: user, system ticks
+        if (
+            int(fields[2]) == pgid or pid in pids
+        ):  # fields[2]: the process group; [11], [12]: user, system ticks
             total += int(fields[11]) + int(fields[12])
     return total / os.sysconf("SC_CLK_TCK")
 
@@ -205,26 +246,62 @@ def one_state(state: str) -> dict[str, list[dict]]:
         from airflow import settings
 
         if settings.engine.dialect.name == "postgresql":  # a request that would run for minutes fails at 2
-            database._admin(f'ALTER DATABASE "{database.name}" SET statement_timeout = \'{TIMEOUT}s\'')
+            database._admin(f"ALTER DATABASE \"{database.name}\" SET statement_timeout = '{TIMEOUT}s'")
             if EXPLAIN_MS:
-                for setting in ("session_preload_libraries = 'auto_explain'", f"auto_explain.log_min_duration = {int(EXPLAIN_MS)}",
-                                "auto_explain.log_analyze = on", "auto_explain.log_timing = off"):
+                for setting in (
+                    "session_preload_libraries = 'auto_explain'",
+                    f"auto_explain.log_min_duration = {int(EXPLAIN_MS)}",
+                    "auto_explain.log_analyze = on",
+                    "auto_explain.log_timing = off",
+                ):
                     database._admin(f'ALTER DATABASE "{database.name}" SET {setting}')
-                print(f"plans of statements over {EXPLAIN_MS} ms: the server's log, database {database.name}", flush=True)
+                print(
+                    f"plans of statements over {EXPLAIN_MS} ms: the server's log, database {database.name}",
+                    flush=True,
+                )
 
-        env = {**os.environ, "AIRFLOW__WEBSERVER__SECRET_KEY": "adrf-web-bench", "AIRFLOW__WEBSERVER__WORKERS": "1",
-               "AIRFLOW__WEBSERVER__WORKER_CLASS": "gthread", "AIRFLOW__WEBSERVER__WEB_SERVER_HOST": "127.0.0.1",
-               "AIRFLOW__WEBSERVER__WEB_SERVER_WORKER_TIMEOUT": "600"}
-        env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1] / "src")  # this clone's page, without the shim
-        env.pop("AIRFLOW__SCHEDULER__MIN_SERIALIZED_DAG_FETCH_INTERVAL", None)  # the tests' 0; a deployment's 10 s
-        _airflow(env, "users", "create", "--role", "Admin", "--username", "admin", "--password", PASSWORD,
-                 "--firstname", "A", "--lastname", "Dmin", "--email", "admin@example.com")
+        env = {
+            **os.environ,
+            "AIRFLOW__WEBSERVER__SECRET_KEY": "adrf-web-bench",
+            "AIRFLOW__WEBSERVER__WORKERS": "1",
+            "AIRFLOW__WEBSERVER__WORKER_CLASS": "gthread",
+            "AIRFLOW__WEBSERVER__WEB_SERVER_HOST": "127.0.0.1",
+            "AIRFLOW__WEBSERVER__WEB_SERVER_WORKER_TIMEOUT": "600",
+        }
+        env["PYTHONPATH"] = str(
+            Path(__file__).resolve().parents[1] / "src"
+        )  # this clone's page, without the shim
+        env.pop(
+            "AIRFLOW__SCHEDULER__MIN_SERIALIZED_DAG_FETCH_INTERVAL", None
+        )  # the tests' 0; a deployment's 10 s
+        _airflow(
+            env,
+            "users",
+            "create",
+            "--role",
+            "Admin",
+            "--username",
+            "admin",
+            "--password",
+            PASSWORD,
+            "--firstname",
+            "A",
+            "--lastname",
+            "Dmin",
+            "--email",
+            "admin@example.com",
+        )
         from webdriver import free_port
 
         port = free_port()
         log = open(os.path.join(home.name, "webserver.log"), "w")
-        server = subprocess.Popen([sys.executable, "-m", "airflow", "webserver", "--port", str(port)], env=env,
-                                  stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        server = subprocess.Popen(
+            [sys.executable, "-m", "airflow", "webserver", "--port", str(port)],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         base = f"http://127.0.0.1:{port}"
         for _ in range(180):
             try:
@@ -256,14 +333,23 @@ def main() -> None:
         for case, samples in one_state(one).items():
             for name in samples[0]:
                 times = " ".join(f"{s[name][0]:6.2f} ({s[name][3]:.2f})" for s in samples)
-                print(f"  {one:14}  {case:26}  {name:16} {times}   {samples[-1][name][1]}  {samples[-1][name][2]:>10}",
-                      flush=True)
+                print(
+                    f"  {one:14}  {case:26}  {name:16} {times}   {samples[-1][name][1]}  {samples[-1][name][2]:>10}",
+                    flush=True,
+                )
         return
     states = [s.strip() for s in os.environ.get("ADRF_BENCH_STATES", ",".join(STATES)).split(",")]
-    print(f"{BACKEND}: {DAGS} DAGs and a big one on {BIG} events; seconds per request (CPU seconds of the webserver "
-          f"and, PostgreSQL, its backends), status, bytes", flush=True)
-    for state in states:  # a process and a fresh database each: PostgreSQL keeps a table's statistics across loads
-        subprocess.run([sys.executable, __file__], env={**os.environ, "ADRF_BENCH_ONE_STATE": state}, check=True)
+    print(
+        f"{BACKEND}: {DAGS} DAGs and a big one on {BIG} events; seconds per request (CPU seconds of the webserver "
+        f"and, PostgreSQL, its backends), status, bytes",
+        flush=True,
+    )
+    for (
+        state
+    ) in states:  # a process and a fresh database each: PostgreSQL keeps a table's statistics across loads
+        subprocess.run(
+            [sys.executable, __file__], env={**os.environ, "ADRF_BENCH_ONE_STATE": state}, check=True
+        )
 
 
 if __name__ == "__main__":

@@ -33,9 +33,13 @@ class Browser:
     def __init__(self) -> None:
         binary, driver = chromium_found()
         if not binary or not driver:
-            raise RuntimeError("Debian's chromium and chromium-driver are not installed (.ci/run installs them)")
+            raise RuntimeError(
+                "Debian's chromium and chromium-driver are not installed (.ci/run installs them)"
+            )
         self.port = free_port()
-        self.driver = subprocess.Popen([driver, f"--port={self.port}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.driver = subprocess.Popen(
+            [driver, f"--port={self.port}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
         self.base = f"http://127.0.0.1:{self.port}"
         for _ in range(100):
             try:
@@ -47,8 +51,13 @@ class Browser:
             "browserName": "chrome",
             "goog:chromeOptions": {
                 "binary": binary,
-                "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                         "--window-size=1400,2000"],
+                "args": [
+                    "--headless=new",
+                    "--no-sandbox",
+                    "--disable-gpu",
+                    "--disable-dev-shm-usage",
+                    "--window-size=1400,2000",
+                ],
             },
         }
         answer = self._call("POST", "/session", {"capabilities": {"alwaysMatch": capabilities}})
@@ -74,7 +83,9 @@ class Browser:
         return self._session("POST", "/element", {"using": "css selector", "value": css})[ELEMENT]
 
     def find_all(self, css: str) -> list[str]:
-        return [e[ELEMENT] for e in self._session("POST", "/elements", {"using": "css selector", "value": css})]
+        return [
+            e[ELEMENT] for e in self._session("POST", "/elements", {"using": "css selector", "value": css})
+        ]
 
     def type(self, css: str, text: str) -> None:
         self._session("POST", f"/element/{self.find(css)}/value", {"text": text})

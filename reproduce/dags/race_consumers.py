@@ -23,7 +23,13 @@ for dag_id, schedule in (
     ("race_consumer_a_and_b", A & B),
     ("race_consumer_a_or_b", A | B),
 ):
-    with DAG(dag_id, schedule=schedule, start_date=datetime(2024, 1, 1), catchup=False, max_active_runs=1,
-             tags=["airflow-dataset-race-fix"]) as dag:
+    with DAG(
+        dag_id,
+        schedule=schedule,
+        start_date=datetime(2024, 1, 1),
+        catchup=False,
+        max_active_runs=1,
+        tags=["airflow-dataset-race-fix"],
+    ) as dag:
         EmptyOperator(task_id="consume")
     globals()[dag_id] = dag

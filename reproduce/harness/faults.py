@@ -59,7 +59,10 @@ def run_producer(uri: str, *, fixed: bool, clock_offset: float = 0.0, timeout: f
     env = dict(os.environ, ADRF_FAULT_FIXED="1" if fixed else "0")
     done = subprocess.run(
         [*lab_command("reproduce.harness.faults"), "commit", uri, str(clock_offset)],
-        capture_output=True, text=True, env=env, timeout=timeout,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
     )
     if done.returncode != 0:
         raise RuntimeError(f"producer child failed (exit {done.returncode}): {done.stderr[-2000:]}")
@@ -69,12 +72,13 @@ def _commit(uri: str, clock_offset: str = "0") -> None:
     from datetime import datetime, timedelta, timezone
 
     import time_machine
-
     from airflow import settings
     from airflow.datasets import Dataset
     from airflow.datasets.manager import dataset_manager
 
-    time_machine.travel(datetime.now(timezone.utc) + timedelta(seconds=float(clock_offset)), tick=True).start()
+    time_machine.travel(
+        datetime.now(timezone.utc) + timedelta(seconds=float(clock_offset)), tick=True
+    ).start()
     session = settings.Session.session_factory()
     dataset_manager.register_dataset_change(dataset=Dataset(uri), session=session)
     session.commit()
@@ -98,12 +102,11 @@ def _producer(uri: str) -> None:
 
 
 def _scheduler() -> None:
-    from sqlalchemy import event
-
     from airflow import settings
     from airflow.jobs.job import Job
     from airflow.jobs.scheduler_job_runner import SchedulerJobRunner
     from airflow.utils.sqlalchemy import prohibit_commit
+    from sqlalchemy import event
 
     session = settings.Session.session_factory()
     job = Job()

@@ -18,9 +18,9 @@ from dataclasses import dataclass, fields
 
 from airflow.datasets import DatasetAny
 
+from airflow_dataset_race_fix.diagnostics.invariant import Report
 from reproduce.harness.catalog import CATALOG, ScenarioInfo
 from reproduce.harness.world import BLOCKED, DONE, PAUSED, World
-from airflow_dataset_race_fix.diagnostics.invariant import Report
 
 
 @dataclass(frozen=True)

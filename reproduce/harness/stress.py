@@ -141,7 +141,9 @@ def _scheduler(index: int, fixed: bool, ready, stop, results) -> None:
             failures += 1
             session.rollback()
             if len(samples) < 3:
-                samples.append(f"scheduler {index}: {type(err).__name__}: {''.join(traceback.format_exception_only(err))[:300]}")
+                samples.append(
+                    f"scheduler {index}: {type(err).__name__}: {''.join(traceback.format_exception_only(err))[:300]}"
+                )
         time.sleep(0.005)
     session.close()
     results.put(("scheduler", loops, failures, samples))
@@ -167,7 +169,9 @@ def run_stress(config: StressConfig, *, log=print) -> StressResult:
 
     ctx = multiprocessing.get_context("spawn")
     results, stop, ready = ctx.Queue(), ctx.Event(), ctx.Barrier(schedulers + config.producers + 1)
-    scheduler_procs = [ctx.Process(target=_scheduler, args=(i, fixed, ready, stop, results)) for i in range(schedulers)]
+    scheduler_procs = [
+        ctx.Process(target=_scheduler, args=(i, fixed, ready, stop, results)) for i in range(schedulers)
+    ]
     producer_procs = [
         ctx.Process(target=_producer, args=(i, [d.uri for d in datasets], config, fixed, ready, results))
         for i in range(config.producers)

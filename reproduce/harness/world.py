@@ -23,9 +23,6 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import time_machine
-from sqlalchemy import delete, event, select, text, update
-from sqlalchemy.orm import Session
-
 from airflow import settings
 from airflow.datasets import Dataset
 from airflow.jobs.job import Job
@@ -38,6 +35,8 @@ from airflow.utils.session import create_session
 from airflow.utils.sqlalchemy import prohibit_commit
 from airflow.utils.state import DagRunState
 from airflow.utils.types import DagRunType
+from sqlalchemy import delete, event, select, text, update
+from sqlalchemy.orm import Session
 
 from airflow_dataset_race_fix.diagnostics import invariant
 
@@ -241,10 +240,9 @@ class World:
         """
         import json
 
-        from sqlalchemy import func
-
         from airflow.models.dataset import DatasetEvent
         from airflow.models.log import Log
+        from sqlalchemy import func
 
         with create_session() as session:
             session.execute(delete(DatasetDagRunQueue))
@@ -349,7 +347,10 @@ class World:
         with create_session() as session:
             session.execute(
                 update(DagRun)
-                .where(DagRun.dag_id.in_(self.dag_ids), DagRun.state.in_((DagRunState.QUEUED, DagRunState.RUNNING)))
+                .where(
+                    DagRun.dag_id.in_(self.dag_ids),
+                    DagRun.state.in_((DagRunState.QUEUED, DagRunState.RUNNING)),
+                )
                 .values(state=DagRunState.SUCCESS)
                 .execution_options(synchronize_session=False)
             )
@@ -378,14 +379,17 @@ class World:
         with create_session() as session:
             queued = sorted(
                 session.execute(
-                    select(DatasetDagRunQueue.dataset_id, DatasetDagRunQueue.target_dag_id, DatasetDagRunQueue.created_at)
-                    .where(DatasetDagRunQueue.target_dag_id.in_(self.dag_ids))
+                    select(
+                        DatasetDagRunQueue.dataset_id,
+                        DatasetDagRunQueue.target_dag_id,
+                        DatasetDagRunQueue.created_at,
+                    ).where(DatasetDagRunQueue.target_dag_id.in_(self.dag_ids))
                 ).all()
             )
             runs = session.scalar(
-                select(text("count(*)")).select_from(DagRun).where(
-                    DagRun.dag_id.in_(self.dag_ids), DagRun.run_type == DagRunType.DATASET_TRIGGERED
-                )
+                select(text("count(*)"))
+                .select_from(DagRun)
+                .where(DagRun.dag_id.in_(self.dag_ids), DagRun.run_type == DagRunType.DATASET_TRIGGERED)
             )
         return queued, runs
 
@@ -408,7 +412,9 @@ class World:
             if self.backend == "postgres":
                 return bool(
                     self._monitor.scalar(
-                        text("select count(*) from pg_stat_activity where pid = :id and wait_event_type = 'Lock'"),
+                        text(
+                            "select count(*) from pg_stat_activity where pid = :id and wait_event_type = 'Lock'"
+                        ),
                         {"id": actor.connection_id},
                     )
                 )

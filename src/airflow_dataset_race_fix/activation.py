@@ -16,8 +16,8 @@ from airflow_dataset_race_fix import BOOTSTRAP_DIR
 
 PTH_FILENAME = "airflow_dataset_race_fix_shim.pth"
 PTH_LINE = (
-    "import sys; exec(\"try:\\n import airflow_dataset_race_fix.bootstrap as _adrf\\n"
-    "except ImportError:\\n pass\\nelse:\\n _adrf.start_quietly(_adrf.ROUTE_PTH)\")\n"
+    'import sys; exec("try:\\n import airflow_dataset_race_fix.bootstrap as _adrf\\n'
+    'except ImportError:\\n pass\\nelse:\\n _adrf.start_quietly(_adrf.ROUTE_PTH)")\n'
 )
 PTH_CONTENT = (
     "# airflow-dataset-race-fix: turns the shim on in every interpreter of this environment.\n"
@@ -32,7 +32,9 @@ def _same_directory(a: str, b: str) -> bool:
 
 def pythonpath_entries(environ: dict[str, str] | os._Environ = os.environ) -> list[str]:
     """Entries of PYTHONPATH that are the bootstrap directory."""
-    return [e for e in environ.get("PYTHONPATH", "").split(os.pathsep) if e and _same_directory(e, BOOTSTRAP_DIR)]
+    return [
+        e for e in environ.get("PYTHONPATH", "").split(os.pathsep) if e and _same_directory(e, BOOTSTRAP_DIR)
+    ]
 
 
 def site_directories() -> list[str]:
@@ -99,7 +101,9 @@ def local_settings_file() -> str | None:
 
     # Before importing it, Airflow appends $AIRFLOW_HOME/config and the plugins folder to sys.path.
     settings = sys.modules.get("airflow.settings")
-    home = getattr(settings, "AIRFLOW_HOME", None) or os.path.expanduser(os.environ.get("AIRFLOW_HOME", "~/airflow"))
+    home = getattr(settings, "AIRFLOW_HOME", None) or os.path.expanduser(
+        os.environ.get("AIRFLOW_HOME", "~/airflow")
+    )
     plugins = getattr(settings, "PLUGINS_FOLDER", None) or os.environ.get(
         "AIRFLOW__CORE__PLUGINS_FOLDER", os.path.join(home, "plugins")
     )
@@ -115,7 +119,9 @@ def imports_the_fix(path: str) -> bool:
     except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
         return False
     for node in ast.walk(tree):
-        if isinstance(node, ast.Import) and any(a.name == "airflow_dataset_race_fix.auto" for a in node.names):
+        if isinstance(node, ast.Import) and any(
+            a.name == "airflow_dataset_race_fix.auto" for a in node.names
+        ):
             return True
         if isinstance(node, ast.ImportFrom) and node.module == "airflow_dataset_race_fix":
             if any(a.name == "auto" for a in node.names):
@@ -185,7 +191,11 @@ def plugin_entry_point() -> str | None:
 
     found = entry_points()
     # Python 3.10+ selects by group; 3.9 returns a dict of groups
-    group = found.select(group="airflow.plugins") if hasattr(found, "select") else found.get("airflow.plugins", ())
+    group = (
+        found.select(group="airflow.plugins")
+        if hasattr(found, "select")
+        else found.get("airflow.plugins", ())
+    )
     for entry_point in group:
         if entry_point.value.startswith("airflow_dataset_race_fix."):
             return f"{entry_point.name} = {entry_point.value}"

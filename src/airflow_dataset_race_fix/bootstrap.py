@@ -101,7 +101,9 @@ def _patch_target(module: object) -> None:
         errors.append(f"{name}: {type(err).__name__}: {err}")
         runtime.log.warning(
             "airflow-dataset-race-fix: unexpected error while patching %s; the process carries on without the fix "
-            "for it. Please report it with the output of 'airflow-dataset-race-fix status --json'.", name, exc_info=True,
+            "for it. Please report it with the output of 'airflow-dataset-race-fix status --json'.",
+            name,
+            exc_info=True,
         )
 
 

@@ -16,11 +16,10 @@ import os
 import tempfile
 import time
 
-from sqlalchemy.orm import Session
-
 from airflow import settings
 from airflow.models.log import Log
 from airflow.utils.net import get_hostname
+from sqlalchemy.orm import Session
 
 from airflow_dataset_race_fix import __version__, runtime, verdict
 
@@ -32,8 +31,14 @@ log = logging.getLogger("airflow_dataset_race_fix")
 def _mark_extra(component: str, started=None) -> str:
     """The mark's ``extra``: the same text for every task of a host and verdict, so the reader groups them."""
     fixed, how = verdict.process_verdict()
-    extra = {"component": component, "fixed": fixed, "how" if fixed else "why": how, "host": get_hostname(),
-             "airflow": runtime.airflow_version(), "package": __version__}
+    extra = {
+        "component": component,
+        "fixed": fixed,
+        "how" if fixed else "why": how,
+        "host": get_hostname(),
+        "airflow": runtime.airflow_version(),
+        "package": __version__,
+    }
     if started is not None:
         extra["started"] = started.isoformat()
     return json.dumps(extra, sort_keys=True)

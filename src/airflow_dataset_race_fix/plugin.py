@@ -110,7 +110,9 @@ def _failed(bootstrap, err: Exception) -> None:
     bootstrap.errors.append(f"plugin: {type(err).__name__}: {err}")
     logging.getLogger("airflow_dataset_race_fix").warning(
         "airflow-dataset-race-fix: the plugin route failed (%s: %s); this process carries on without the fix",
-        type(err).__name__, err, exc_info=True,
+        type(err).__name__,
+        err,
+        exc_info=True,
     )
 
 

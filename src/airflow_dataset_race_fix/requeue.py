@@ -45,8 +45,15 @@ class QueueWrite:
 
 def plan(groups: list[StrandedGroup]) -> list[QueueWrite]:
     return [
-        QueueWrite(g.dag_id, g.dataset_id, g.dataset_uri, g.events, g.oldest, g.queued_at,
-                   INSERT if g.queued_at is None else LOWER if g.queued_at > g.oldest else KEEP)
+        QueueWrite(
+            g.dag_id,
+            g.dataset_id,
+            g.dataset_uri,
+            g.events,
+            g.oldest,
+            g.queued_at,
+            INSERT if g.queued_at is None else LOWER if g.queued_at > g.oldest else KEEP,
+        )
         for g in groups
     ]
 
@@ -108,7 +115,9 @@ def _upsert(dialect: str):
         from sqlalchemy.dialects.mysql import insert
 
         stmt = insert(table)
-        return stmt.on_duplicate_key_update(created_at=func.least(table.c.created_at, stmt.inserted.created_at))
+        return stmt.on_duplicate_key_update(
+            created_at=func.least(table.c.created_at, stmt.inserted.created_at)
+        )
     raise RequeueRefused(f"refusing to requeue: unsupported database dialect {dialect!r}")
 
 

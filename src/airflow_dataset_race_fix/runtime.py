@@ -70,10 +70,20 @@ def _forget_reports() -> None:
 os.register_at_fork(after_in_child=_forget_reports)
 
 # 'airflow' CLI commands that run for a while; every other one logs "fix in place" at DEBUG.
-LONG_RUNNING_COMMANDS = tuple(tuple(command.split()) for command in (
-    "scheduler", "triggerer", "webserver", "dag-processor", "standalone", "celery worker", "tasks run", "tasks test",
-    "dags test",
-))
+LONG_RUNNING_COMMANDS = tuple(
+    tuple(command.split())
+    for command in (
+        "scheduler",
+        "triggerer",
+        "webserver",
+        "dag-processor",
+        "standalone",
+        "celery worker",
+        "tasks run",
+        "tasks test",
+        "dags test",
+    )
+)
 
 
 def airflow_version() -> str | None:
@@ -146,7 +156,9 @@ def _target_file(name: str) -> str | None:
     for depth in range(1, len(parts) + 1):
         prefix = ".".join(parts[:depth])
         package = sys.modules.get(prefix)
-        spec = getattr(package, "__spec__", None) if package is not None else PathFinder.find_spec(prefix, path)
+        spec = (
+            getattr(package, "__spec__", None) if package is not None else PathFinder.find_spec(prefix, path)
+        )
         if spec is None:
             return None
         if depth == len(parts):
@@ -187,7 +199,9 @@ def _judge(name: str, found, fixed_sha256) -> ModuleState:
     release = release_of(version)
     if release is None:
         return ModuleState(
-            name, REFUSED, f"Airflow {version} is not a supported release (expected one of "
+            name,
+            REFUSED,
+            f"Airflow {version} is not a supported release (expected one of "
             f"{SUPPORTED_AIRFLOW_VERSIONS[0]} to {SUPPORTED_AIRFLOW_VERSIONS[-1]}, or a local build of one); nothing "
             "was patched: install a supported Airflow or a release of this package that supports yours",
         )
@@ -206,7 +220,9 @@ def _judge(name: str, found, fixed_sha256) -> ModuleState:
             fixed_sha = fixed_sha256(member)
         except Exception as err:  # the fix cannot be loaded against this Airflow: never patch
             return ModuleState(
-                name, REFUSED, f"the fixed {member.qualname} cannot be loaded ({type(err).__name__}: {err}); "
+                name,
+                REFUSED,
+                f"the fixed {member.qualname} cannot be loaded ({type(err).__name__}: {err}); "
                 "nothing was patched: report this with 'airflow-dataset-race-fix status --json'",
             )
         if found_sha is not None and found_sha == fixed_sha:
@@ -220,7 +236,9 @@ def _judge(name: str, found, fixed_sha256) -> ModuleState:
             changed = f"{member.qualname} is not the Airflow {release} original (found {found_text}, expected {expected})"
             if version == release:
                 return ModuleState(
-                    name, REFUSED, f"{changed}; it was changed by another patch, plugin or a custom build. Nothing "
+                    name,
+                    REFUSED,
+                    f"{changed}; it was changed by another patch, plugin or a custom build. Nothing "
                     "was patched: remove the other change, or use a pristine Airflow, then check with "
                     "'airflow-dataset-race-fix status'",
                 )
@@ -230,15 +248,19 @@ def _judge(name: str, found, fixed_sha256) -> ModuleState:
     if kinds == {PATCHABLE}:
         return ModuleState(name, PATCHABLE, "original Airflow code, not patched in this process")
     return ModuleState(
-        name, REFUSED, "the installed source is half patched (some members fixed, some original); "
+        name,
+        REFUSED,
+        "the installed source is half patched (some members fixed, some original); "
         "run 'airflow-dataset-race-fix check' and re-apply or revert the source patches",
     )
 
 
 def _local_build_refusal(version: str, changed: str) -> str:
     composer = "composer" in version.partition("+")[2].lower()
-    own_fix = (" Cloud Composer's build carries its own partial fix of the race (apache/airflow#62501's: the event "
-               "committed in its own session, a guarded upsert); this package cannot replace it safely.")
+    own_fix = (
+        " Cloud Composer's build carries its own partial fix of the race (apache/airflow#62501's: the event "
+        "committed in its own session, a guarded upsert); this package cannot replace it safely."
+    )
     return (
         f"Airflow {version} is a local build: {changed}, so the build changed it.{own_fix if composer else ''} A member "
         "that is not byte-identical to the release's is never replaced: nothing was patched, the build's own code "
@@ -290,7 +312,9 @@ def _refused_state(name: str) -> ModuleState:
     assert _refusal is not None
     if name == _refusal.module:
         return _refusal
-    detail = f"not patched, because the fix is all or nothing and {_refusal.module} was refused: {_refusal.detail}"
+    detail = (
+        f"not patched, because the fix is all or nothing and {_refusal.module} was refused: {_refusal.detail}"
+    )
     return ModuleState(name, REFUSED, detail)
 
 
@@ -338,7 +362,9 @@ def command_name() -> str | None:
     'airflow' command, None outside the 'airflow' program (a test, a script, gunicorn's workers)."""
     argv = sys.argv or [""]
     program = argv[0] or ""
-    if os.path.basename(program) != "airflow" and not program.endswith(os.path.join("airflow", "__main__.py")):
+    if os.path.basename(program) != "airflow" and not program.endswith(
+        os.path.join("airflow", "__main__.py")
+    ):
         return None
     words = tuple(arg for arg in argv[1:] if not arg.startswith("-"))
     return next((" ".join(c) for c in LONG_RUNNING_COMMANDS if words[: len(c)] == c), "")
@@ -361,20 +387,33 @@ def report(state: ModuleState, strict: bool = False) -> None:
             )
         if not _warned:
             _warned = True
-            log.warning("airflow-dataset-race-fix: the fix is NOT in place: no target module is patched in this "
-                        "process, because %s was refused: %s", refusal.module, refusal.detail)
+            log.warning(
+                "airflow-dataset-race-fix: the fix is NOT in place: no target module is patched in this "
+                "process, because %s was refused: %s",
+                refusal.module,
+                refusal.detail,
+            )
         return
     if state.state not in (PATCHED, SOURCE_PATCHED):
         return
-    how = "patched by the shim" if state.state == PATCHED else "the installed source already has the fix, shim idle"
+    how = (
+        "patched by the shim"
+        if state.state == PATCHED
+        else "the installed source already has the fix, shim idle"
+    )
     if state.module in _announced:
         log.debug("airflow-dataset-race-fix: %s: %s", state.module, how)
         return
     # One line per target, each as it is fixed: a worker never imports the scheduler, and a
     # scheduler's log then says that its own code is fixed.
     _announced.add(state.module)
-    log.log(announce_level(), "airflow-dataset-race-fix: fix in place (%s: %s; Airflow %s)", state.module, how,
-            airflow_version())
+    log.log(
+        announce_level(),
+        "airflow-dataset-race-fix: fix in place (%s: %s; Airflow %s)",
+        state.module,
+        how,
+        airflow_version(),
+    )
 
 
 def announce_imported() -> None:
@@ -400,7 +439,9 @@ def _warn_half_source(states: list[ModuleState]) -> None:
     log.warning(
         "airflow-dataset-race-fix: the source patches are half applied in this installation (%s has the fix, "
         "%s does not); the shim fixes the rest in this process, but a process without the shim runs half "
-        "fixed: run 'airflow-dataset-race-fix apply' (or 'revert')", ", ".join(fixed_by_source), ", ".join(stock),
+        "fixed: run 'airflow-dataset-race-fix apply' (or 'revert')",
+        ", ".join(fixed_by_source),
+        ", ".join(stock),
     )
 
 

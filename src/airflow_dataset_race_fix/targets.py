@@ -102,7 +102,9 @@ _MEMBER_NAMES = {
     """,
 }
 MEMBERS = tuple(
-    Member(*owner, name, _ORIGINAL_SHA256.get(name)) for owner, names in _MEMBER_NAMES.items() for name in names.split()
+    Member(*owner, name, _ORIGINAL_SHA256.get(name))
+    for owner, names in _MEMBER_NAMES.items()
+    for name in names.split()
 )
 
 TARGET_MODULES = tuple(dict.fromkeys(m.module for m in MEMBERS))

@@ -24,11 +24,15 @@ def main(argv: list[str]) -> int:
     ex.add_argument("--budget", type=int, default=None, help="interleavings per program (default: CI's)")
     ex.add_argument("--seed", type=int, default=None)
     ex.add_argument("--program", action="append", help="only these programs (repeatable)")
-    ex.add_argument("--stop-at-first", action="store_true", help="stop at the first interleaving where the fix does worse")
+    ex.add_argument(
+        "--stop-at-first", action="store_true", help="stop at the first interleaving where the fix does worse"
+    )
     ex.add_argument("--no-minimize", action="store_true")
     rp = sub.add_parser("replay")
     rp.add_argument("--backend", default="sqlite", choices=("sqlite", "postgres", "mysql"))
-    rp.add_argument("--dags", default="d=a", help="DAGs: name=schedule[/max_active_runs], comma-separated (a, a|b, a&b/1)")
+    rp.add_argument(
+        "--dags", default="d=a", help="DAGs: name=schedule[/max_active_runs], comma-separated (a, a|b, a&b/1)"
+    )
     rp.add_argument("--per-loop", type=int, default=None, help="max_dagruns_to_create_per_loop")
     rp.add_argument("--tick", type=float, default=0.01, help="seconds from one step to the next")
     rp.add_argument("--lookback", type=int, default=None, help="event_lookback_seconds")
@@ -69,7 +73,11 @@ def main(argv: list[str]) -> int:
         budget = args.budget if args.budget is not None else xp.default_budget(args.backend)
         seed = args.seed if args.seed is not None else xp.default_seed()
         result = xp.explore(
-            args.backend, budget, seed, only=args.program, minimize_first=not args.no_minimize,
+            args.backend,
+            budget,
+            seed,
+            only=args.program,
+            minimize_first=not args.no_minimize,
             stop_at_first=args.stop_at_first,
         )
         print(result.report())

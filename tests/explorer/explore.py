@@ -59,7 +59,9 @@ def compare(stock: Outcome, fixed: Outcome) -> tuple[list[str], list[str]]:
 
 
 def stock_failures(stock: Outcome) -> list[str]:
-    labels = [f"{k} {t} ({d})" for k in ("lost", "doubled") for d, ts in getattr(stock, k).items() for t in ts]
+    labels = [
+        f"{k} {t} ({d})" for k in ("lost", "doubled") for d, ts in getattr(stock, k).items() for t in ts
+    ]
     labels += [f"{k} {v}" for k, v in stock.violations.items() if k in COMPARED_VIOLATIONS]
     labels += [f"producer {t} failed" for t, r in stock.txns.items() if r.error]
     return labels
@@ -83,7 +85,9 @@ class Finding:
     def replay(self, backend: str) -> str:
         dags = ",".join(f"{n}={s}" for n, s in self.dags)
         steps = format_schedule(parse_schedule(" ".join(self.minimal or self.steps)))
-        options = (f" --per-loop {self.per_loop}" if self.per_loop else "") + (f" --tick {self.tick}" if self.tick != TICK else "")
+        options = (f" --per-loop {self.per_loop}" if self.per_loop else "") + (
+            f" --tick {self.tick}" if self.tick != TICK else ""
+        )
         options += f" --lookback {self.lookback}" if self.lookback else ""
         return f"python -m tests.explorer replay --backend {backend}{options} --dags '{dags}' '{steps}'"
 
@@ -200,7 +204,18 @@ def programs(backend: str) -> list[Program]:
             (("h1", "a/1"), ("h2", "a/1"), ("h3", "a/1"), ("v", "b")),
             (Txn("Q2", "b"),),
             loops=(("S", 2),),
-            prefix=("Q0:a", "R0:b", "S.loop", "S.loop", "S.loop", "S.loop", "D.full:h", "D.pause:h", "Q1:a", "D.unpause:h"),
+            prefix=(
+                "Q0:a",
+                "R0:b",
+                "S.loop",
+                "S.loop",
+                "S.loop",
+                "S.loop",
+                "D.full:h",
+                "D.pause:h",
+                "Q1:a",
+                "D.unpause:h",
+            ),
             operator=("D.pause:v", "D.unpause:v"),  # the victim's event without a queue row: the sweep's
             per_loop=1,  # three held DAGs fill twice max_dagruns_to_create_per_loop and one more
             budget=10,
@@ -211,8 +226,18 @@ def programs(backend: str) -> list[Program]:
             (Txn("R3", "k"),),
             loops=(("S", 2),),
             # x paused while P1 registers: no queue row of its own; stock dates run 2 at k's row (R2)
-            prefix=("Q1:k", "Q2:m", "S.loop", "R1:m", "R2:k", "D.pause:x", "P1.reg:k", "P1.stamp",
-                    "D.unpause:x", "P1.stall"),
+            prefix=(
+                "Q1:k",
+                "Q2:m",
+                "S.loop",
+                "R1:m",
+                "R2:k",
+                "D.pause:x",
+                "P1.reg:k",
+                "P1.stamp",
+                "D.unpause:x",
+                "P1.stall",
+            ),
             lists=(("P", ("P1.commit",)),),
             backends=("postgres", "mysql"),
             budget=12,
@@ -221,8 +246,18 @@ def programs(backend: str) -> list[Program]:
             "failing-loop",  # a late commit, then a loop that fails once at its Nth statement and is retried
             one,
             (Txn("Q3", "a"),),
-            prefix=("Q1:a", "S.loop", "Q2:a", "D.pause:d", "P1.reg:a", "P1.stamp", "D.unpause:d", "P1.stall",
-                    "R1:a", "S.loop"),
+            prefix=(
+                "Q1:a",
+                "S.loop",
+                "Q2:a",
+                "D.pause:d",
+                "P1.reg:a",
+                "P1.stamp",
+                "D.unpause:d",
+                "P1.stall",
+                "R1:a",
+                "S.loop",
+            ),
             loops=(),
             lists=(("P", ("P1.commit",)), ("S", ("S.fail", "S.loop"))),
             fail_at=tuple(range(1, 37)),
@@ -233,8 +268,18 @@ def programs(backend: str) -> list[Program]:
             "restart",  # a late commit across a restart, the DAG past event_lookback_seconds; no mark
             one,
             (Txn("Q2", "a"),),
-            prefix=("Q1:a", "S.loop", "D.pause:d", "P1.reg:a", "P1.stamp", "D.unpause:d", "P1.stall",
-                    "clock+60", "R1:a", "S.loop"),
+            prefix=(
+                "Q1:a",
+                "S.loop",
+                "D.pause:d",
+                "P1.reg:a",
+                "P1.stamp",
+                "D.unpause:d",
+                "P1.stall",
+                "clock+60",
+                "R1:a",
+                "S.loop",
+            ),
             loops=(),
             lists=(("P", ("P1.commit",)), ("S", ("S.loop", "S.restart", "S.loop"))),
             operator=("D.unmark",),
@@ -277,7 +322,9 @@ def run_pair(
     return stock, fixed
 
 
-def minimize(dags, steps: list[str], still_fails: Callable[[list[str]], bool], attempts: int = 12) -> list[str]:
+def minimize(
+    dags, steps: list[str], still_fails: Callable[[list[str]], bool], attempts: int = 12
+) -> list[str]:
     """Greedy: drop whole transactions, loops and stalls while the failure stays."""
     current = list(steps)
     tried = 0
@@ -339,17 +386,36 @@ def explore(
             if not worse and not both:
                 continue
             finding = Finding(
-                program.name, program.dags, steps, worse, both, stock.summary(), fixed.summary(), result.ran[program.name],
-                per_loop=program.per_loop, tick=program.tick, lookback=program.lookback,
+                program.name,
+                program.dags,
+                steps,
+                worse,
+                both,
+                stock.summary(),
+                fixed.summary(),
+                result.ran[program.name],
+                per_loop=program.per_loop,
+                tick=program.tick,
+                lookback=program.lookback,
             )
             if worse:
                 log(f"  #{finding.index} THE FIX DOES WORSE: {worse}\n    {' '.join(steps)}")
                 if minimize_first and not result.worse:
                     kinds = {w.split()[0] for w in worse}
                     finding.minimal = minimize(
-                        program.dags, steps,
-                        lambda c: bool(kinds & {w.split()[0] for w in compare(*run_pair(
-                            program.dags, c, program.per_loop, program.tick, program.lookback))[0]}),
+                        program.dags,
+                        steps,
+                        lambda c: bool(
+                            kinds
+                            & {
+                                w.split()[0]
+                                for w in compare(
+                                    *run_pair(
+                                        program.dags, c, program.per_loop, program.tick, program.lookback
+                                    )
+                                )[0]
+                            }
+                        ),
                     )
                 result.worse.append(finding)
                 if stop_at_first:

@@ -61,9 +61,11 @@ class Txn:
         if not self.open:
             return [f"{self.name}:{self.dataset}"]
         end = "rollback" if self.rollback else "commit"
-        return [f"{self.name}.reg:{self.dataset}", f"{self.name}.stamp"] + (
-            [f"{self.name}.stall"] if self.stall else []
-        ) + [f"{self.name}.{end}"]
+        return (
+            [f"{self.name}.reg:{self.dataset}", f"{self.name}.stamp"]
+            + ([f"{self.name}.stall"] if self.stall else [])
+            + [f"{self.name}.{end}"]
+        )
 
 
 @dataclass(frozen=True)

@@ -24,14 +24,13 @@ import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from sqlalchemy import delete, func, select, update
-from sqlalchemy.exc import OperationalError
-
 from airflow.datasets import DatasetAny
 from airflow.models.dag import DagModel
 from airflow.models.dagrun import DagRun
 from airflow.models.dataset import DatasetDagRunQueue, DatasetEvent, DatasetModel, association_table
 from airflow.utils.session import create_session
+from sqlalchemy import delete, func, select, update
+from sqlalchemy.exc import OperationalError
 
 from airflow_dataset_race_fix.diagnostics import invariant
 from reproduce.harness.world import BLOCKED, DONE, PAUSED, Actor, World
@@ -43,8 +42,22 @@ EVENT_READ = ("select dataset_event.id",)
 QUEUE_DELETE = ("delete from dataset_dag_run_queue", "delete q from")
 STAMP = ("update dataset_event",)
 WRITES = {
-    "atomic", "reg", "stamp", "loop", "e", "c", "blind", "fail",
-    "pause", "unpause", "full", "free", "clean", "off", "on", "unmark",
+    "atomic",
+    "reg",
+    "stamp",
+    "loop",
+    "e",
+    "c",
+    "blind",
+    "fail",
+    "pause",
+    "unpause",
+    "full",
+    "free",
+    "clean",
+    "off",
+    "on",
+    "unmark",
 }
 NET_LOOK = "AIRFLOW__DATASET_RACE_FIX__NET_LOOK_INTERVAL_SECONDS"
 LOOKBACK = "AIRFLOW__DATASET_RACE_FIX__EVENT_LOOKBACK_SECONDS"
@@ -76,8 +89,12 @@ class Outcome:
     # per DAG, per transaction: how many runs consumed its event, and the loop that first did
     consumed: dict[str, dict[str, int]] = field(default_factory=dict)
     needed_net: dict[str, list[str]] = field(default_factory=dict)
-    after_restart: dict[str, list[str]] = field(default_factory=dict)  # consumed only by the restarted scheduler
-    unswept: dict[str, list[str]] = field(default_factory=dict)  # left by the sweep after the quiet loops (_unswept)
+    after_restart: dict[str, list[str]] = field(
+        default_factory=dict
+    )  # consumed only by the restarted scheduler
+    unswept: dict[str, list[str]] = field(
+        default_factory=dict
+    )  # left by the sweep after the quiet loops (_unswept)
     lost: dict[str, list[str]] = field(default_factory=dict)
     doubled: dict[str, list[str]] = field(default_factory=dict)
     violations: dict[str, int] = field(default_factory=dict)
@@ -120,7 +137,9 @@ class _VirtualClock:
         self.manager = DatasetManager
         self.saved = DatasetManager.__dict__.get("_database_clock")
         self.now = 1.0
-        self.world.clock.base = self.world.clock.base + timedelta(hours=1, seconds=5)  # just ahead of real time
+        self.world.clock.base = self.world.clock.base + timedelta(
+            hours=1, seconds=5
+        )  # just ahead of real time
 
     def set(self, seconds: float) -> None:
         self.now = seconds
@@ -177,13 +196,19 @@ class Executor:
         self.backend = self.world.backend
         self.clock = _VirtualClock(self.world)
         self._resume_net()
-        letters = sorted({s.dataset for s in self.steps if s.dataset} | {c for _, s in self.dags for c in s if c.isalpha()})
+        letters = sorted(
+            {s.dataset for s in self.steps if s.dataset} | {c for _, s in self.dags for c in s if c.isalpha()}
+        )
         self.datasets = {x: self.world.dataset(x) for x in letters}
         self.dag_ids = {
-            name: self.world.consumer(name, _schedule_of(_dag_spec(spec)[0], self.datasets), _dag_spec(spec)[1])
+            name: self.world.consumer(
+                name, _schedule_of(_dag_spec(spec)[0], self.datasets), _dag_spec(spec)[1]
+            )
             for name, spec in self.dags
         }
-        self.cleaned: dict[str, set[int]] = {d: set() for d in self.dag_ids.values()}  # consumed by runs db clean deleted
+        self.cleaned: dict[str, set[int]] = {
+            d: set() for d in self.dag_ids.values()
+        }  # consumed by runs db clean deleted
         self.dag_datasets = {name: {c for c in spec if c.isalpha()} for name, spec in self.dags}
         self.actors: dict[str, Actor] = {}
         self.loops_done: dict[str, int] = {}
@@ -274,7 +299,9 @@ class Executor:
             ready = [
                 (self.deferred[name][0][0], name)
                 for name in self.deferred
-                if self.deferred[name] and name not in self.blocked and self._may_run(self.deferred[name][0][1])
+                if self.deferred[name]
+                and name not in self.blocked
+                and self._may_run(self.deferred[name][0][1])
             ]
             if not ready:
                 break
@@ -408,29 +435,53 @@ class Executor:
         dag_ids = [d for name, d in self.dag_ids.items() if name.startswith(step.dataset)]
         runs = DagRun.dag_id.in_(dag_ids)
         if step.kind in ("pause", "unpause"):
-            session.execute(update(DagModel).where(DagModel.dag_id.in_(dag_ids)).values(is_paused=step.kind == "pause"))
+            session.execute(
+                update(DagModel).where(DagModel.dag_id.in_(dag_ids)).values(is_paused=step.kind == "pause")
+            )
         elif step.kind in ("off", "on"):  # the DAG file missing for a parse, then back
             active = step.kind == "on"
             session.execute(update(DagModel).where(DagModel.dag_id.in_(dag_ids)).values(is_active=active))
         elif step.kind == "full":  # each DAG's latest run running
             for dag_id in dag_ids:
-                latest = select(func.max(DagRun.execution_date)).where(DagRun.dag_id == dag_id).scalar_subquery()
-                session.execute(update(DagRun).where(DagRun.dag_id == dag_id, DagRun.execution_date == latest)
-                                .values(state=DagRunState.RUNNING).execution_options(synchronize_session=False))
+                latest = (
+                    select(func.max(DagRun.execution_date)).where(DagRun.dag_id == dag_id).scalar_subquery()
+                )
+                session.execute(
+                    update(DagRun)
+                    .where(DagRun.dag_id == dag_id, DagRun.execution_date == latest)
+                    .values(state=DagRunState.RUNNING)
+                    .execution_options(synchronize_session=False)
+                )
         else:  # free, clean: the runs finish (db clean dates a run by its start)
-            session.execute(update(DagRun).where(runs).values(state=DagRunState.SUCCESS).execution_options(synchronize_session=False))
-            session.execute(update(DagRun).where(runs, DagRun.start_date.is_(None)).values(start_date=DagRun.execution_date)
-                            .execution_options(synchronize_session=False))
+            session.execute(
+                update(DagRun)
+                .where(runs)
+                .values(state=DagRunState.SUCCESS)
+                .execution_options(synchronize_session=False)
+            )
+            session.execute(
+                update(DagRun)
+                .where(runs, DagRun.start_date.is_(None))
+                .values(start_date=DagRun.execution_date)
+                .execution_options(synchronize_session=False)
+            )
         session.commit()
         if step.kind == "clean":
             from airflow.utils.db_cleanup import run_cleanup
 
             newest = session.scalar(select(func.max(DagRun.execution_date)).where(runs))
-            links = select(DagRun.dag_id, association_table.c.event_id).join(association_table, association_table.c.dag_run_id == DagRun.id)
+            links = select(DagRun.dag_id, association_table.c.event_id).join(
+                association_table, association_table.c.dag_run_id == DagRun.id
+            )
             before = set(session.execute(links.where(runs)).all())
             if newest is not None:
                 with contextlib.redirect_stdout(io.StringIO()):  # its report of what it deletes
-                    run_cleanup(clean_before_timestamp=newest, table_names=["dag_run"], confirm=False, skip_archive=True)
+                    run_cleanup(
+                        clean_before_timestamp=newest,
+                        table_names=["dag_run"],
+                        confirm=False,
+                        skip_archive=True,
+                    )
             for dag_id, event_id in before - set(session.execute(links.where(runs)).all()):
                 self.cleaned[dag_id].add(event_id)
             session.commit()
@@ -486,13 +537,19 @@ class Executor:
 
     def _held(self, session) -> set[str]:
         """The DAGs paused, inactive or at max_active_runs: their events wait, none is lost."""
-        active = select(func.count()).where(DagRun.dag_id == DagModel.dag_id, DagRun.state.in_(("queued", "running")))
+        active = select(func.count()).where(
+            DagRun.dag_id == DagModel.dag_id, DagRun.state.in_(("queued", "running"))
+        )
         return {
             dag_id
             for dag_id, paused, is_active, most, runs in session.execute(
-                select(DagModel.dag_id, DagModel.is_paused, DagModel.is_active, DagModel.max_active_runs,
-                       active.scalar_subquery())
-                .where(DagModel.dag_id.in_(list(self.dag_ids.values())))
+                select(
+                    DagModel.dag_id,
+                    DagModel.is_paused,
+                    DagModel.is_active,
+                    DagModel.max_active_runs,
+                    active.scalar_subquery(),
+                ).where(DagModel.dag_id.in_(list(self.dag_ids.values())))
             )
             if paused or not is_active or runs >= most
         }
@@ -504,10 +561,13 @@ class Executor:
         """
         with create_session() as session:
             held, queued = self._held(session), self._queued(session)
-            latest = dict(session.execute(
-                select(DagRun.dag_id, func.max(DagRun.execution_date))
-                .where(DagRun.dag_id.in_(list(self.dag_ids.values()))).group_by(DagRun.dag_id)
-            ).all())
+            latest = dict(
+                session.execute(
+                    select(DagRun.dag_id, func.max(DagRun.execution_date))
+                    .where(DagRun.dag_id.in_(list(self.dag_ids.values())))
+                    .group_by(DagRun.dag_id)
+                ).all()
+            )
             events = session.execute(
                 select(DatasetEvent.id, DatasetModel.uri, DatasetEvent.timestamp)
                 .join(DatasetModel, DatasetModel.id == DatasetEvent.dataset_id)
@@ -517,17 +577,21 @@ class Executor:
             (dag_id, event_id)
             for name, dag_id in self.dag_ids.items()
             for event_id, uri, stamp in events
-            if dag_id not in held and "&" not in dict(self.dags)[name] and uri.rsplit("/", 1)[1] in self.dag_datasets[name]
-            and (dag_id, uri) not in queued and not consumed[dag_id].get(event_id) and stamp > latest.get(dag_id, stamp - timedelta(1))
+            if dag_id not in held
+            and "&" not in dict(self.dags)[name]
+            and uri.rsplit("/", 1)[1] in self.dag_datasets[name]
+            and (dag_id, uri) not in queued
+            and not consumed[dag_id].get(event_id)
+            and stamp > latest.get(dag_id, stamp - timedelta(1))
         }
 
     def _judge(self, before: dict, before_restart: dict, after: dict, unswept: set[tuple[str, int]]) -> None:
         with create_session() as session:
             committed = set(
                 session.scalars(
-                    select(DatasetEvent.id).join(DatasetModel, DatasetModel.id == DatasetEvent.dataset_id).where(
-                        DatasetModel.uri.startswith(f"race://{self.world.prefix}/")
-                    )
+                    select(DatasetEvent.id)
+                    .join(DatasetModel, DatasetModel.id == DatasetEvent.dataset_id)
+                    .where(DatasetModel.uri.startswith(f"race://{self.world.prefix}/"))
                 )
             )
             queued, held = self._queued(session), self._held(session)
@@ -561,7 +625,12 @@ class Executor:
 
 
 def run_schedule(
-    dags, tokens: list[str], variant: str, stall: float, per_loop: int | None = None, tick: float = TICK,
+    dags,
+    tokens: list[str],
+    variant: str,
+    stall: float,
+    per_loop: int | None = None,
+    tick: float = TICK,
     lookback: int | None = None,
 ) -> Outcome:
     saved = DagModel.NUM_DAGS_PER_DAGRUN_QUERY  # max_dagruns_to_create_per_loop, read at import

@@ -131,7 +131,9 @@ def patched_source(module: str, pristine: str, version: str = "?") -> str:
             if span is not None:
                 raise GenerationError(f"{where}: the fix adds this member, but the release already has one")
             if member.owner not in anchor:
-                raise GenerationError(f"{where}: an added member must follow a replaced one in targets.MEMBERS")
+                raise GenerationError(
+                    f"{where}: an added member must follow a replaced one in targets.MEMBERS"
+                )
             edits.append((anchor[member.owner], anchor[member.owner], ["\n", *fixed]))
             continue
         if span is None:
@@ -221,7 +223,9 @@ def _description(spec: PatchSpec) -> list[str]:
     for number, paragraph in enumerate(paragraphs):
         if number:
             lines.append(" .")
-        rows = textwrap.wrap(" ".join(paragraph.split()), width=99, break_on_hyphens=False, break_long_words=False)
+        rows = textwrap.wrap(
+            " ".join(paragraph.split()), width=99, break_on_hyphens=False, break_long_words=False
+        )
         lines.extend(" " + row for row in rows)
     return lines
 
@@ -320,7 +324,10 @@ def _stale(patches_dir: Path, files: dict[str, str]) -> list[Path]:
         for path in patches_dir.iterdir()
         if path.name not in files
         and path.name not in HAND_WRITTEN
-        and (path.suffix == ".patch" or (re.fullmatch(r"\d+\.\d+\.\d+", path.name) and (path / SERIES).is_file()))
+        and (
+            path.suffix == ".patch"
+            or (re.fullmatch(r"\d+\.\d+\.\d+", path.name) and (path / SERIES).is_file())
+        )
     )
 
 

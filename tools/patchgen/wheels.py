@@ -36,8 +36,18 @@ def wheel_path(version: str, cache: Path | None = None) -> Path:
     # Download into a private directory, then rename: concurrent runs never see half a wheel.
     with tempfile.TemporaryDirectory(dir=cache, prefix=".download-") as tmp:
         subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
-             f"apache-airflow=={version}", "-d", tmp],
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--quiet",
+                "--no-deps",
+                "--only-binary=:all:",
+                f"apache-airflow=={version}",
+                "-d",
+                tmp,
+            ],
             check=True,
         )
         wheels = list(Path(tmp).glob("apache_airflow-*.whl"))

@@ -17,7 +17,7 @@ from typing import Any
 
 from reproduce.benchmark.figures import p99, pooled_row
 from reproduce.benchmark.runner import VARIANTS, Variants, log, pair_order
-from reproduce.benchmark.scheduler import new_scheduler_runner, scheduler_pass, net_caught_up
+from reproduce.benchmark.scheduler import net_caught_up, new_scheduler_runner, scheduler_pass
 from reproduce.benchmark.world import consumed_run_row, event_rows, make_consumers, quiet_other_dags
 
 FANOUT_WINDOW_SECONDS = 800  # inside event_lookback_seconds (900)

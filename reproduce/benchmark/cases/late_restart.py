@@ -11,7 +11,7 @@ from datetime import datetime, timedelta, timezone
 
 from reproduce.benchmark.cases.fan_out import FANOUT_RUN_EVENTS, FANOUT_WINDOW_SECONDS
 from reproduce.benchmark.runner import Variants, log
-from reproduce.benchmark.scheduler import new_scheduler_runner, scheduler_pass, net_caught_up
+from reproduce.benchmark.scheduler import net_caught_up, new_scheduler_runner, scheduler_pass
 from reproduce.benchmark.world import consumed_run_row, event_rows, make_consumers, quiet_other_dags
 
 LATE_BUSY_DAGS = 10

@@ -92,6 +92,9 @@ if __name__ == "sitecustomize":  # not when imported as airflow_dataset_race_fix
         # Silent when this interpreter has no airflow_dataset_race_fix (another Python or
         # virtualenv inherited PYTHONPATH): nothing to fix here.
         if not isinstance(_err, ImportError) or getattr(_err, "name", None) not in (
-            "airflow_dataset_race_fix", "airflow_dataset_race_fix.bootstrap"
+            "airflow_dataset_race_fix",
+            "airflow_dataset_race_fix.bootstrap",
         ):
-            sys.stderr.write("airflow-dataset-race-fix: shim not started: %s: %s\n" % (type(_err).__name__, _err))
+            sys.stderr.write(
+                "airflow-dataset-race-fix: shim not started: %s: %s\n" % (type(_err).__name__, _err)
+            )

@@ -32,16 +32,37 @@ def register(subparsers) -> None:
     )
     add = parser.add_argument
     add("--db-url", metavar="URL", help="SQLAlchemy URL (default: Airflow's sql_alchemy_conn)")
-    add("--dag-id", action="append", metavar="DAG_ID",
-        help="only this consuming DAG (repeatable; shell wildcards * ? [] allowed)")
-    add("--since", metavar="WHEN", help="only events and runs from WHEN: an ISO date/time (UTC unless it says "
-        "otherwise) or a duration back from now such as 90m, 12h, 7d")
+    add(
+        "--dag-id",
+        action="append",
+        metavar="DAG_ID",
+        help="only this consuming DAG (repeatable; shell wildcards * ? [] allowed)",
+    )
+    add(
+        "--since",
+        metavar="WHEN",
+        help="only events and runs from WHEN: an ISO date/time (UTC unless it says "
+        "otherwise) or a duration back from now such as 90m, 12h, 7d",
+    )
     add("--json", action="store_true", help="print the report as JSON")
-    add("--limit", type=int, metavar="N", help=f"list at most N items per section (default {TABLE_LIMIT}; all with --json)")
-    add("--progress", action=argparse.BooleanOptionalAction, default=None,
-        help="progress on stderr while scanning (default: when stderr is a terminal)")
-    add("--requeue", action="store_true", help="give each DAG with stranded events a queue row that makes the fixed "
-        "scheduler consume them (dry run unless --yes; refused unless the fix is active here)")
+    add(
+        "--limit",
+        type=int,
+        metavar="N",
+        help=f"list at most N items per section (default {TABLE_LIMIT}; all with --json)",
+    )
+    add(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="progress on stderr while scanning (default: when stderr is a terminal)",
+    )
+    add(
+        "--requeue",
+        action="store_true",
+        help="give each DAG with stranded events a queue row that makes the fixed "
+        "scheduler consume them (dry run unless --yes; refused unless the fix is active here)",
+    )
     add("--yes", action="store_true", help="with --requeue: write the queue rows")
     parser.set_defaults(handler=run)
 
@@ -153,12 +174,37 @@ def render(result, where: str, since, dag_ids: list[str], seconds: float, limit:
     from tabulate import tabulate
 
     report = result.report
-    scope = f"{len(dag_ids)} consuming DAG(s)" + (f", events and runs since {_ts(since)} UTC" if since else "")
+    scope = f"{len(dag_ids)} consuming DAG(s)" + (
+        f", events and runs since {_ts(since)} UTC" if since else ""
+    )
     lines = [f"Audit of {where}: {scope}", ""]
-    columns = ("runs", "produced", "consumed", "suspected_lost", "doubled", "empty_runs", "out_of_order",
-               "stale_queue_rows", "lost", "future_dated", "overlapping_intervals")
-    headers = ["DAG", "runs", "events", "consumed", "suspected lost", "doubled", "empty runs", "out of order",
-               "stale queue rows", "not queued", "future-dated events", "overlapping intervals"]
+    columns = (
+        "runs",
+        "produced",
+        "consumed",
+        "suspected_lost",
+        "doubled",
+        "empty_runs",
+        "out_of_order",
+        "stale_queue_rows",
+        "lost",
+        "future_dated",
+        "overlapping_intervals",
+    )
+    headers = [
+        "DAG",
+        "runs",
+        "events",
+        "consumed",
+        "suspected lost",
+        "doubled",
+        "empty runs",
+        "out of order",
+        "stale queue rows",
+        "not queued",
+        "future-dated events",
+        "overlapping intervals",
+    ]
     rows = [[d.dag_id, *(getattr(d, c) for c in columns)] for d in report.dags]
     rows.append(["TOTAL", *(report.total(c) for c in columns)])
     lines.append(tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True))
@@ -167,28 +213,78 @@ def render(result, where: str, since, dag_ids: list[str], seconds: float, limit:
         return [[e.dag_id, e.event_id, e.dataset_uri, _ts(e.timestamp), ", ".join(e.run_ids)] for e in items]
 
     sections = [  # (title, headers, rows, total)
-        ("Stranded events per DAG and dataset (no run consumed them: a later run exists, or nothing is queued)",
-         ["DAG", "dataset", "events", "suspected lost", "not queued", "oldest", "newest", "queue row"],
-         [[g.dag_id, g.dataset_uri, g.events, g.suspected_lost, g.not_queued, _ts(g.oldest), _ts(g.newest),
-           _ts(g.queued_at) or "none"] for g in result.stranded], len(result.stranded)),
-        ("Suspected lost events", ["DAG", "event", "dataset", "timestamp"],
-         [row[:4] for row in events(result.suspected_lost)], report.total("suspected_lost")),  # no runs column
-        ("Events consumed by more than one run of the same DAG", ["DAG", "event", "dataset", "timestamp", "runs"],
-         events(result.doubled), report.total("doubled")),
-        ("Dataset-triggered runs that consumed no event", ["DAG", "run", "logical date"],
-         [[r.dag_id, r.run_id, _ts(r.logical_date)] for r in result.empty_runs], report.total("empty_runs")),
-        ("Runs dated before a run created earlier", ["DAG", "run", "logical date", "earlier run dated"],
-         [[r.dag_id, r.run_id, _ts(r.logical_date), _ts(r.earlier_run_date)] for r in result.out_of_order],
-         report.total("out_of_order")),
-        ("Events dated after the audit's clock", ["DAG", "event", "dataset", "timestamp", "runs"],
-         events(result.future_dated), report.total("future_dated")),
-        ("Runs whose data interval starts before the run just before them (by logical date) ended",
-         ["DAG", "run", "logical date", "interval start", "previous run's end"],
-         [[r.dag_id, r.run_id, _ts(r.logical_date), _ts(r.data_interval_start), _ts(r.previous_interval_end)]
-          for r in result.overlapping_intervals], report.total("overlapping_intervals")),
-        ("Queue rows older than the DAG's latest dataset-triggered run", ["DAG", "dataset", "created at", "latest run"],
-         [[q.dag_id, q.dataset_uri, _ts(q.created_at), _ts(q.latest_run_date)] for q in result.stale_queue_rows],
-         report.total("stale_queue_rows")),
+        (
+            "Stranded events per DAG and dataset (no run consumed them: a later run exists, or nothing is queued)",
+            ["DAG", "dataset", "events", "suspected lost", "not queued", "oldest", "newest", "queue row"],
+            [
+                [
+                    g.dag_id,
+                    g.dataset_uri,
+                    g.events,
+                    g.suspected_lost,
+                    g.not_queued,
+                    _ts(g.oldest),
+                    _ts(g.newest),
+                    _ts(g.queued_at) or "none",
+                ]
+                for g in result.stranded
+            ],
+            len(result.stranded),
+        ),
+        (
+            "Suspected lost events",
+            ["DAG", "event", "dataset", "timestamp"],
+            [row[:4] for row in events(result.suspected_lost)],
+            report.total("suspected_lost"),
+        ),  # no runs column
+        (
+            "Events consumed by more than one run of the same DAG",
+            ["DAG", "event", "dataset", "timestamp", "runs"],
+            events(result.doubled),
+            report.total("doubled"),
+        ),
+        (
+            "Dataset-triggered runs that consumed no event",
+            ["DAG", "run", "logical date"],
+            [[r.dag_id, r.run_id, _ts(r.logical_date)] for r in result.empty_runs],
+            report.total("empty_runs"),
+        ),
+        (
+            "Runs dated before a run created earlier",
+            ["DAG", "run", "logical date", "earlier run dated"],
+            [[r.dag_id, r.run_id, _ts(r.logical_date), _ts(r.earlier_run_date)] for r in result.out_of_order],
+            report.total("out_of_order"),
+        ),
+        (
+            "Events dated after the audit's clock",
+            ["DAG", "event", "dataset", "timestamp", "runs"],
+            events(result.future_dated),
+            report.total("future_dated"),
+        ),
+        (
+            "Runs whose data interval starts before the run just before them (by logical date) ended",
+            ["DAG", "run", "logical date", "interval start", "previous run's end"],
+            [
+                [
+                    r.dag_id,
+                    r.run_id,
+                    _ts(r.logical_date),
+                    _ts(r.data_interval_start),
+                    _ts(r.previous_interval_end),
+                ]
+                for r in result.overlapping_intervals
+            ],
+            report.total("overlapping_intervals"),
+        ),
+        (
+            "Queue rows older than the DAG's latest dataset-triggered run",
+            ["DAG", "dataset", "created at", "latest run"],
+            [
+                [q.dag_id, q.dataset_uri, _ts(q.created_at), _ts(q.latest_run_date)]
+                for q in result.stale_queue_rows
+            ],
+            report.total("stale_queue_rows"),
+        ),
     ]
     for title, headers, rows, total in sections:
         if not total:
@@ -206,16 +302,20 @@ def render(result, where: str, since, dag_ids: list[str], seconds: float, limit:
             "",
             "Scheduler jobs that created empty or out-of-order runs (the fixed scheduler creates neither: these "
             "ran without the fix then; check 'airflow-dataset-race-fix status' where they run):",
-            tabulate(creators, headers=["host", "scheduler job", "runs"], tablefmt="simple", disable_numparse=True),
+            tabulate(
+                creators, headers=["host", "scheduler job", "runs"], tablefmt="simple", disable_numparse=True
+            ),
         ]
     findings = report.findings()
     summary = ", ".join(f"{n} {name.replace('_', ' ')}" for name, n in findings.items()) or "no findings"
     lines += ["", f"{summary}; scanned in {seconds:.1f}s."]
     if report.total("not_queued_unpaused"):
-        lines.append("Not queued unpaused: stranded events of an unpaused DAG, newer than its latest run, "
-                     "that no queue row names: stock Airflow starts no run for them until their dataset's "
-                     "next event (the fix's sweep takes those within its reach: 'explain DAG_ID' tells). "
-                     "'audit --requeue' (dry run) shows how to give them back.")
+        lines.append(
+            "Not queued unpaused: stranded events of an unpaused DAG, newer than its latest run, "
+            "that no queue row names: stock Airflow starts no run for them until their dataset's "
+            "next event (the fix's sweep takes those within its reach: 'explain DAG_ID' tells). "
+            "'audit --requeue' (dry run) shows how to give them back."
+        )
     if report.total("suspected_lost"):
         lines.append(
             "Suspected: Airflow records no pauses, schedule changes or deleted runs, so an event may show "
@@ -231,12 +331,21 @@ def render_requeue(writes, written: int | None) -> str:
 
     if not writes:
         return "Requeue: nothing to requeue."
-    rows = [[w.dag_id, w.dataset_uri, w.events, _ts(w.current) or "none", w.action, _ts(w.created_at)] for w in writes]
-    table = tabulate(rows, headers=["DAG", "dataset", "events", "queue row now", "action", "created_at"],
-                     tablefmt="simple", disable_numparse=True)
+    rows = [
+        [w.dag_id, w.dataset_uri, w.events, _ts(w.current) or "none", w.action, _ts(w.created_at)]
+        for w in writes
+    ]
+    table = tabulate(
+        rows,
+        headers=["DAG", "dataset", "events", "queue row now", "action", "created_at"],
+        tablefmt="simple",
+        disable_numparse=True,
+    )
     changes = sum(1 for w in writes if w.action != KEEP)
     if written is None:
-        tail = f"Dry run: {changes} queue row(s) would be written. Run again with --requeue --yes to write them."
+        tail = (
+            f"Dry run: {changes} queue row(s) would be written. Run again with --requeue --yes to write them."
+        )
     else:
         tail = (
             f"Requeued: {written} queue row(s) written in one transaction. The fixed scheduler consumes the "

@@ -30,8 +30,12 @@ def register(subparsers) -> None:
         ),
     )
     parser.add_argument("dag_id", metavar="DAG_ID")
-    parser.add_argument("--db-url", metavar="URL", help="SQLAlchemy URL (default: Airflow's sql_alchemy_conn)")
-    parser.add_argument("--runs", type=int, default=10, metavar="N", help="last runs to show (default %(default)s)")
+    parser.add_argument(
+        "--db-url", metavar="URL", help="SQLAlchemy URL (default: Airflow's sql_alchemy_conn)"
+    )
+    parser.add_argument(
+        "--runs", type=int, default=10, metavar="N", help="last runs to show (default %(default)s)"
+    )
     parser.add_argument("--json", action="store_true", help="print the explanation as JSON (docs/explain.md)")
     parser.set_defaults(handler=run)
 
@@ -65,7 +69,9 @@ def render(found: dict) -> str:
     verdict = found["verdict"]
     lines = [f"DAG {found['dag_id']}  (database clock {found['database_now']})"]
     if found["fix"]["active_in_this_process"]:
-        lines.append("  the fix is active in this process: the verdict is the fixed scheduler's (its code, run here read-only)")
+        lines.append(
+            "  the fix is active in this process: the verdict is the fixed scheduler's (its code, run here read-only)"
+        )
     else:
         lines.append(
             "  the fix is not active in this process: the verdict is the fixed scheduler's (its code, run "
@@ -86,7 +92,9 @@ def render(found: dict) -> str:
             "next sweep": "the scheduler's next sweep (its events have no queue row)",
             "net": "the loop after the net finds it (a late commit below its latest run)",
         }[verdict["when"]]
-        lines.append(f"  RUNS at {when}: logical date {run['logical_date']}, {len(run['event_ids'])} event(s)")
+        lines.append(
+            f"  RUNS at {when}: logical date {run['logical_date']}, {len(run['event_ids'])} event(s)"
+        )
     else:
         lines.append("  WAITS")
     for reason in verdict["reasons"]:
@@ -113,7 +121,10 @@ def render(found: dict) -> str:
     findings = found["audit"]["findings"]
     span = f" (from {found['audit']['since']}; 'audit --dag-id' reads all)" if found["audit"]["since"] else ""
     rows = found["audit"]["rows"]
-    counted = [f"{k} {v} ({', '.join(map(str, rows[k][:10]))}{', ...' if len(rows[k]) > 10 else ''})" for k, v in findings.items()]
+    counted = [
+        f"{k} {v} ({', '.join(map(str, rows[k][:10]))}{', ...' if len(rows[k]) > 10 else ''})"
+        for k, v in findings.items()
+    ]
     lines += ["", f"Audit{span}: " + ("; ".join(counted) or "nothing to report")]
     return "\n".join(lines)
 
@@ -138,5 +149,7 @@ def _tree_lines(node: dict, datasets: dict, indent: str) -> list[str]:
 
 
 def _event_line(e: dict) -> str:
-    source = "/".join(str(part) for part in (e["source_dag_id"], e["source_run_id"], e["source_task_id"]) if part)
+    source = "/".join(
+        str(part) for part in (e["source_dag_id"], e["source_run_id"], e["source_task_id"]) if part
+    )
     return f"#{e['id']} {e['dataset_uri']} at {e['timestamp']}" + (f" from {source}" if source else "")

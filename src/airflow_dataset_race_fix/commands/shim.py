@@ -11,11 +11,15 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser("shim", help="activate or deactivate the start-up shim (PYTHONPATH, .pth)")
     actions = parser.add_subparsers(dest="shim_action", metavar="ACTION")
     actions.add_parser("path", help="print the directory to put on PYTHONPATH").set_defaults(handler=_path)
-    install = actions.add_parser("install-pth", help="write the .pth file that starts the shim in every interpreter")
+    install = actions.add_parser(
+        "install-pth", help="write the .pth file that starts the shim in every interpreter"
+    )
     install.add_argument("--site-dir", help="site-packages directory (default: this interpreter's)")
     install.set_defaults(handler=_install)
     remove = actions.add_parser("remove-pth", help="delete the .pth file")
-    remove.add_argument("--site-dir", help="site-packages directory (default: every one this interpreter reads)")
+    remove.add_argument(
+        "--site-dir", help="site-packages directory (default: every one this interpreter reads)"
+    )
     remove.set_defaults(handler=_remove)
     parser.set_defaults(handler=lambda args: parser.print_help() or 2)
 
@@ -38,7 +42,9 @@ def _install(args) -> int:
 
     path, changed = activation.install_pth(_checked_site_dir(args.site_dir))
     print(f"{'installed' if changed else 'already installed'}: {path}")
-    print("New Python processes of this environment start the shim; check with 'airflow-dataset-race-fix status'.")
+    print(
+        "New Python processes of this environment start the shim; check with 'airflow-dataset-race-fix status'."
+    )
     print(
         "Before 'pip uninstall airflow-dataset-race-fix', run 'airflow-dataset-race-fix shim remove-pth': "
         "pip leaves this file behind (it then does nothing, silently; delete it any time)."

@@ -29,15 +29,22 @@ def register(subparsers) -> None:
 def _add_locations(parser: argparse.ArgumentParser) -> None:
     from airflow_dataset_race_fix.source_patches import locations
 
-    parser.add_argument("--site-packages", type=Path,
-                        help="the site-packages holding Airflow (default: the one this Python imports airflow from)")
+    parser.add_argument(
+        "--site-packages",
+        type=Path,
+        help="the site-packages holding Airflow (default: the one this Python imports airflow from)",
+    )
     # The default of this installation, not only the rule: from a wheel it is the copy in the
     # package, which no operator would guess from "the source tree's patches/".
     here = locations.default_patches_dir()
     shown = str(here).replace("%", "%%") if here else "none found"
-    parser.add_argument("--patches-dir", type=Path, help="directory with the series, its patch files and "
-                        "verified-releases (default: $ADRF_PATCHES_DIR, else the patches/ of the source tree this "
-                        f"package runs from, else the copy a wheel installs in the package; here: {shown})")
+    parser.add_argument(
+        "--patches-dir",
+        type=Path,
+        help="directory with the series, its patch files and "
+        "verified-releases (default: $ADRF_PATCHES_DIR, else the patches/ of the source tree this "
+        f"package runs from, else the copy a wheel installs in the package; here: {shown})",
+    )
 
 
 def _locations(args) -> tuple[Path, Path]:

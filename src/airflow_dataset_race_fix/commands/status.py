@@ -42,9 +42,13 @@ def register(subparsers) -> None:
         epilog="Exit code: 0 when the fix is active for every target module, 1 when it is not.",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON document")
-    parser.add_argument("--no-import", action="store_true", help="do not import Airflow (a quick check, e.g. in an "
-                        "image build): with a route turned on (the plugin's opt-in read from the environment or "
-                        "airflow.cfg), targets show as waiting for import; fingerprints are not checked")
+    parser.add_argument(
+        "--no-import",
+        action="store_true",
+        help="do not import Airflow (a quick check, e.g. in an "
+        "image build): with a route turned on (the plugin's opt-in read from the environment or "
+        "airflow.cfg), targets show as waiting for import; fingerprints are not checked",
+    )
     parser.set_defaults(handler=run)
 
 
@@ -88,7 +92,9 @@ def collect(import_targets: bool = True) -> dict:
     )
     return {
         "airflow": {
-            "version": version, "supported": supported, "supported_versions": list(SUPPORTED_AIRFLOW_VERSIONS),
+            "version": version,
+            "supported": supported,
+            "supported_versions": list(SUPPORTED_AIRFLOW_VERSIONS),
             "local_build_of": release if supported and release != version else None,
         },
         "shim": shim,
@@ -185,7 +191,11 @@ def _target_report(name: str, import_error: str | None, shim: dict, runtime) -> 
         status = REFUSED if import_error.startswith("RefusedError") else IMPORT_FAILED
         return {"module": name, "status": status, "detail": import_error}
     state = runtime.module_state(name)
-    status = {runtime.PATCHED: FIXED_BY_SHIM, runtime.SOURCE_PATCHED: FIXED_BY_SOURCE, runtime.REFUSED: REFUSED}
+    status = {
+        runtime.PATCHED: FIXED_BY_SHIM,
+        runtime.SOURCE_PATCHED: FIXED_BY_SOURCE,
+        runtime.REFUSED: REFUSED,
+    }
     if state.state in status:
         return {"module": name, "status": status[state.state], "detail": state.detail}
     why = _why_inactive(shim)
@@ -201,7 +211,11 @@ def _target_report(name: str, import_error: str | None, shim: dict, runtime) -> 
             return {"module": name, "status": NOT_FIXED, "detail": f"not imported; {why}"}
         detail = "the shim patches it when it is imported (fingerprints not checked: --no-import)"
         return {"module": name, "status": WAITING, "detail": detail}
-    return {"module": name, "status": NOT_FIXED, "detail": f"original Airflow code; {why or 'the shim did not run'}"}
+    return {
+        "module": name,
+        "status": NOT_FIXED,
+        "detail": f"original Airflow code; {why or 'the shim did not run'}",
+    }
 
 
 def _why_inactive(shim: dict) -> str:
@@ -223,8 +237,12 @@ def _why_inactive(shim: dict) -> str:
 
 def render(report: dict) -> str:
     airflow, shim = report["airflow"], report["shim"]
-    supported = "supported" if airflow["supported"] else (
-        f"NOT supported; supported: {', '.join(airflow['supported_versions'])}, and local builds of them"
+    supported = (
+        "supported"
+        if airflow["supported"]
+        else (
+            f"NOT supported; supported: {', '.join(airflow['supported_versions'])}, and local builds of them"
+        )
     )
     if airflow["local_build_of"]:
         supported = f"a local build of {airflow['local_build_of']}: judged by its targeted members"
@@ -239,18 +257,23 @@ def render(report: dict) -> str:
     lines += [f"  .pth file: {path}" for path in shim["pth_files"]]
     if shim["local_settings_file"]:
         imports = "imports" if shim["local_settings_imports_fix"] else "does not import"
-        lines.append(f"  airflow_local_settings: {shim['local_settings_file']} ({imports} airflow_dataset_race_fix.auto)")
+        lines.append(
+            f"  airflow_local_settings: {shim['local_settings_file']} ({imports} airflow_dataset_race_fix.auto)"
+        )
     lines.append(
         f"  plugin opt-in [dataset_race_fix] enable_via_plugin: {'on' if shim['plugin_opt_in'] else 'off'} "
         f"(read from {shim['plugin_opt_in_read_from']})"
     )
     lines += [
         f"  loaded in this process: {loaded}",
-        "  switches: " + ", ".join(f"{k}={v if v is not None else '(unset)'}" for k, v in shim["switches"].items()),
+        "  switches: "
+        + ", ".join(f"{k}={v if v is not None else '(unset)'}" for k, v in shim["switches"].items()),
         f"  chained sitecustomize: {shim['chained_sitecustomize'] or 'none'}",
     ]
     if shim["other_sitecustomize_on_path"]:
-        lines.append(f"  other sitecustomize on the path (not chained): {shim['other_sitecustomize_on_path']}")
+        lines.append(
+            f"  other sitecustomize on the path (not chained): {shim['other_sitecustomize_on_path']}"
+        )
     lines += [f"  note: {note}" for note in shim["notes"]]
     lines += [f"  error: {error}" for error in shim["errors"]]
     lines.append("Targets:")

@@ -8,7 +8,6 @@ with the CLI.
 
 from __future__ import annotations
 
-
 _JUDGED: dict = {}  # the scheduler module's target members as last judged, and the verdict
 
 

@@ -16,8 +16,15 @@ import warnings
 from urllib.parse import quote
 
 REQUIRED_TABLES = (
-    "alembic_version", "dag", "dag_run", "dag_schedule_dataset_reference", "dagrun_dataset_event", "dataset",
-    "dataset_dag_run_queue", "dataset_event", "serialized_dag",
+    "alembic_version",
+    "dag",
+    "dag_run",
+    "dag_schedule_dataset_reference",
+    "dagrun_dataset_event",
+    "dataset",
+    "dataset_dag_run_queue",
+    "dataset_event",
+    "serialized_dag",
 )
 # Alembic heads of the schemas the audit reads: 2.10.0-2.10.2, and 2.10.3-2.11.x (2.11 added no migration).
 SUPPORTED_REVISIONS = {"22ed7efa9da2": "2.10.0", "5f2621c13b39": "2.10.3"}
@@ -25,7 +32,9 @@ SUPPORTED_REVISIONS = {"22ed7efa9da2": "2.10.0", "5f2621c13b39": "2.10.3"}
 SUPPORTED_BACKENDS = ("postgresql", "mysql", "sqlite")
 # The packages of the drivers Airflow's own extras install (SQLAlchemy's defaults for these backends).
 DRIVER_PACKAGES = {"postgresql+psycopg2": "psycopg2-binary", "mysql+mysqldb": "mysqlclient"}
-CHECK_HOME_HINT = "check AIRFLOW_HOME (or --db-url), and run 'airflow db migrate' if the database was never migrated"
+CHECK_HOME_HINT = (
+    "check AIRFLOW_HOME (or --db-url), and run 'airflow db migrate' if the database was never migrated"
+)
 
 
 class DatabaseError(Exception):
@@ -37,9 +46,13 @@ def prepare_airflow_import(db_url: str | None) -> None:
     """Check that Airflow can be imported here without creating anything, before it is. An
     AIRFLOW_HOME that does not exist is no Airflow's home: Airflow would create it, and a database."""
     if importlib.util.find_spec("airflow") is None:
-        raise DatabaseError(f"Apache Airflow is not installed in {sys.executable}: run audit where Airflow runs")
+        raise DatabaseError(
+            f"Apache Airflow is not installed in {sys.executable}: run audit where Airflow runs"
+        )
     if "airflow" not in sys.modules:
-        os.environ["_AIRFLOW__AS_LIBRARY"] = "1"  # no logging or ORM set-up at import (see the module's docstring)
+        os.environ["_AIRFLOW__AS_LIBRARY"] = (
+            "1"  # no logging or ORM set-up at import (see the module's docstring)
+        )
         # Airflow's deprecation notices (2.11 prints some at import) are not the audit's output,
         # whose stderr is one line per error: with a warnings option set, Airflow keeps its own
         # "show deprecations" filter out.
@@ -78,12 +91,11 @@ def open_database(db_url: str | None, *, read_only: bool):
 def _engine_for(url: str, source: str, connect_args: dict, *, read_only: bool):
     """(An engine set up as Airflow sets up its own: UTC on MySQL, READ COMMITTED; the URL redacted
     for messages). Bad URLs and missing drivers are DatabaseErrors."""
+    from airflow.utils.orm_event_handlers import setup_event_handlers
     from sqlalchemy import create_engine
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import ArgumentError, NoSuchModuleError
     from sqlalchemy.pool import NullPool
-
-    from airflow.utils.orm_event_handlers import setup_event_handlers
 
     try:
         parsed = make_url(url)
@@ -106,7 +118,9 @@ def _engine_for(url: str, source: str, connect_args: dict, *, read_only: bool):
     except (NoSuchModuleError, ImportError) as err:
         package = DRIVER_PACKAGES.get(f"{backend}+{parsed.get_driver_name()}")
         hint = f" (pip install {package})" if package else ""
-        raise DatabaseError(f"{source}: the driver for {parsed.drivername} is not installed: {err}{hint}") from None
+        raise DatabaseError(
+            f"{source}: the driver for {parsed.drivername} is not installed: {err}{hint}"
+        ) from None
     except (ArgumentError, TypeError, ValueError) as err:
         raise DatabaseError(f"{source}: bad database URL argument: {err}") from None
     setup_event_handlers(engine)
@@ -120,7 +134,9 @@ def _sqlite_url(url, source: str, *, read_only: bool):
     if url.query.get("uri") == "true" and database.startswith("file:"):
         return url  # already an SQLite URI: opened as its own query says
     if database in ("", ":memory:"):
-        raise DatabaseError(f"{source}: an in-memory SQLite database has no Airflow tables; give a file's URL")
+        raise DatabaseError(
+            f"{source}: an in-memory SQLite database has no Airflow tables; give a file's URL"
+        )
     path = os.path.abspath(database)
     if not os.path.isfile(path):
         raise DatabaseError(f"{source}: no SQLite database file at {path}; {CHECK_HOME_HINT}")
@@ -135,7 +151,9 @@ def _check_schema(engine, where: str) -> None:
     try:
         conn = engine.connect()
     except SQLAlchemyError as err:
-        raise DatabaseError(f"cannot connect to the metadata database at {where}: {first_line(err)}") from None
+        raise DatabaseError(
+            f"cannot connect to the metadata database at {where}: {first_line(err)}"
+        ) from None
     try:
         tables = set(inspect(conn).get_table_names())
         missing = [t for t in REQUIRED_TABLES if t not in tables]
@@ -178,12 +196,11 @@ def reading(db_url: str | None, *, read_only: bool = True):
     that cannot be imported here and a failed read are DatabaseErrors: one line, exit 2."""
     prepare_airflow_import(db_url)
     try:
+        import airflow.models.dag  # noqa: F401  (what the commands read with: a broken install says so here)
+        from airflow import settings
         from sqlalchemy import text
         from sqlalchemy.exc import SQLAlchemyError
         from sqlalchemy.orm import Session
-
-        import airflow.models.dag  # noqa: F401  (what the commands read with: a broken install says so here)
-        from airflow import settings
     except (ImportError, configparser.Error) as err:  # a broken install, an unreadable airflow.cfg
         raise DatabaseError(f"cannot import Airflow here: {first_line(err)}") from None
     # What _AIRFLOW__AS_LIBRARY skips and the commands need: the configured folders (deserializing a DAG

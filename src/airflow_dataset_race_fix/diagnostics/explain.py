@@ -60,8 +60,13 @@ def _fixed_code():
 
     function = inspect.unwrap(vars(DagModel)["dags_needing_dagruns"].__func__)
     globals_without_locks = {**function.__globals__, "with_row_locks": no_row_locks}
-    needing = types.FunctionType(function.__code__, globals_without_locks, function.__name__, function.__defaults__,
-                                 function.__closure__)
+    needing = types.FunctionType(
+        function.__code__,
+        globals_without_locks,
+        function.__name__,
+        function.__defaults__,
+        function.__closure__,
+    )
     return runner_class, FixedManager, lambda session: needing(DagModel, session=session)
 
 
@@ -73,7 +78,9 @@ def dataset_uris(session: Session, ids) -> dict[int, str]:
     """The URIs of the datasets with these ids."""
     from airflow.models.dataset import DatasetModel
 
-    return dict(session.execute(select(DatasetModel.id, DatasetModel.uri).where(DatasetModel.id.in_(ids))).all())
+    return dict(
+        session.execute(select(DatasetModel.id, DatasetModel.uri).where(DatasetModel.id.in_(ids))).all()
+    )
 
 
 def _event(event, uris: dict[int, str]) -> dict[str, Any]:
@@ -139,7 +146,9 @@ class LoopSelection:
         from airflow.jobs.job import Job
 
         self.runner_class, self.manager_class, dags_needing_dagruns = _fixed_code()
-        self.runner = self.runner_class(job=Job(), num_runs=1)  # a fresh scheduler state; the Job is never saved
+        self.runner = self.runner_class(
+            job=Job(), num_runs=1
+        )  # a fresh scheduler state; the Job is never saved
         query, self.info = dags_needing_dagruns(session)
         self.picked = [dm.dag_id for dm in query.all()]
         # the net's findings read, nothing followed or written
@@ -173,7 +182,12 @@ def when_it_runs(dag_id: str, loop: LoopSelection, by_net: bool = False) -> tupl
 
 
 def explain(
-    session: Session, dag_id: str, *, runs: int = 10, loop: LoopSelection | None = None, events_per_run: int | None = None
+    session: Session,
+    dag_id: str,
+    *,
+    runs: int = 10,
+    loop: LoopSelection | None = None,
+    events_per_run: int | None = None,
 ) -> dict[str, Any]:
     """
     The explanation of ``dag_id`` as a JSON-able dict (``SCHEMA``); ExplainError for bad input.
@@ -214,12 +228,16 @@ def explain(
     by_net = False
     if late_found:
         (with_net,), _ = runner._decide_dataset_triggered_runs([dag_model], info, session)
-        by_net = with_net.get("run") is not None and not (decision.get("run") and when_it_runs(dag_id, loop)[0])
+        by_net = with_net.get("run") is not None and not (
+            decision.get("run") and when_it_runs(dag_id, loop)[0]
+        )
         if by_net or not decision.get("run"):
             decision = with_net
 
     dataset_ids = set(
-        session.scalars(select(DagScheduleDatasetReference.dataset_id).where(DagScheduleDatasetReference.dag_id == dag_id))
+        session.scalars(
+            select(DagScheduleDatasetReference.dataset_id).where(DagScheduleDatasetReference.dag_id == dag_id)
+        )
     )
     queued = dict(
         session.execute(
@@ -232,12 +250,17 @@ def explain(
     uris = dataset_uris(session, dataset_ids)
     # The decision reads the columns it decides by; an event is shown as Airflow's whole row (its ``extra``): below.
     events, deferred = decision.get("events") or [], decision.get("deferred") or []
-    tree = condition_tree(dag.timetable.dataset_condition, {uris[e.dataset_id] for e in events if e.dataset_id in uris})
+    tree = condition_tree(
+        dag.timetable.dataset_condition, {uris[e.dataset_id] for e in events if e.dataset_id in uris}
+    )
 
     datasets = []
     for dataset_id in sorted(dataset_ids, key=lambda i: uris.get(i, "")):
         newest = session.scalars(
-            select(DatasetEvent).where(DatasetEvent.dataset_id == dataset_id).order_by(DatasetEvent.timestamp.desc()).limit(1)
+            select(DatasetEvent)
+            .where(DatasetEvent.dataset_id == dataset_id)
+            .order_by(DatasetEvent.timestamp.desc())
+            .limit(1)
         ).first()
         datasets.append(
             {
@@ -251,7 +274,9 @@ def explain(
         )
 
     active_runs = session.scalar(
-        select(func.count()).where(DagRun.dag_id == dag_id, DagRun.state.in_((DagRunState.QUEUED, DagRunState.RUNNING)))
+        select(func.count()).where(
+            DagRun.dag_id == dag_id, DagRun.state.in_((DagRunState.QUEUED, DagRunState.RUNNING))
+        )
     )
     # The audit covers the span of the runs shown (and a look-back before the oldest), so that
     # explain stays bounded on a long history; 'audit --dag-id' covers all of it.
@@ -263,7 +288,9 @@ def explain(
     ).all()
     since = None
     if len(shown) == max(runs, 1):
-        since = shown[-1] - timedelta(seconds=manager_class._dataset_race_fix_setting("event_lookback_seconds"))
+        since = shown[-1] - timedelta(
+            seconds=manager_class._dataset_race_fix_setting("event_lookback_seconds")
+        )
     found = invariant.audit(session, [dag_id], since=since)
     report = found.report.by_dag().get(dag_id)
     reasons = _reasons(dag_model, active_runs, decision, tree, deferred)
@@ -298,9 +325,13 @@ def explain(
     # audit's findings for the DAG (its lists are complete: no limit), but for suspected-lost events its next run takes
     pending_ids = {e.id for e in events}
     rows = {
-        name: [i.run_id if hasattr(i, "run_id") else i.event_id for i in getattr(found, name)
-               if not (name == "suspected_lost" and i.event_id in pending_ids)]
-        for name in invariant.FINDINGS if name != "not_queued_unpaused"  # a count: the verdict tells of those
+        name: [
+            i.run_id if hasattr(i, "run_id") else i.event_id
+            for i in getattr(found, name)
+            if not (name == "suspected_lost" and i.event_id in pending_ids)
+        ]
+        for name in invariant.FINDINGS
+        if name != "not_queued_unpaused"  # a count: the verdict tells of those
     }
     return {
         "schema": SCHEMA,
@@ -318,15 +349,26 @@ def explain(
         "verdict": verdict,
         "pending_events": _rows(runner, events[:events_per_run], uris, session),
         "deferred_events": _rows(runner, deferred[:events_per_run], uris, session),
-        **({"pending_events_total": len(events), "deferred_events_total": len(deferred)} if events_per_run is not None else {}),
+        **(
+            {"pending_events_total": len(events), "deferred_events_total": len(deferred)}
+            if events_per_run is not None
+            else {}
+        ),
         "runs": _last_runs(session, dag_id, runs, uris, found, events_per_run),
         "audit": {
             "since": _iso(since),
-            "counts": {k: v for k, v in asdict(report).items() if k != "dag_id"} if report is not None else {},
+            "counts": {k: v for k, v in asdict(report).items() if k != "dag_id"}
+            if report is not None
+            else {},
             "findings": {name: len(ids) for name, ids in rows.items() if ids},
             "rows": {name: ids for name, ids in rows.items() if ids},  # the runs' ids, the events' ids
             "stranded": [
-                {"dataset_uri": g.dataset_uri, "events": g.events, "oldest": _iso(g.oldest), "newest": _iso(g.newest)}
+                {
+                    "dataset_uri": g.dataset_uri,
+                    "events": g.events,
+                    "oldest": _iso(g.oldest),
+                    "newest": _iso(g.newest),
+                }
                 for g in found.stranded
             ],
         },
@@ -351,7 +393,10 @@ def _reasons(dag_model, active_runs, decision, tree, deferred) -> list[dict[str,
     if dag_model.has_import_errors:
         add("import_errors", "the DAG's file has import errors")
     if active_runs >= dag_model.max_active_runs:
-        add("max_active_runs", f"{active_runs} runs are queued or running, max_active_runs is {dag_model.max_active_runs}")
+        add(
+            "max_active_runs",
+            f"{active_runs} runs are queued or running, max_active_runs is {dag_model.max_active_runs}",
+        )
     if decision.get("skipped"):
         add("skipped", f"the scheduler skips it: {decision['skipped']}")
     elif decision.get("run") is None:
@@ -395,7 +440,14 @@ def _last_runs(
     from airflow.utils.types import DagRunType
 
     rows = session.execute(
-        select(DagRun.id, DagRun.run_id, DagRun.execution_date, DagRun.data_interval_start, DagRun.data_interval_end, DagRun.state)
+        select(
+            DagRun.id,
+            DagRun.run_id,
+            DagRun.execution_date,
+            DagRun.data_interval_start,
+            DagRun.data_interval_end,
+            DagRun.state,
+        )
         .where(DagRun.dag_id == dag_id, DagRun.run_type == DagRunType.DATASET_TRIGGERED)
         .order_by(DagRun.execution_date.desc())
         .limit(limit + 1)  # and the one before the oldest shown: its date tells late events

@@ -19,11 +19,6 @@ from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime, timezone
 from types import SimpleNamespace
 
-from sqlalchemy import and_, any_, case, exists, func, select, text, true
-from sqlalchemy.dialects.postgresql import array_agg
-from sqlalchemy.orm import Session
-from sqlalchemy.sql import ColumnElement, Subquery
-
 from airflow.models.dag import DagModel
 from airflow.models.dagrun import DagRun
 from airflow.models.dataset import (
@@ -36,12 +31,23 @@ from airflow.models.dataset import (
 from airflow.models.serialized_dag import SerializedDagModel
 from airflow.utils.state import DagRunState
 from airflow.utils.types import DagRunType
+from sqlalchemy import and_, any_, case, exists, func, select, text, true
+from sqlalchemy.dialects.postgresql import array_agg
+from sqlalchemy.orm import Session
+from sqlalchemy.sql import ColumnElement, Subquery
 
 # What the tests require to be zero with the fix, after a drain.
 VIOLATIONS = ("lost", "doubled", "empty_runs", "out_of_order", "lingering")
 # What the audit reports as damage in a live deployment's history.
-FINDINGS = ("suspected_lost", "not_queued_unpaused", "doubled", "empty_runs", "out_of_order", "future_dated",
-            "overlapping_intervals")
+FINDINGS = (
+    "suspected_lost",
+    "not_queued_unpaused",
+    "doubled",
+    "empty_runs",
+    "out_of_order",
+    "future_dated",
+    "overlapping_intervals",
+)
 
 # DAGs per query: large enough for few round trips, small enough for a live progress display.
 DAG_BATCH = 20
@@ -181,8 +187,16 @@ class Audit:
         }
 
 
-_LISTS = ("stranded", "suspected_lost", "doubled", "empty_runs", "out_of_order", "stale_queue_rows", "future_dated",
-          "overlapping_intervals")
+_LISTS = (
+    "stranded",
+    "suspected_lost",
+    "doubled",
+    "empty_runs",
+    "out_of_order",
+    "stale_queue_rows",
+    "future_dated",
+    "overlapping_intervals",
+)
 
 
 # -- facts: one row per (DAG, event), per run, per queue row ----------------------------
@@ -210,7 +224,9 @@ def _consumption(dag_ids: Sequence[str]) -> Subquery:
     For a single DAG the key is the event id alone: MariaDB then probes an integer key
     (4x faster than with the DAG id in it).
     """
-    key = [association_table.c.event_id] if len(dag_ids) == 1 else [DagRun.dag_id, association_table.c.event_id]
+    key = (
+        [association_table.c.event_id] if len(dag_ids) == 1 else [DagRun.dag_id, association_table.c.event_id]
+    )
     return (
         select(*(column.label(column.name) for column in key), func.count().label("n"))
         .select_from(DagRun)
@@ -281,7 +297,9 @@ def _event_findings(dag_ids: Sequence[str], since: datetime | None):
         f,
         _flag(f.c.n > 1, "doubled"),
         _flag(and_(unconsumed, f.c.queued_at.is_(None)), "lost"),
-        _flag(and_(unconsumed, f.c.latest_run.is_not(None), f.c.timestamp < f.c.latest_run), "suspected_lost"),
+        _flag(
+            and_(unconsumed, f.c.latest_run.is_not(None), f.c.timestamp < f.c.latest_run), "suspected_lost"
+        ),
     ).where(f.c.n != 1)
 
 
@@ -371,8 +389,13 @@ class _Scan:
         self._uris = dict(self.session.execute(select(DatasetModel.id, DatasetModel.uri)).all())
         done = 0
         for batch in _batches(dag_ids):
-            self.unpaused = set(self.session.scalars(select(DagModel.dag_id).where(
-                DagModel.dag_id.in_(batch), ~DagModel.is_paused, DagModel.is_active)))
+            self.unpaused = set(
+                self.session.scalars(
+                    select(DagModel.dag_id).where(
+                        DagModel.dag_id.in_(batch), ~DagModel.is_paused, DagModel.is_active
+                    )
+                )
+            )
             self._events(batch)
             self._runs(batch)
             self._queue(batch)
@@ -397,7 +420,9 @@ class _Scan:
         # Plain index probes, as the statements are shaped for, whatever the statistics (none: 50 000 links estimated at
         # 13, nested-looped per event; a bitmap for an event's links cost 30 %); no JIT: its compiling costs more.
         names = ("enable_seqscan", "enable_bitmapscan", "jit")
-        kept = session.execute(text("SELECT " + ", ".join(f"current_setting('{n}') AS {n}" for n in names))).one()
+        kept = session.execute(
+            text("SELECT " + ", ".join(f"current_setting('{n}') AS {n}" for n in names))
+        ).one()
         session.execute(text("SELECT " + ", ".join(f"set_config('{n}', 'off', true)" for n in names)))
         try:
             self._count_events(dag_ids)
@@ -424,7 +449,11 @@ class _Scan:
             self.reports[dag_id].future_dated += 1
             finding = EventFinding(dag_id, event_id, self.uri(dataset_id), _utc(timestamp))
             self.lists["future_dated"].add((dag_id, finding.timestamp, event_id), finding)
-        ran = set(session.scalars(select(DagRun.dag_id).where(DagRun.dag_id.in_(dag_ids), _dataset_triggered()).distinct()))
+        ran = set(
+            session.scalars(
+                select(DagRun.dag_id).where(DagRun.dag_id.in_(dag_ids), _dataset_triggered()).distinct()
+            )
+        )
         self._count_never_ran([(dag_id, d) for dag_id, d in references if dag_id not in ran], per_dataset)
         with_events = [dag_id for dag_id in dag_ids if dag_id in ran and self.reports[dag_id].produced]
         for batch in _batches(with_events, EVENT_BATCH.get(self.session.bind.dialect.name, DAG_BATCH)):
@@ -434,7 +463,9 @@ class _Scan:
         if self.session.bind.dialect.name == "postgresql":
             rows = self._probed_facts(dag_ids)
         else:
-            rows = self.session.execute(_event_findings(dag_ids, self.since).execution_options(stream_results=True))
+            rows = self.session.execute(
+                _event_findings(dag_ids, self.since).execution_options(stream_results=True)
+            )
         for e in rows:
             report = self.reports[e.dag_id]
             report.consumed -= e.n == 0
@@ -462,34 +493,71 @@ class _Scan:
                 self.reports[dag_id].lost += count
                 self.reports[dag_id].not_queued_unpaused += count if dag_id in self.unpaused else 0
                 self.groups[dag_id, dataset_id] = StrandedGroup(
-                    dag_id, dataset_id, self.uri(dataset_id), count, 0, count, _utc(oldest), _utc(newest), None)
+                    dag_id,
+                    dataset_id,
+                    self.uri(dataset_id),
+                    count,
+                    0,
+                    count,
+                    _utc(oldest),
+                    _utc(newest),
+                    None,
+                )
 
     def _probed_facts(self, dag_ids: list[str]) -> list[SimpleNamespace]:
         """``_event_findings``' rows read by ``_window_event_facts`` (PostgreSQL: no plan that statistics decide)."""
         session, queue = self.session, DatasetDagRunQueue
         latest = {dag_id: _utc(date) for dag_id, date in session.execute(_latest_runs(dag_ids))}
-        queued = {(dag_id, dataset_id): created_at for dag_id, dataset_id, created_at in session.execute(
-            select(queue.target_dag_id, queue.dataset_id, queue.created_at).where(queue.target_dag_id.in_(dag_ids)))}
+        queued = {
+            (dag_id, dataset_id): created_at
+            for dag_id, dataset_id, created_at in session.execute(
+                select(queue.target_dag_id, queue.dataset_id, queue.created_at).where(
+                    queue.target_dag_id.in_(dag_ids)
+                )
+            )
+        }
         facts = []
         # each DAG that references the event's dataset, and how many of its runs consumed the event (no cursor: the
         # plan is not one for a first row)
         for event_id, dataset_id, timestamp, referencing, consumers in session.execute(
-                _window_event_facts(dag_ids, self.since)).all():
+            _window_event_facts(dag_ids, self.since)
+        ).all():
             for dag_id, n in ((dag_id, (consumers or []).count(dag_id)) for dag_id in referencing):
                 if n == 1:
                     continue
-                timestamp, queued_at, latest_run = _utc(timestamp), queued.get((dag_id, dataset_id)), latest.get(dag_id)
-                facts.append(SimpleNamespace(  # as _event_findings' rows
-                    dag_id=dag_id, event_id=event_id, dataset_id=dataset_id, timestamp=timestamp, n=n,
-                    queued_at=queued_at, doubled=int(n > 1), lost=int(n == 0 and queued_at is None),
-                    suspected_lost=int(n == 0 and latest_run is not None and timestamp < latest_run)))
+                timestamp, queued_at, latest_run = (
+                    _utc(timestamp),
+                    queued.get((dag_id, dataset_id)),
+                    latest.get(dag_id),
+                )
+                facts.append(
+                    SimpleNamespace(  # as _event_findings' rows
+                        dag_id=dag_id,
+                        event_id=event_id,
+                        dataset_id=dataset_id,
+                        timestamp=timestamp,
+                        n=n,
+                        queued_at=queued_at,
+                        doubled=int(n > 1),
+                        lost=int(n == 0 and queued_at is None),
+                        suspected_lost=int(n == 0 and latest_run is not None and timestamp < latest_run),
+                    )
+                )
         return facts
 
     def _strand(self, e, timestamp: datetime) -> None:
         group = self.groups.get((e.dag_id, e.dataset_id))
         if group is None:
             group = self.groups[e.dag_id, e.dataset_id] = StrandedGroup(
-                e.dag_id, e.dataset_id, self.uri(e.dataset_id), 0, 0, 0, timestamp, timestamp, _utc(e.queued_at)
+                e.dag_id,
+                e.dataset_id,
+                self.uri(e.dataset_id),
+                0,
+                0,
+                0,
+                timestamp,
+                timestamp,
+                _utc(e.queued_at),
             )
         group.events += 1
         group.suspected_lost += e.suspected_lost
@@ -513,14 +581,22 @@ class _Scan:
             date, earlier = _utc(date), latest.get(dag_id)
             if earlier is not None and earlier > date and (self.since is None or date >= self.since):
                 self.reports[dag_id].out_of_order += 1
-                self.lists["out_of_order"].add((dag_id, date, run_id), RunFinding(dag_id, run_id, date, earlier))
+                self.lists["out_of_order"].add(
+                    (dag_id, date, run_id), RunFinding(dag_id, run_id, date, earlier)
+                )
             latest[dag_id] = date if earlier is None else max(earlier, date)
         # Overlapping: a run's interval starts before its predecessor's (by logical date) ended. The
         # predecessor only, as the fixed scheduler reads it (the latest run, by index): over a damaged
         # stock history, a running max over all earlier runs would count its every run again.
         previous_end: dict[str, datetime | None] = {}
         intervals = (
-            select(DagRun.dag_id, DagRun.run_id, DagRun.execution_date, DagRun.data_interval_start, DagRun.data_interval_end)
+            select(
+                DagRun.dag_id,
+                DagRun.run_id,
+                DagRun.execution_date,
+                DagRun.data_interval_start,
+                DagRun.data_interval_end,
+            )
             .where(DagRun.dag_id.in_(dag_ids), _dataset_triggered())
             .order_by(DagRun.dag_id, DagRun.execution_date)
         )
@@ -530,7 +606,9 @@ class _Scan:
             ends = select(DagRun.dag_id, DagRun.data_interval_end).join(last, on_last)
             previous_end.update((dag_id, _utc(end)) for dag_id, end in self.session.execute(ends))
             intervals = intervals.where(DagRun.execution_date >= self.since)
-        for dag_id, run_id, date, start, end in self.session.execute(intervals.execution_options(stream_results=True)):
+        for dag_id, run_id, date, start, end in self.session.execute(
+            intervals.execution_options(stream_results=True)
+        ):
             before, start = previous_end.get(dag_id), _utc(start)
             if before is not None and start is not None and start < before:
                 self.reports[dag_id].overlapping_intervals += 1
@@ -542,7 +620,9 @@ class _Scan:
         for q in self.session.execute(_queue_facts(dag_ids)):
             if q.stale:
                 self.reports[q.dag_id].stale_queue_rows += 1
-                finding = QueueFinding(q.dag_id, self.uri(q.dataset_id), _utc(q.created_at), _utc(q.latest_run))
+                finding = QueueFinding(
+                    q.dag_id, self.uri(q.dataset_id), _utc(q.created_at), _utc(q.latest_run)
+                )
                 self.lists["stale_queue_rows"].add((q.dag_id, finding.dataset_uri), finding)
         for dag_id, count in _lingering(self.session, dag_ids).items():
             self.reports[dag_id].lingering = count
@@ -559,19 +639,35 @@ def _window_event_facts(dag_ids: Sequence[str], since: datetime | None):
     (DAG, event) pair, which took about half of 0.4 s for 100 000 links.
     """
     ref, link = DagScheduleDatasetReference, association_table.c
-    referencing = select(ref.dataset_id, array_agg(ref.dag_id).label("dag_ids")).where(ref.dag_id.in_(dag_ids))
+    referencing = select(ref.dataset_id, array_agg(ref.dag_id).label("dag_ids")).where(
+        ref.dag_id.in_(dag_ids)
+    )
     referencing = referencing.group_by(ref.dataset_id).subquery("referencing")
     events = select(DatasetEvent.id, DatasetEvent.dataset_id, DatasetEvent.timestamp, referencing.c.dag_ids)
     events = events.join(referencing, referencing.c.dataset_id == DatasetEvent.dataset_id)
     events = events.where(DatasetEvent.timestamp >= since if since else true()).subquery("e")
-    links = select(link.dag_run_id).where(link.event_id == events.c.id).offset(0).correlate(events).lateral("links")
-    runs = select(DagRun.dag_id, DagRun.run_type).where(DagRun.id == links.c.dag_run_id).offset(0).lateral("run")
+    links = (
+        select(link.dag_run_id)
+        .where(link.event_id == events.c.id)
+        .offset(0)
+        .correlate(events)
+        .lateral("links")
+    )
+    runs = (
+        select(DagRun.dag_id, DagRun.run_type).where(DagRun.id == links.c.dag_run_id).offset(0).lateral("run")
+    )
     consumed = select(array_agg(runs.c.dag_id).label("dag_ids")).select_from(links).join(runs, true())
-    consumed = consumed.where(runs.c.dag_id == any_(events.c.dag_ids), _dataset_triggered(runs.c)).lateral("consumed")
+    consumed = consumed.where(runs.c.dag_id == any_(events.c.dag_ids), _dataset_triggered(runs.c)).lateral(
+        "consumed"
+    )
     # each referencing DAG exactly once: all of them among the consumers, and as many consumers
-    once = and_(consumed.c.dag_ids.contains(events.c.dag_ids),
-                func.cardinality(consumed.c.dag_ids) == func.cardinality(events.c.dag_ids))
-    return select(events, consumed.c.dag_ids).join(consumed, true()).where(func.coalesce(once, False).is_(False))
+    once = and_(
+        consumed.c.dag_ids.contains(events.c.dag_ids),
+        func.cardinality(consumed.c.dag_ids) == func.cardinality(events.c.dag_ids),
+    )
+    return (
+        select(events, consumed.c.dag_ids).join(consumed, true()).where(func.coalesce(once, False).is_(False))
+    )
 
 
 class _WindowScan(_Scan):
@@ -589,14 +685,25 @@ def check_window(session: Session, dag_ids: Iterable[str], *, since: datetime) -
     return _WindowScan(session, since, 0).run(sorted(set(dag_ids)), None).report
 
 
-def check(session: Session, dag_ids: Iterable[str] | None = None, *, since: datetime | None = None,
-          progress: Progress | None = None) -> Report:
+def check(
+    session: Session,
+    dag_ids: Iterable[str] | None = None,
+    *,
+    since: datetime | None = None,
+    progress: Progress | None = None,
+) -> Report:
     """Measure the invariant for ``dag_ids`` (default: every DAG scheduled on datasets)."""
     return audit(session, dag_ids, since=since, limit=0, progress=progress).report
 
 
-def audit(session: Session, dag_ids: Iterable[str] | None = None, *, since: datetime | None = None,
-          limit: int | None = None, progress: Progress | None = None) -> Audit:
+def audit(
+    session: Session,
+    dag_ids: Iterable[str] | None = None,
+    *,
+    since: datetime | None = None,
+    limit: int | None = None,
+    progress: Progress | None = None,
+) -> Audit:
     """
     ``check()`` plus the offending events, runs and queue rows: at most ``limit`` of each kind
     (oldest first; None: all). The counts and the stranded groups are always complete.
@@ -628,7 +735,9 @@ def _lingering(session: Session, dag_ids: list[str]) -> dict[str, int]:
             continue
         if active.get(dag_model.dag_id, 0) >= dag_model.max_active_runs:
             continue
-        serialized = session.scalar(select(SerializedDagModel).where(SerializedDagModel.dag_id == dag_model.dag_id))
+        serialized = session.scalar(
+            select(SerializedDagModel).where(SerializedDagModel.dag_id == dag_model.dag_id)
+        )
         if serialized is None:
             continue
         statuses = {uri: True for uri in queued[dag_model.dag_id]}
@@ -654,7 +763,9 @@ def _attach_creating_schedulers(session: Session, runs: list[RunFinding]) -> Non
 
 def schedulers_without_the_fix(runs: list[RunFinding]) -> list[tuple[str, int, int]]:
     """(host, scheduler job id, runs) per job that created an empty or out-of-order run, most runs first."""
-    jobs = [(r.creating_host or "unknown host", r.creating_job_id) for r in runs if r.creating_job_id is not None]
+    jobs = [
+        (r.creating_host or "unknown host", r.creating_job_id) for r in runs if r.creating_job_id is not None
+    ]
     counts = Counter(jobs)
     return sorted(((host, job, n) for (host, job), n in counts.items()), key=lambda t: (-t[2], t[0], t[1]))
 
@@ -683,6 +794,17 @@ def _utc(value: datetime | str | None) -> datetime | None:
 
 
 __all__ = [
-    "Audit", "DagReport", "EventFinding", "FINDINGS", "IntervalFinding", "StrandedGroup", "QueueFinding", "Report",
-    "RunFinding", "VIOLATIONS", "audit", "check", "consuming_dag_ids",
+    "Audit",
+    "DagReport",
+    "EventFinding",
+    "FINDINGS",
+    "IntervalFinding",
+    "StrandedGroup",
+    "QueueFinding",
+    "Report",
+    "RunFinding",
+    "VIOLATIONS",
+    "audit",
+    "check",
+    "consuming_dag_ids",
 ]

@@ -134,7 +134,9 @@ def _sha(digest: str | None) -> str:
 def load_series(patches_dir: Path) -> list[PatchFile]:
     series_file = patches_dir / SERIES
     if not series_file.is_file():
-        old_layout = sorted(d.parent.name for d in patches_dir.glob(f"*/{SERIES}")) if patches_dir.is_dir() else []
+        old_layout = (
+            sorted(d.parent.name for d in patches_dir.glob(f"*/{SERIES}")) if patches_dir.is_dir() else []
+        )
         if old_layout:
             raise Refused(
                 f"{patches_dir} has one series per release ({', '.join(old_layout)}), the layout of earlier "
@@ -248,7 +250,9 @@ def inspect(site_packages: Path, patches_dir: Path) -> Inspection:
         airflow = installed_airflow(site_packages)
     except RecordError as err:
         raise Refused(f"{err}; nothing was changed") from err
-    release = release_of(airflow.version)  # a local build (2.10.5+astro.3) is judged by its files, as its release
+    release = release_of(
+        airflow.version
+    )  # a local build (2.10.5+astro.3) is judged by its files, as its release
     if release is None:
         raise Refused(
             f"apache-airflow {airflow.version} in {site_packages} is not supported: the source patches "
@@ -275,8 +279,13 @@ def inspect(site_packages: Path, patches_dir: Path) -> Inspection:
                 f"{path} of apache-airflow {airflow.version} in {site_packages} is not the file the series was "
                 f"verified against: {airflow.dist_info.name}/RECORD says {_sha(airflow.hashes[path])}, "
                 f"{patches_dir / VERIFIED} records sha256 {verified[path].pristine} (a rebuilt distribution?); "
-                "nothing was changed" + (f": this local build of {release} changed it, and audit, explain and the "
-                                         "page still read its database" if release != airflow.version else "")
+                "nothing was changed"
+                + (
+                    f": this local build of {release} changed it, and audit, explain and the "
+                    "page still read its database"
+                    if release != airflow.version
+                    else ""
+                )
             )
         patches = [p for p in series if any(fp.path == path for fp in p.files)]
         target = Target(path, patches, airflow.hashes[path], verified[path])
@@ -338,7 +347,9 @@ def _refuse_unexplained(inspection: Inspection) -> None:
                 "another patch, a custom build)"
             )
         elif t.state == MISSING:
-            problems.append(f"{inspection.airflow.site_packages / t.path} is missing (expected {_sha(t.expected)})")
+            problems.append(
+                f"{inspection.airflow.site_packages / t.path} is missing (expected {_sha(t.expected)})"
+            )
     if problems:
         raise Refused(
             "; ".join(problems) + ". Nothing was changed. To start from the release again: "
@@ -372,7 +383,9 @@ def _write_backups(inspection: Inspection) -> None:
             atomic_write(backup, t.pristine)
         patched = record_digest(t.patched)
         entry = previous.get(t.path, {})
-        earlier = dict.fromkeys(d for d in (entry.get("patched"), *entry.get("earlier", ())) if d and d != patched)
+        earlier = dict.fromkeys(
+            d for d in (entry.get("patched"), *entry.get("earlier", ())) if d and d != patched
+        )
         manifest["files"][t.path] = {"pristine": t.expected, "patched": patched, "earlier": list(earlier)}
         step_point()
     atomic_write(root / MANIFEST, json.dumps(manifest, indent=2).encode() + b"\n")
@@ -385,7 +398,9 @@ def _swap(inspection: Inspection, operation: str, writes: list[tuple[Target, byt
     atomic_write(journal, json.dumps({"operation": operation, "files": [t.path for t, _ in writes]}).encode())
     step_point()
     writes = sorted(writes, key=lambda write: write[0].path == SWAPPED_LAST)
-    current = {t.path: (site_packages / t.path).read_bytes() if t.state != INTERRUPTED else None for t, _ in writes}
+    current = {
+        t.path: (site_packages / t.path).read_bytes() if t.state != INTERRUPTED else None for t, _ in writes
+    }
     if writes:
         replace_all([(site_packages / t.path, new, current[t.path]) for t, new in writes])
     warnings = [w for t, _ in writes if (w := refresh_bytecode(site_packages / t.path))]
@@ -438,7 +453,9 @@ def apply(site_packages: Path, patches_dir: Path, dry_run: bool = False, on_wait
         states = inspection.states
         interrupted = inspection.interrupted is not None
         if states == {PATCHED} and not interrupted:
-            return Outcome(f"already applied: apache-airflow {inspection.version} in {site_packages} has {names}")
+            return Outcome(
+                f"already applied: apache-airflow {inspection.version} in {site_packages} has {names}"
+            )
         # All pristine: apply. All patched, some by an earlier release of this package: update
         # (the pristine bytes are proven by the backups). After an interrupted apply or revert:
         # finish it. Any other mix with pristine files: refuse.
@@ -456,9 +473,13 @@ def apply(site_packages: Path, patches_dir: Path, dry_run: bool = False, on_wait
         _require_writable([*_target_dirs(inspection), inspection.backup_root])
         changed = [t.path for t in to_write]
         if dry_run:
-            return Outcome(f"dry run: would have {verb} {names} for apache-airflow {inspection.version}", changed)
+            return Outcome(
+                f"dry run: would have {verb} {names} for apache-airflow {inspection.version}", changed
+            )
         warnings = _write(inspection, "apply", [(t, t.patched) for t in to_write])
-        return Outcome(f"{verb} {names} to apache-airflow {inspection.version} in {site_packages}", changed, warnings)
+        return Outcome(
+            f"{verb} {names} to apache-airflow {inspection.version} in {site_packages}", changed, warnings
+        )
 
 
 def revert(site_packages: Path, patches_dir: Path, dry_run: bool = False, on_wait=None) -> Outcome:

@@ -55,13 +55,17 @@ def installed_airflow(site_packages: Path) -> InstalledAirflow:
     if not site_packages.is_dir():
         raise RecordError(f"{site_packages} is not a directory")
     dist_infos = sorted(
-        p for p in site_packages.iterdir() if p.name.lower().startswith(DIST_PREFIX) and p.name.endswith(".dist-info")
+        p
+        for p in site_packages.iterdir()
+        if p.name.lower().startswith(DIST_PREFIX) and p.name.endswith(".dist-info")
     )
     if not dist_infos:
         raise RecordError(f"no apache-airflow installation (apache_airflow-*.dist-info) in {site_packages}")
     if len(dist_infos) > 1:
         names = ", ".join(p.name for p in dist_infos)
-        raise RecordError(f"several apache-airflow installations in {site_packages} ({names}); reinstall Airflow")
+        raise RecordError(
+            f"several apache-airflow installations in {site_packages} ({names}); reinstall Airflow"
+        )
     dist_info = dist_infos[0]
     try:
         version = _metadata_version((dist_info / "METADATA").read_text(encoding="utf-8"))

@@ -174,5 +174,7 @@ def refresh_bytecode(path: Path) -> str | None:
             stale.unlink()
         py_compile.compile(str(path), doraise=True)
     except (OSError, py_compile.PyCompileError) as err:
-        return f"could not refresh the bytecode of {path} ({err}); Python recompiles it when the cache is stale"
+        return (
+            f"could not refresh the bytecode of {path} ({err}); Python recompiles it when the cache is stale"
+        )
     return None

@@ -78,7 +78,9 @@ def parse(text: str) -> tuple[str, list[FilePatch]]:
                 if line == "\n":  # some editors strip the space of an empty context line
                     line = " \n"
                 if line[0] not in " -+":
-                    raise PatchError(f"line {i + 1}: unexpected {line!r} inside a hunk (line counts do not match)")
+                    raise PatchError(
+                        f"line {i + 1}: unexpected {line!r} inside a hunk (line counts do not match)"
+                    )
                 old_seen += line[0] in " -"
                 new_seen += line[0] in " +"
                 hunk.lines.append(line)

@@ -28,8 +28,15 @@ def _chunks(items: list) -> Any:
 
 
 def not_explained(dag_id: str, why: str) -> dict[str, Any]:
-    return {"dag_id": dag_id, "verdict": "not explained", "reasons": [why], "pending": 0, "deferred": 0,
-            "findings": {}, "paused": None}
+    return {
+        "dag_id": dag_id,
+        "verdict": "not explained",
+        "reasons": [why],
+        "pending": 0,
+        "deferred": 0,
+        "findings": {},
+        "paused": None,
+    }
 
 
 def rows(session: Session, dag_ids: list[str], loop) -> list[dict[str, Any]]:
@@ -42,12 +49,23 @@ def rows(session: Session, dag_ids: list[str], loop) -> list[dict[str, Any]]:
 
     from airflow_dataset_race_fix.diagnostics.explain import _EPOCH, _reasons, condition_tree, when_it_runs
 
-    models, active, ran = {}, {}, set()  # DAG models; queued or running runs; DAGs with a dataset-triggered run
+    models, active, ran = (
+        {},
+        {},
+        set(),
+    )  # DAG models; queued or running runs; DAGs with a dataset-triggered run
     for chunk in _chunks(dag_ids):
-        models.update((dm.dag_id, dm) for dm in session.scalars(select(DagModel).where(DagModel.dag_id.in_(chunk))))
+        models.update(
+            (dm.dag_id, dm) for dm in session.scalars(select(DagModel).where(DagModel.dag_id.in_(chunk)))
+        )
         runs = select(DagRun.dag_id).where(DagRun.dag_id.in_(chunk))
-        active.update(session.execute(runs.add_columns(func.count()).where(
-            DagRun.state.in_((DagRunState.QUEUED, DagRunState.RUNNING))).group_by(DagRun.dag_id)).all())
+        active.update(
+            session.execute(
+                runs.add_columns(func.count())
+                .where(DagRun.state.in_((DagRunState.QUEUED, DagRunState.RUNNING)))
+                .group_by(DagRun.dag_id)
+            ).all()
+        )
         ran.update(session.scalars(runs.where(DagRun.run_type == DagRunType.DATASET_TRIGGERED).distinct()))
     found: dict[str, dict[str, Any]] = {}
     decided = []
@@ -66,10 +84,15 @@ def rows(session: Session, dag_ids: list[str], loop) -> list[dict[str, Any]]:
         info.setdefault(dag_model.dag_id, (_EPOCH, _EPOCH))
     first, others = [dm for dm in decided if dm.dag_id not in ran], [dm for dm in decided if dm.dag_id in ran]
     decisions = (_first_runs(session, first, info, loop) if first else []) + (
-        loop.runner._decide_dataset_triggered_runs(others, info, session)[0] if others else [])  # the fix's decision
+        loop.runner._decide_dataset_triggered_runs(others, info, session)[0] if others else []
+    )  # the fix's decision
     for decision in decisions:
         dag_id = decision["dag_id"]
-        dag_model, events, deferred = models[dag_id], decision.get("events") or [], decision.get("deferred") or []
+        dag_model, events, deferred = (
+            models[dag_id],
+            decision.get("events") or [],
+            decision.get("deferred") or [],
+        )
         dag = decision.get("dag") or loop.runner.dagbag.get_dag(dag_id, session=session)
         met = set(_uris(session, {e.dataset_id for e in events}).values())  # the datasets with events
         tree = condition_tree(dag.timetable.dataset_condition, met)
@@ -79,8 +102,13 @@ def rows(session: Session, dag_ids: list[str], loop) -> list[dict[str, Any]]:
             when, code = when_it_runs(dag_id, loop)
             codes += [code] if code else []
         found[dag_id] = {
-            "dag_id": dag_id, "verdict": VERDICTS.get(when, "waits"), "reasons": codes, "pending": len(events),
-            "deferred": len(deferred), "findings": {}, "paused": bool(dag_model.is_paused),
+            "dag_id": dag_id,
+            "verdict": VERDICTS.get(when, "waits"),
+            "reasons": codes,
+            "pending": len(events),
+            "deferred": len(deferred),
+            "findings": {},
+            "paused": bool(dag_model.is_paused),
             "_late": [e.timestamp for e in decision.get("late") or []],
         }
     return [found[dag_id] for dag_id in dag_ids]
@@ -93,37 +121,70 @@ def _first_runs(session: Session, dag_models: list, info: dict, loop) -> list[di
     horizon, and beyond it, stand as one event (its newest) repeated as many times as they are, and the fixed
     scheduler's own choice (``_choose_dataset_run``) decides on them. All the list shows of the run: that there is one.
     """
-    from airflow.models.dataset import DagScheduleDatasetReference as ref, DatasetDagRunQueue as queue, DatasetEvent
+    from airflow.models.dataset import (
+        DagScheduleDatasetReference as ref,
+    )
+    from airflow.models.dataset import (
+        DatasetDagRunQueue as queue,
+    )
+    from airflow.models.dataset import (
+        DatasetEvent,
+    )
 
     runner, manager, ids = loop.runner, loop.manager_class, [dm.dag_id for dm in dag_models]
     ahead = timedelta(seconds=manager._dataset_race_fix_setting("max_event_ahead_seconds"))
     horizon = manager._database_now(session) + ahead  # as the fixed scheduler's decision reads it
-    queued, datasets = {dag_id: {} for dag_id in ids}, {dag_id: set() for dag_id in ids}  # scheduled on, or queued
+    queued, datasets = (
+        {dag_id: {} for dag_id in ids},
+        {dag_id: set() for dag_id in ids},
+    )  # scheduled on, or queued
     for chunk in _chunks(ids):
-        rows_of = select(queue.target_dag_id, queue.dataset_id, queue.created_at).where(queue.target_dag_id.in_(chunk))
+        rows_of = select(queue.target_dag_id, queue.dataset_id, queue.created_at).where(
+            queue.target_dag_id.in_(chunk)
+        )
         for dag_id, dataset_id, created_at in session.execute(rows_of):
             queued[dag_id][dataset_id] = created_at
             datasets[dag_id].add(dataset_id)
-        for dag_id, dataset_id in session.execute(select(ref.dag_id, ref.dataset_id).where(ref.dag_id.in_(chunk))):
+        for dag_id, dataset_id in session.execute(
+            select(ref.dag_id, ref.dataset_id).where(ref.dag_id.in_(chunk))
+        ):
             datasets[dag_id].add(dataset_id)
     every, event = sorted(set().union(*datasets.values())), DatasetEvent
     standing: dict[int, list] = {dataset_id: [] for dataset_id in every}
     counts = select(event.dataset_id, func.count(), func.max(event.timestamp)).group_by(event.dataset_id)
     for chunk in _chunks(every):
         for dated in (event.timestamp <= horizon, event.timestamp > horizon):  # up to the horizon, and beyond
-            for dataset_id, count, newest in session.execute(counts.where(event.dataset_id.in_(chunk), dated)):
-                standing[dataset_id] += [runner._DatasetEventRead(None, dataset_id, newest, None, None)] * int(count)
+            for dataset_id, count, newest in session.execute(
+                counts.where(event.dataset_id.in_(chunk), dated)
+            ):
+                standing[dataset_id] += [
+                    runner._DatasetEventRead(None, dataset_id, newest, None, None)
+                ] * int(count)
     uris, decisions = _uris(session, every), []
     for dag_model in dag_models:
         dag, dag_id = runner.dagbag.get_dag(dag_model.dag_id, session=session), dag_model.dag_id
         choice = runner._choose_dataset_run(
-            [e for dataset_id in sorted(datasets[dag_id]) for e in standing[dataset_id]], horizon, None,
-            info[dag_id][1], queued[dag_id], uris, lambda statuses: dag.timetable.dataset_condition.evaluate(statuses),
+            [e for dataset_id in sorted(datasets[dag_id]) for e in standing[dataset_id]],
+            horizon,
+            None,
+            info[dag_id][1],
+            queued[dag_id],
+            uris,
+            lambda statuses: dag.timetable.dataset_condition.evaluate(statuses),
         )
         skipped = "serialized before Airflow 2.9" if choice.old_serialization else None
         run = {} if choice.execution_date is not None else None  # there is one: its date and id are not shown
-        decisions.append({"dag_id": dag_id, "dag": dag, "events": choice.events, "deferred": choice.deferred,
-                          "late": choice.late, "run": run, "skipped": skipped})
+        decisions.append(
+            {
+                "dag_id": dag_id,
+                "dag": dag,
+                "events": choice.events,
+                "deferred": choice.deferred,
+                "late": choice.late,
+                "run": run,
+                "skipped": skipped,
+            }
+        )
     return decisions
 
 

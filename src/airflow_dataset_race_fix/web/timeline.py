@@ -35,7 +35,9 @@ def render(found: dict) -> Markup:
         events[event["id"]] = {**event, "warn": True}
     times = [t for e in events.values() if (t := _time(e["timestamp"])) is not None]
     for run in found["runs"]:
-        times += [t for t in (_time(run["data_interval"][0]), _time(run["data_interval"][1])) if t is not None]
+        times += [
+            t for t in (_time(run["data_interval"][0]), _time(run["data_interval"][1])) if t is not None
+        ]
     now = _time(found["database_now"])
     if not times:
         times = [now]
@@ -124,7 +126,9 @@ def render(found: dict) -> Markup:
             f'<text x="{WIDTH - 10}" y="{height - 6}" fill="#c33" text-anchor="end">now: {escape(_label(now))} &#8594;</text>'
         )
     if lines > MAX_LINES:
-        parts.append(f'<text x="{LEFT}" y="{height - 6}" fill="{MUTED}">{lines} consumed events: lines left out</text>')
+        parts.append(
+            f'<text x="{LEFT}" y="{height - 6}" fill="{MUTED}">{lines} consumed events: lines left out</text>'
+        )
     parts.append("</svg>")
     return Markup("".join(parts))
 
@@ -134,4 +138,4 @@ def _label(t: float) -> str:
 
 
 def _short(uri: str, size: int = 34) -> str:
-    return uri if len(uri) <= size else "..." + uri[-(size - 3):]
+    return uri if len(uri) <= size else "..." + uri[-(size - 3) :]

@@ -15,11 +15,10 @@ import json
 import os
 from typing import Any
 
-from flask import Response, abort, current_app, g, request, url_for
-from sqlalchemy import select
-from flask_appbuilder import BaseView, expose
-
 from airflow.www.auth import has_access_view
+from flask import Response, abort, current_app, g, request, url_for
+from flask_appbuilder import BaseView, expose
+from sqlalchemy import select
 
 from airflow_dataset_race_fix.diagnostics import fix_active_here
 
@@ -30,9 +29,8 @@ EVENTS_SHOWN = 100
 
 @contextlib.contextmanager
 def _read_only_session():
-    from sqlalchemy import text
-
     from airflow import settings
+    from sqlalchemy import text
 
     session = settings.Session.session_factory()
     # No cycle collection while a request reads: its full passes over the webserver's objects, every
@@ -72,7 +70,9 @@ class _Access:
     def runs(self, dag_id: str) -> bool:
         from airflow.auth.managers.models.resource_details import DagAccessEntity, DagDetails
 
-        return self.manager.is_authorized_dag(method="GET", access_entity=DagAccessEntity.RUN, details=DagDetails(id=dag_id))
+        return self.manager.is_authorized_dag(
+            method="GET", access_entity=DagAccessEntity.RUN, details=DagDetails(id=dag_id)
+        )
 
     def events(self) -> bool:
         # The FAB manager's name for it since provider 1.5 (is_authorized_dataset warns there)
@@ -106,7 +106,11 @@ def _withhold(found: dict[str, Any], access: _Access) -> dict[str, Any]:
         found["audit"]["stranded"] = []
         for run in found["runs"]:
             run["events"] = []
-    events = found["pending_events"] + found["deferred_events"] + [e for run in found["runs"] for e in run["events"]]
+    events = (
+        found["pending_events"]
+        + found["deferred_events"]
+        + [e for run in found["runs"] for e in run["events"]]
+    )
     events += [d["newest_event"] for d in found["datasets"] if d["newest_event"]]
     if _hide_producers(events, access):
         withheld["producers"] = "the producer's DAG, run and task ids of DAGs your role may not read"
@@ -116,7 +120,9 @@ def _withhold(found: dict[str, Any], access: _Access) -> dict[str, Any]:
 
 def _hide_producers(events: list[dict[str, Any]], access: _Access) -> bool:
     """Blank the producer's ids of events from DAGs this user may not read; whether any was."""
-    hidden = [e for e in events if e["source_dag_id"] is not None and e["source_dag_id"] not in access.dag_ids]
+    hidden = [
+        e for e in events if e["source_dag_id"] is not None and e["source_dag_id"] not in access.dag_ids
+    ]
     for event in hidden:
         event["source_dag_id"] = event["source_run_id"] = event["source_task_id"] = None
     return bool(hidden)
@@ -128,12 +134,17 @@ def _capped(found: dict[str, Any], dag_id: str) -> dict[str, Any]:
         total = found.setdefault(f"{name}_total", len(found[name]))
         if total > EVENTS_SHOWN:
             found[name] = found[name][:EVENTS_SHOWN]
-            found[f"{name}_more"] = url_for("DatasetRunsView.events", dag_id=dag_id, of=name.split("_")[0],
-                                            offset=EVENTS_SHOWN)
+            found[f"{name}_more"] = url_for(
+                "DatasetRunsView.events", dag_id=dag_id, of=name.split("_")[0], offset=EVENTS_SHOWN
+            )
     for run in found["runs"]:
         if run.get("events_total", 0) > len(run["events"]):
-            run["events_more"] = url_for("DatasetRunsView.events", dag_id=dag_id, run_id=run["run_id"],
-                                         after=max(e["id"] for e in run["events"]))
+            run["events_more"] = url_for(
+                "DatasetRunsView.events",
+                dag_id=dag_id,
+                run_id=run["run_id"],
+                after=max(e["id"] for e in run["events"]),
+            )
     return found
 
 
@@ -189,8 +200,15 @@ class DatasetRunsView(BaseView):
         for row in rows:
             row.pop("_late", None)
         return self.render_template(
-            "dataset_race_fix/dags.html", rows=rows, total=total, page=page, pages=max(1, -(-total // PAGE_SIZE)),
-            text_filter=text_filter, verdict_filter=verdict_filter, sort=sort, fix_active=fix_active_here(),
+            "dataset_race_fix/dags.html",
+            rows=rows,
+            total=total,
+            page=page,
+            pages=max(1, -(-total // PAGE_SIZE)),
+            text_filter=text_filter,
+            verdict_filter=verdict_filter,
+            sort=sort,
+            fix_active=fix_active_here(),
         )
 
     def _explained(self, dag_id: str, access: _Access) -> dict[str, Any]:
@@ -232,7 +250,9 @@ class DatasetRunsView(BaseView):
             abort(400, description=str(err))
         with _read_only_session() as session:
             found = deployment.collect(session, hours)
-        readable = set(_permitted(sorted({r["dag_id"] for r in found["producers"] if r["dag_id"]}), _Access()))
+        readable = set(
+            _permitted(sorted({r["dag_id"] for r in found["producers"] if r["dag_id"]}), _Access())
+        )
         found["producers"] = [r for r in found["producers"] if r["dag_id"] is None or r["dag_id"] in readable]
         return self.render_template("dataset_race_fix/deployment.html", found=found, hours=hours)
 
@@ -268,7 +288,9 @@ class DatasetRunsView(BaseView):
                 if not access.runs(dag_id):
                     abort(403, description="this DAG's runs: your role lacks can_read on DAG Runs")
                 after = request.args.get("after", 0, type=int)
-                run = session.scalar(select(DagRun.id).where(DagRun.dag_id == dag_id, DagRun.run_id == run_id))
+                run = session.scalar(
+                    select(DagRun.id).where(DagRun.dag_id == dag_id, DagRun.run_id == run_id)
+                )
                 if run is None:
                     abort(404)
                 ids = session.scalars(
@@ -279,13 +301,18 @@ class DatasetRunsView(BaseView):
                 ).all()
                 more = len(ids) > EVENTS_SHOWN
                 ids = ids[:EVENTS_SHOWN]
-                rows = session.scalars(select(DatasetEvent).where(DatasetEvent.id.in_(ids)).order_by(DatasetEvent.id)).all()
+                rows = session.scalars(
+                    select(DatasetEvent).where(DatasetEvent.id.in_(ids)).order_by(DatasetEvent.id)
+                ).all()
                 uris = dataset_uris(session, {e.dataset_id for e in rows})
                 events = [_event(e, uris) for e in rows]
                 next_args = {"run_id": run_id, "after": ids[-1] if ids else after}
         _hide_producers(events, access)
-        body = {"dag_id": dag_id, "events": events,
-                "more": url_for("DatasetRunsView.events", dag_id=dag_id, **next_args) if more else None}
+        body = {
+            "dag_id": dag_id,
+            "events": events,
+            "more": url_for("DatasetRunsView.events", dag_id=dag_id, **next_args) if more else None,
+        }
         return Response(json.dumps(body, indent=2), mimetype="application/json")
 
 

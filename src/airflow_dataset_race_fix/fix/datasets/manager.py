@@ -40,9 +40,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from sqlalchemy import exc, select
-from sqlalchemy.orm import joinedload
-
 from airflow.api_internal.internal_api_call import internal_api_call
 from airflow.configuration import conf
 from airflow.models.dataset import (
@@ -55,15 +52,16 @@ from airflow.models.dataset import (
 )
 from airflow.stats import Stats
 from airflow.utils.session import NEW_SESSION, provide_session
+from sqlalchemy import exc, select
+from sqlalchemy.orm import joinedload
 
 if TYPE_CHECKING:
     from datetime import datetime
 
-    from sqlalchemy.orm.session import Session, SessionTransaction
-
     from airflow.datasets import Dataset
     from airflow.models.dag import DagModel
     from airflow.models.taskinstance import TaskInstance
+    from sqlalchemy.orm.session import Session, SessionTransaction
 
 
 class DatasetManager:
@@ -72,13 +70,22 @@ class DatasetManager:
     @staticmethod
     def _dataset_race_fix_settings() -> dict[str, int | float]:
         """``[dataset_race_fix]`` settings and their defaults; what each means: docs/settings.md."""
-        return {"commit_latency_seconds": 3, "event_lookback_seconds": 900, "max_event_ahead_seconds": 60,
-                "net_look_interval_seconds": 0.5, "queue_row_wait_seconds": 0.0, "requeue_interval_seconds": 10.0}
+        return {
+            "commit_latency_seconds": 3,
+            "event_lookback_seconds": 900,
+            "max_event_ahead_seconds": 60,
+            "net_look_interval_seconds": 0.5,
+            "queue_row_wait_seconds": 0.0,
+            "requeue_interval_seconds": 10.0,
+        }
 
     @classmethod
     def _dataset_race_fix_setting(cls, key: str, _read: dict = {}) -> int | float:  # noqa: B006 (the process's reads)
         """``[dataset_race_fix] key``, never below 0, read once a process and when its environment variable changes."""
-        from os import environ  # (Airflow's conf read, 10-30 µs, twice a scheduler loop: its largest fixed part)
+        from os import (
+            environ,
+        )  # (Airflow's conf read, 10-30 µs, twice a scheduler loop: its largest fixed part)
+
         variable = environ.get(f"AIRFLOW__DATASET_RACE_FIX__{key.upper()}")
         if (key, variable) not in _read:  # an int, or a float where the default is one
             default = cls._dataset_race_fix_settings()[key]
@@ -243,11 +250,14 @@ class DatasetManager:
         if not deferred and not events:
             return
         session.flush()  # the transaction's other writes first: these are its last
-        events = [e for e in events or [] if inspect(e).persistent]  # those of a rolled back SAVEPOINT have left
+        events = [
+            e for e in events or [] if inspect(e).persistent
+        ]  # those of a rolled back SAVEPOINT have left
         rows = sorted(deferred or {})
-        upsert = {"postgresql": cls._postgres_upsert_queue_rows, "mysql": cls._upsert_queue_rows_taken_first}.get(
-            session.bind.dialect.name, cls._sqlite_upsert_queue_rows
-        )
+        upsert = {
+            "postgresql": cls._postgres_upsert_queue_rows,
+            "mysql": cls._upsert_queue_rows_taken_first,
+        }.get(session.bind.dialect.name, cls._sqlite_upsert_queue_rows)
         busy = upsert(rows, events, session)
         deadline = time.monotonic() + (cls._dataset_race_fix_setting("queue_row_wait_seconds") if busy else 0)
         pause = 0.001  # a producer's COMMIT holds a row for milliseconds: look again soon, then less often
@@ -261,13 +271,19 @@ class DatasetManager:
             Stats.incr("dataset_race_fix.busy_queue_rows_left_out", len(busy))
             cls.logger().info(
                 "%d dataset queue row(s) held by another transaction past [dataset_race_fix] queue_row_wait_seconds "
-                "left as they are (the DAGs stay queued by them): %s", len(busy), sorted(busy)[:10]
+                "left as they are (the DAGs stay queued by them): %s",
+                len(busy),
+                sorted(busy)[:10],
             )
-        session.info.pop("airflow_dataset_race_fix.deferred_queue_rows", None)  # only once written: a failure retries
+        session.info.pop(
+            "airflow_dataset_race_fix.deferred_queue_rows", None
+        )  # only once written: a failure retries
         session.info.pop("airflow_dataset_race_fix.events_to_stamp", None)
 
     @classmethod
-    def _forget_rolled_back_queue_rows(cls, session: Session, previous_transaction: SessionTransaction) -> None:
+    def _forget_rolled_back_queue_rows(
+        cls, session: Session, previous_transaction: SessionTransaction
+    ) -> None:
         """``after_soft_rollback``: forget the rows registered in the rolled back (sub)transaction."""
         deferred = session.info.get("airflow_dataset_race_fix.deferred_queue_rows")
         for key, transaction in list((deferred or {}).items()):
@@ -291,13 +307,14 @@ class DatasetManager:
     @classmethod
     def _database_now(cls, session: Session) -> datetime:
         """The database's clock, now (see ``_database_clock``)."""
-        from sqlalchemy import literal_column
-
         from airflow.utils import timezone
         from airflow.utils.sqlalchemy import UtcDateTime
+        from sqlalchemy import literal_column
 
         clock = cls._database_clock(session.bind.dialect.name)
-        return timezone.utcnow() if clock is None else session.scalar(select(literal_column(clock, UtcDateTime)))
+        return (
+            timezone.utcnow() if clock is None else session.scalar(select(literal_column(clock, UtcDateTime)))
+        )
 
     @staticmethod
     def _send(session: Session, statement: str, params: dict[str, object] | list[dict[str, object]]):
@@ -318,10 +335,9 @@ class DatasetManager:
         """
         from datetime import datetime, timedelta
 
-        from sqlalchemy.orm.attributes import set_committed_value
-
         from airflow.utils import timezone
         from airflow.utils.sqlalchemy import UtcDateTime
+        from sqlalchemy.orm.attributes import set_committed_value
 
         if not events:
             return
@@ -338,7 +354,9 @@ class DatasetManager:
             stamped = {e.dataset_id for e in events}
             rows = [row for row in rows if row[0] in stamped]
             params: dict[str, object] = {"ahead": ahead}
-            if len(by_id) == 1:  # one event: its SET reads the clock, its stamp dates the rows (0.3 ms less to plan)
+            if (
+                len(by_id) == 1
+            ):  # one event: its SET reads the clock, its stamp dates the rows (0.3 ms less to plan)
                 (params["event_id"],) = by_id
                 this, other = "e.id = %(event_id)s", "o.id <> %(event_id)s"
                 now, clock_once, newest = clock, [], []
@@ -348,7 +366,9 @@ class DatasetManager:
                 ids = "CAST(%(event_ids)s AS INTEGER[])"
                 this, other = f"e.id = ANY({ids})", f"o.id <> ALL({ids})"
                 now, clock_once = "c.now", [f"c AS (SELECT {clock} AS now)"]
-                newest = ["newest AS (SELECT dataset_id, max(timestamp) AS stamp FROM stamped GROUP BY dataset_id)"]
+                newest = [
+                    "newest AS (SELECT dataset_id, max(timestamp) AS stamp FROM stamped GROUP BY dataset_id)"
+                ]
                 stamp_of_row = "(SELECT n.stamp FROM newest AS n WHERE n.dataset_id = q.dataset_id)"
             # The newest other event + 1 microsecond if below the clock + ahead (GREATEST skips NULL), else the clock.
             parts = [
@@ -373,14 +393,18 @@ class DatasetManager:
                 set_committed_value(by_id[event_id], "timestamp", as_utc(stamp))
             return
 
-        def utc_text(stamp: datetime) -> str:  # MySQL's DATETIME(6), SQLite's text as Airflow writes it: in order
+        def utc_text(
+            stamp: datetime,
+        ) -> str:  # MySQL's DATETIME(6), SQLite's text as Airflow writes it: in order
             return stamp.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")
 
         by_dataset: dict[int, list[DatasetEvent]] = {}
         for dataset_event in events:
             by_dataset.setdefault(dataset_event.dataset_id, []).append(dataset_event)
 
-        def ids_in(name: str, dataset_id: int) -> tuple[str, dict[str, object]]:  # its events' (%(name_0)s, ..), params
+        def ids_in(
+            name: str, dataset_id: int
+        ) -> tuple[str, dict[str, object]]:  # its events' (%(name_0)s, ..), params
             placeholders = ", ".join(f"%({name}_{i})s" for i in range(len(by_dataset[dataset_id])))
             return f"({placeholders})", {f"{name}_{i}": e.id for i, e in enumerate(by_dataset[dataset_id])}
 
@@ -401,17 +425,26 @@ class DatasetManager:
             now = timezone.utcnow() if clock is None else now
             for dataset_id, newest_timestamp in zip(chunk, newest_timestamps):
                 after = newest_timestamp and newest_timestamp + timedelta(microseconds=1)
-                stamp = stamps[dataset_id] = after if after and now < after <= now + ahead else now  # not far ahead
+                stamp = stamps[dataset_id] = (
+                    after if after and now < after <= now + ahead else now
+                )  # not far ahead
                 ids, params = ids_in("event_id", dataset_id)
                 params["stamp"] = utc_text(stamp)
-                cls._send(session, f"UPDATE dataset_event SET timestamp = %(stamp)s WHERE id IN {ids}", params)
+                cls._send(
+                    session, f"UPDATE dataset_event SET timestamp = %(stamp)s WHERE id IN {ids}", params
+                )
                 for dataset_event in by_dataset[dataset_id]:
                     set_committed_value(dataset_event, "timestamp", stamp)
         if rows := [row for row in rows if row[0] in stamps]:
             greatest = "max(created_at, %(after)s)"
             if dialect.name == "mysql":  # a taken row is written here only: after its stored value too
-                greatest = "GREATEST(TIMESTAMPADD(MICROSECOND, 1, created_at), CAST(%(after)s AS DATETIME(6)))"
-            dated = {dataset_id: utc_text(stamp + timedelta(microseconds=1)) for dataset_id, stamp in stamps.items()}
+                greatest = (
+                    "GREATEST(TIMESTAMPADD(MICROSECOND, 1, created_at), CAST(%(after)s AS DATETIME(6)))"
+                )
+            dated = {
+                dataset_id: utc_text(stamp + timedelta(microseconds=1))
+                for dataset_id, stamp in stamps.items()
+            }
             cls._send(
                 session,
                 f"UPDATE dataset_dag_run_queue SET created_at = {greatest} "
@@ -426,9 +459,13 @@ class DatasetManager:
 
         dialect = session.bind.dialect
         skip_locked = (10, 6) if dialect.is_mariadb else (8, 0, 1)
-        if (dialect.server_version_info or ()) < skip_locked:  # no SKIP LOCKED: upsert all, waiting as stock does
+        if (
+            dialect.server_version_info or ()
+        ) < skip_locked:  # no SKIP LOCKED: upsert all, waiting as stock does
             dag_ids = sorted({dag_id for _, dag_id in rows})
-            existing = text("SELECT dag_id FROM dag WHERE dag_id IN :ids").bindparams(bindparam("ids", expanding=True))
+            existing = text("SELECT dag_id FROM dag WHERE dag_id IN :ids").bindparams(
+                bindparam("ids", expanding=True)
+            )
             live = set()
             for start in range(0, len(dag_ids), 500):
                 live.update(session.scalars(existing, {"ids": dag_ids[start : start + 500]}))
@@ -444,7 +481,9 @@ class DatasetManager:
             # A taken row's DAG exists to this COMMIT (deleting the DAG deletes the row, which this transaction holds).
             live.update(dag_id for _, dag_id in taken_here)
             if len(taken_here) < len(chunk):
-                source, params = cls._queue_keys_joined_first([k for k in chunk if k not in taken_here], "LEFT JOIN")
+                source, params = cls._queue_keys_joined_first(
+                    [k for k in chunk if k not in taken_here], "LEFT JOIN"
+                )
                 look = (
                     "SELECT k.dataset_id, k.target_dag_id, q.dataset_id IS NOT NULL, "
                     f"EXISTS (SELECT 1 FROM dag WHERE dag.dag_id = k.target_dag_id) FROM {source}"
@@ -455,10 +494,13 @@ class DatasetManager:
         return taken, busy, live
 
     @classmethod
-    def _queue_keys_joined_first(cls, keys: list[tuple[int, str]], join: str = "STRAIGHT_JOIN") -> tuple[str, dict]:
+    def _queue_keys_joined_first(
+        cls, keys: list[tuple[int, str]], join: str = "STRAIGHT_JOIN"
+    ) -> tuple[str, dict]:
         """MySQL/MariaDB: a FROM clause of keys ``k`` ``join`` queue rows ``q`` by primary key, and its parameters."""
         derived = " UNION ALL ".join(
-            f"SELECT %(dataset_id_{i})s AS dataset_id, %(dag_id_{i})s AS target_dag_id" for i in range(len(keys))
+            f"SELECT %(dataset_id_{i})s AS dataset_id, %(dag_id_{i})s AS target_dag_id"
+            for i in range(len(keys))
         )
         return (
             f"({derived}) AS k {join} dataset_dag_run_queue AS q FORCE INDEX (PRIMARY) "
@@ -482,7 +524,8 @@ class DatasetManager:
             pairs, params = cls._row_in_list(keys)
             statement = (
                 "SELECT q.dataset_id, q.target_dag_id FROM dataset_dag_run_queue AS q "
-                f"WHERE (q.dataset_id, q.target_dag_id) IN ({pairs})" + (" FOR UPDATE SKIP LOCKED" if lock else "")
+                f"WHERE (q.dataset_id, q.target_dag_id) IN ({pairs})"
+                + (" FOR UPDATE SKIP LOCKED" if lock else "")
             )
             return set(map(tuple, cls._send(session, statement, params)))
 
@@ -494,7 +537,8 @@ class DatasetManager:
                 # Scalar subqueries: a primary-key probe per key. A key another producer inserts at once is waited
                 # for in key order (ORDER BY, needless for one), left (DO NOTHING) and taken below.
                 values = ", ".join(
-                    f"(CAST(%(dataset_id_{i})s AS INTEGER), CAST(%(dag_id_{i})s AS VARCHAR))" for i in range(len(new))
+                    f"(CAST(%(dataset_id_{i})s AS INTEGER), CAST(%(dag_id_{i})s AS VARCHAR))"
+                    for i in range(len(new))
                 )
                 order = " ORDER BY k.dataset_id, k.target_dag_id" if len(new) > 1 else ""
                 insert = (
@@ -510,7 +554,9 @@ class DatasetManager:
                     taken |= queue_rows_named(left, lock=True)
                     if left := [key for key in left if key not in taken]:
                         busy.update(queue_rows_named(left, lock=False))
-            if unstamped := sorted(key for key in taken if key[0] not in stamped):  # no event to date it after
+            if unstamped := sorted(
+                key for key in taken if key[0] not in stamped
+            ):  # no event to date it after
                 pairs, params = cls._row_in_list(unstamped)
                 cls._send(
                     session,
@@ -526,7 +572,9 @@ class DatasetManager:
         params: dict[str, object] = {}
         for i, (dataset_id, dag_id) in enumerate(keys, start):
             params[f"dataset_id_{i}"], params[f"dag_id_{i}"] = dataset_id, dag_id
-        return ", ".join(f"(%(dataset_id_{i})s, %(dag_id_{i})s)" for i in range(start, start + len(keys))), params
+        return ", ".join(
+            f"(%(dataset_id_{i})s, %(dag_id_{i})s)" for i in range(start, start + len(keys))
+        ), params
 
     @classmethod
     def _upsert_queue_rows_taken_first(
@@ -544,7 +592,11 @@ class DatasetManager:
         )
         taken, busy, live = cls._take_queue_rows(rows, session)
         stamped = {e.dataset_id for e in events}
-        rows = [row for row in rows if row[1] in live and row not in busy and not (row in taken and row[0] in stamped)]
+        rows = [
+            row
+            for row in rows
+            if row[1] in live and row not in busy and not (row in taken and row[0] in stamped)
+        ]
         for start in range(0, len(rows), 500):  # 500 rows a statement: far below max_allowed_packet
             chunk = rows[start : start + 500]
             cls._send(
@@ -559,10 +611,9 @@ class DatasetManager:
     @classmethod
     def _sqlite_upsert_queue_rows(cls, rows: list[tuple[int, str]], events: list, session: Session) -> set:
         """SQLite: upsert ``rows``, a text() executemany (cheaper than an ORM insert); a writer excludes the others."""
-        from sqlalchemy import bindparam, text
-
         from airflow.utils import timezone
         from airflow.utils.sqlalchemy import UtcDateTime
+        from sqlalchemy import bindparam, text
 
         # Stored as 'YYYY-MM-DD HH:MM:SS.ffffff' text: one microsecond on in integer arithmetic (julianday() is too
         # coarse), the format kept so text compares chronologically; no microseconds or a '+00:00' suffix: .000000.
@@ -571,9 +622,7 @@ class DatasetManager:
             " + CASE WHEN substr(dataset_dag_run_queue.created_at, 20, 1) = '.'"
             " THEN CAST(substr(dataset_dag_run_queue.created_at, 21, 6) AS INTEGER) ELSE 0 END + 1)"
         )
-        successor = (
-            f"strftime('%Y-%m-%d %H:%M:%S', {micros} / 1000000, 'unixepoch') || printf('.%06d', {micros} % 1000000)"
-        )
+        successor = f"strftime('%Y-%m-%d %H:%M:%S', {micros} / 1000000, 'unixepoch') || printf('.%06d', {micros} % 1000000)"
         upsert = text(
             "INSERT INTO dataset_dag_run_queue (dataset_id, target_dag_id, created_at) "
             "VALUES (:dataset_id, :dag_id, :now) ON CONFLICT (dataset_id, target_dag_id) "

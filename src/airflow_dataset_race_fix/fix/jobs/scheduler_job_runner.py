@@ -40,8 +40,6 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Callable, Collection
 
-from sqlalchemy import and_, delete, func, or_, select
-
 from airflow.models import Log
 from airflow.models.dag import DagModel
 from airflow.models.dagrun import DagRun
@@ -58,13 +56,13 @@ from airflow.utils.retries import retry_db_transaction
 from airflow.utils.sqlalchemy import with_row_locks
 from airflow.utils.state import DagRunState
 from airflow.utils.types import DagRunType
+from sqlalchemy import and_, delete, func, or_, select
 
 if TYPE_CHECKING:
     from datetime import datetime
 
-    from sqlalchemy.orm import Session
-
     from airflow.utils.sqlalchemy import CommitProhibitorGuard
+    from sqlalchemy.orm import Session
 
 
 class SchedulerJobRunner:
@@ -149,30 +147,45 @@ class SchedulerJobRunner:
         manager = self._dataset_manager()
         interval = manager._dataset_race_fix_setting("requeue_interval_seconds")
         stranded = self._dags_with_stranded_dataset_events(session)
-        oldest_new = {dag_id: stamp for dag_id, stamp in stranded.items() if dag_id not in dataset_triggered_dag_info}
-        sweep = self.__dict__.setdefault("_dataset_race_fix_sweep", {"at": time.monotonic(), "size": 50})  # not now
+        oldest_new = {
+            dag_id: stamp for dag_id, stamp in stranded.items() if dag_id not in dataset_triggered_dag_info
+        }
+        sweep = self.__dict__.setdefault(
+            "_dataset_race_fix_sweep", {"at": time.monotonic(), "size": 50}
+        )  # not now
         # a page a loop while 3 % of the time allows, sized to 1-2 ms; tests: every loop
         paced = interval > 0 and self._dataset_step_credit(sweep) < 0
         if not paced and (sweep.get("todo") or time.monotonic() - sweep["at"] >= interval):
             if not sweep.get("todo"):  # a round starts: its clock read once, its DAGs read by the first page
                 sweep.update(at=time.monotonic(), now=manager._database_now(session), todo=None)
             began, size = time.monotonic(), sweep["size"]
-            found = self._dags_with_new_unqueued_events(dataset_triggered_dag_info, sweep["now"], session, sweep)
+            found = self._dags_with_new_unqueued_events(
+                dataset_triggered_dag_info, sweep["now"], session, sweep
+            )
             if interval:  # paced (tests: pages of 50, a round every loop)
                 sweep["credit"] -= (took := time.monotonic() - began)
-                sweep["size"] = max(5, size // 2) if took > 0.002 else min(50, size * 2) if took < 0.001 else size
+                sweep["size"] = (
+                    max(5, size // 2) if took > 0.002 else min(50, size * 2) if took < 0.001 else size
+                )
             for dag_id, stamp in found.items():
                 oldest_new[dag_id] = min(oldest_new.get(dag_id, stamp), stamp)
         runnable = self._runnable_dataset_dags(oldest_new, session) if oldest_new else []
         for dag_model in runnable:
             dataset_triggered_dag_info[dag_model.dag_id] = (oldest_new[dag_model.dag_id],) * 2
         if runnable:
-            self.log.info("%d dataset-scheduled DAG(s) have dataset events that no queue row brings in; deciding their "
-                          "runs: %s", len(runnable), [dm.dag_id for dm in runnable])
+            self.log.info(
+                "%d dataset-scheduled DAG(s) have dataset events that no queue row brings in; deciding their "
+                "runs: %s",
+                len(runnable),
+                [dm.dag_id for dm in runnable],
+            )
         return runnable
 
     def _dags_with_new_unqueued_events(
-        self, dataset_triggered_dag_info: dict[str, tuple[datetime, datetime]], now: datetime, session: Session,
+        self,
+        dataset_triggered_dag_info: dict[str, tuple[datetime, datetime]],
+        now: datetime,
+        session: Session,
         sweep: dict[str, Any] | None = None,
     ) -> dict[str, datetime]:
         """
@@ -183,7 +196,9 @@ class SchedulerJobRunner:
         manager = self._dataset_manager()
         horizon = now + timedelta(seconds=manager._dataset_race_fix_setting("max_event_ahead_seconds"))
         since = now - timedelta(seconds=manager._dataset_race_fix_setting("event_lookback_seconds"))
-        dag_ids, references = self._dataset_statement(("sweep", sweep is None), lambda: self._sweep_statement(sweep))
+        dag_ids, references = self._dataset_statement(
+            ("sweep", sweep is None), lambda: self._sweep_statement(sweep)
+        )
         params, oldest_new = {"horizon": horizon}, {}  # (Core rows here and below: an ORM row costs 10 µs)
         if sweep is not None:  # a page of the round: one statement (a page's own read cost as much again)
             if sweep["todo"] is None:
@@ -191,7 +206,9 @@ class SchedulerJobRunner:
             params["dag_ids"], sweep["todo"] = sweep["todo"][: sweep["size"]], sweep["todo"][sweep["size"] :]
         # compared here, not in SQL: PostgreSQL evaluated the correlated ``newest`` once per use, three times
         for dag_id, newest, latest, created_at in session.connection().execute(references, params):
-            if dag_id not in dataset_triggered_dag_info and (newest or since) > max(latest or created_at, since):
+            if dag_id not in dataset_triggered_dag_info and (newest or since) > max(
+                latest or created_at, since
+            ):
                 oldest_new[dag_id] = min(oldest_new.get(dag_id, newest), newest)
         return oldest_new
 
@@ -206,12 +223,20 @@ class SchedulerJobRunner:
         reference = DagScheduleDatasetReference
         # ORDER BY .. LIMIT 1: a correlated max() with a filter read every event of the dataset on MySQL.
         newest = select(DatasetEvent.timestamp).where(DatasetEvent.dataset_id == reference.dataset_id)
-        newest = newest.where(DatasetEvent.timestamp <= bindparam("horizon")).order_by(DatasetEvent.timestamp.desc())
-        queued = select(DatasetDagRunQueue.dataset_id).where(DatasetDagRunQueue.dataset_id == reference.dataset_id)
+        newest = newest.where(DatasetEvent.timestamp <= bindparam("horizon")).order_by(
+            DatasetEvent.timestamp.desc()
+        )
+        queued = select(DatasetDagRunQueue.dataset_id).where(
+            DatasetDagRunQueue.dataset_id == reference.dataset_id
+        )
         queued = queued.where(DatasetDagRunQueue.target_dag_id == reference.dag_id)
         references = select(reference.dag_id, newest.limit(1).scalar_subquery())
-        references = references.add_columns(cls._latest_dataset_run_date(reference.dag_id), reference.created_at)
-        active = and_(DagModel.dag_id == reference.dag_id, DagModel.is_paused == false(), DagModel.is_active == true())
+        references = references.add_columns(
+            cls._latest_dataset_run_date(reference.dag_id), reference.created_at
+        )
+        active = and_(
+            DagModel.dag_id == reference.dag_id, DagModel.is_paused == false(), DagModel.is_active == true()
+        )
         references = references.join(DagModel, active).where(~queued.exists())  # (unpaused, active DAGs)
         if sweep is None:
             return None, references
@@ -232,16 +257,23 @@ class SchedulerJobRunner:
         for start in range(0, len(dag_ids), 500):
             chunk = dag_ids[start : start + 500]
             running = DagRun.state.in_((DagRunState.QUEUED, DagRunState.RUNNING))
-            runs = select(DagRun.dag_id, func.count()).where(DagRun.dag_id.in_(chunk), running).group_by(DagRun.dag_id)
+            runs = (
+                select(DagRun.dag_id, func.count())
+                .where(DagRun.dag_id.in_(chunk), running)
+                .group_by(DagRun.dag_id)
+            )
             active_runs = dict(session.execute(runs).all())
             for dag_id, is_paused, has_import_errors, max_active_runs in session.execute(
-                select(DagModel.dag_id, DagModel.is_paused, DagModel.has_import_errors, DagModel.max_active_runs)
-                .where(DagModel.dag_id.in_(chunk), DagModel.is_active == true())
+                select(
+                    DagModel.dag_id, DagModel.is_paused, DagModel.has_import_errors, DagModel.max_active_runs
+                ).where(DagModel.dag_id.in_(chunk), DagModel.is_active == true())
             ):
                 room = max_active_runs is None or active_runs.get(dag_id, 0) < max_active_runs
                 if room and not is_paused and not has_import_errors:  # one that cannot run takes no place
                     can_run.append(dag_id)
-        picked = sorted(can_run, key=lambda dag_id: (oldest_new[dag_id], dag_id))[: DagModel.NUM_DAGS_PER_DAGRUN_QUERY]
+        picked = sorted(can_run, key=lambda dag_id: (oldest_new[dag_id], dag_id))[
+            : DagModel.NUM_DAGS_PER_DAGRUN_QUERY
+        ]
         if not picked:
             return []
         runnable_dags = select(DagModel).where(DagModel.dag_id.in_(picked), DagModel.is_paused == false())
@@ -257,9 +289,15 @@ class SchedulerJobRunner:
         """
         net = self.__dict__.setdefault("_dataset_race_fix_net", {})
         interval = self._dataset_manager()._dataset_race_fix_setting("net_look_interval_seconds")
-        looked = not net.get("read_only") and time.monotonic() - net.get("looked_at", float("-inf")) >= interval
-        moved = ("high", "missing", "late", "looked_at") if looked else ()  # what a look moves (copied: a look only)
-        followed = {key: net[key].copy() if key in ("missing", "late") else net[key] for key in moved if key in net}
+        looked = (
+            not net.get("read_only") and time.monotonic() - net.get("looked_at", float("-inf")) >= interval
+        )
+        moved = (
+            ("high", "missing", "late", "looked_at") if looked else ()
+        )  # what a look moves (copied: a look only)
+        followed = {
+            key: net[key].copy() if key in ("missing", "late") else net[key] for key in moved if key in net
+        }
         try:
             finds = self._follow_dataset_event_ids(net, session) if looked else []
             if looked or "findings" not in net:
@@ -284,17 +322,28 @@ class SchedulerJobRunner:
         oldest: dict[tuple[str, int], tuple[datetime, int]] = {}
         finding = "dataset-race-fix-finding"
         for dag_id, dataset_id, event_id, stamp in finds:
-            oldest[dag_id, dataset_id] = min(oldest.get((dag_id, dataset_id), (stamp, event_id)), (stamp, event_id))
+            oldest[dag_id, dataset_id] = min(
+                oldest.get((dag_id, dataset_id), (stamp, event_id)), (stamp, event_id)
+            )
         if oldest:
             rows = [
-                {"dttm": timezone.utcnow(), "event": finding, "dag_id": dag_id,
-                 "map_index": dataset_id, "execution_date": stamp, "extra": f'{{"event_id": {int(event_id)}}}'}
+                {
+                    "dttm": timezone.utcnow(),
+                    "event": finding,
+                    "dag_id": dag_id,
+                    "map_index": dataset_id,
+                    "execution_date": stamp,
+                    "extra": f'{{"event_id": {int(event_id)}}}',
+                }
                 for (dag_id, dataset_id), (stamp, event_id) in sorted(oldest.items())
             ]
             with session.get_bind().engine.begin() as connection:
                 connection.execute(Log.__table__.insert(), rows)
-            self.log.info("dataset-race-fix: the net found late dataset event(s), kept until a run consumes them "
-                          "(dag_id, dataset_id, event id, stamp): %s", finds)
+            self.log.info(
+                "dataset-race-fix: the net found late dataset event(s), kept until a run consumes them "
+                "(dag_id, dataset_id, event id, stamp): %s",
+                finds,
+            )
         findings: dict[str, dict[int, tuple[datetime, list[int]]]] = defaultdict(dict)
         read = select(Log.id, Log.dag_id, Log.map_index, Log.execution_date).where(Log.event == finding)
         for row_id, dag_id, dataset_id, stamp in session.execute(read.order_by(Log.id).limit(500)):
@@ -310,11 +359,15 @@ class SchedulerJobRunner:
         if not findings:
             return {}
         queued: dict[str, set[str]] = defaultdict(set)  # their queue rows' dataset URIs
-        dag_ids = sorted(findings)  # at most 500 (``_dataset_findings``), and their datasets: a statement each
+        dag_ids = sorted(
+            findings
+        )  # at most 500 (``_dataset_findings``), and their datasets: a statement each
         rows = select(DatasetDagRunQueue.target_dag_id, DatasetModel.uri).join(DatasetDagRunQueue.dataset)
         for dag_id, uri in session.execute(rows.where(DatasetDagRunQueue.target_dag_id.in_(dag_ids))):
             queued[dag_id].add(uri)
-        found = select(DatasetModel.id, DatasetModel.uri).where(DatasetModel.id.in_(set().union(*findings.values())))
+        found = select(DatasetModel.id, DatasetModel.uri).where(
+            DatasetModel.id.in_(set().union(*findings.values()))
+        )
         uris = dict(session.execute(found).all())
         ready = {}
         for dag_id in dag_ids:
@@ -330,7 +383,9 @@ class SchedulerJobRunner:
             ready[dag_id] = min(stamp for stamp, _ in findings[dag_id].values())
         return ready
 
-    def _follow_dataset_event_ids(self, net: dict[str, Any], session: Session) -> list[tuple[str, int, int, datetime]]:
+    def _follow_dataset_event_ids(
+        self, net: dict[str, Any], session: Session
+    ) -> list[tuple[str, int, int, datetime]]:
         """
         The net's look at the event ids that became visible since the last (BUG_REPORT, "The net"): a late one's
         consumers that have not consumed it and whose next read may start above it, (dag_id, dataset_id, id, stamp).
@@ -341,13 +396,19 @@ class SchedulerJobRunner:
         forget_after = manager._dataset_race_fix_setting("event_lookback_seconds")
         latency = timedelta(seconds=manager._dataset_race_fix_setting("commit_latency_seconds"))
         columns = (DatasetEvent.id, DatasetEvent.dataset_id, DatasetEvent.timestamp)
-        missing: dict[int, float] = net.setdefault("missing", {})  # id -> when it was first missed (monotonic)
+        missing: dict[int, float] = net.setdefault(
+            "missing", {}
+        )  # id -> when it was first missed (monotonic)
         looked_at, high = time.monotonic(), net.get("high")
         net["looked_at"] = looked_at
-        if high is None:  # a new process: the ids up to the newest are a backlog, whose commit nobody saw (all late)
+        if (
+            high is None
+        ):  # a new process: the ids up to the newest are a backlog, whose commit nobody saw (all late)
             net["backlog_to"] = session.scalar(select(func.max(DatasetEvent.id))) or 0
             followed = self._dataset_follow_mark(net, session) or {"high": max(0, net["backlog_to"] - 10_000)}
-            net["high"] = followed["high"]  # on from the newest mark; a first start: the last 10 000 ids again
+            net["high"] = followed[
+                "high"
+            ]  # on from the newest mark; a first start: the last 10 000 ids again
             missing.update(dict.fromkeys(followed.get("missing", ()), looked_at - followed.get("age", 0)))
             return []
         # At most 5 000 new and 1 000 missing ids a loop: a backlog is read in the loops after. The lowest new id by
@@ -355,9 +416,13 @@ class SchedulerJobRunner:
         first = session.scalar(select(func.min(DatasetEvent.id)).where(DatasetEvent.id > high))
         new_ids = select(*columns).where(DatasetEvent.id.between(first or 0, (first or 0) + 4_999))
         appeared = session.connection().execute(new_ids.order_by(DatasetEvent.id)).all() if first else []
-        if appeared:  # (a jump in the ids: missing are at most the 5 000 above the highest seen and below the newest)
+        if (
+            appeared
+        ):  # (a jump in the ids: missing are at most the 5 000 above the highest seen and below the newest)
             last = net["high"] = appeared[-1].id
-            gaps = set(range(high + 1, min(high + 5_001, last))) | set(range(max(high + 1, last - 5_000), last))
+            gaps = set(range(high + 1, min(high + 5_001, last))) | set(
+                range(max(high + 1, last - 5_000), last)
+            )
             missing.update(dict.fromkeys(gaps - {row.id for row in appeared}, looked_at))
         # the 500 missed last (in flight: they commit soon), and 500 of the others in turn (a rollback never does)
         waiting = sorted(missing, key=lambda i: (-missing[i], -i))
@@ -374,14 +439,22 @@ class SchedulerJobRunner:
         late = net.setdefault("late", [])  # probed 5 to 1 000 a look, 100 000 kept
         if appeared:  # the clock read after the look: every event seen committed before it
             slow_before = manager._database_now(session) - latency
-            late += [tuple(row) for row in appeared if row.timestamp < slow_before or row.id <= net["backlog_to"]]
+            late += [
+                tuple(row) for row in appeared if row.timestamp < slow_before or row.id <= net["backlog_to"]
+            ]
         aged = len(missing) - len(recent)  # rolled back, or a COMMIT beyond reach (docs/settings.md)
         capped = max(0, len(recent) - 10_000) + max(0, len(late) - 100_000)
         if aged or capped:
             Stats.incr("dataset_race_fix.net_ids_dropped", aged + capped)
-            self.log.info("dataset-race-fix: the net no longer follows %d id(s) missing for event_lookback_seconds "
-                          "and drops %d past its caps", aged, capped)
-        if len(late) > 100_000:  # the late events past the cap are read again, as new, when the net gets there
+            self.log.info(
+                "dataset-race-fix: the net no longer follows %d id(s) missing for event_lookback_seconds "
+                "and drops %d past its caps",
+                aged,
+                capped,
+            )
+        if (
+            len(late) > 100_000
+        ):  # the late events past the cap are read again, as new, when the net gets there
             net["high"] = min(net["high"], min(event[0] for event in late[100_000:]) - 1)
         # late events probed a look: 5 to 1 000, sized to take 1-2 ms, from both ends of the queue: the oldest (a
         # restart's backlog in id order) and the newest (a commit late now) are not kept behind the rest
@@ -393,12 +466,16 @@ class SchedulerJobRunner:
         # Each event's consumers with a dataset-triggered run, not below their oldest (db clean), and the links of those
         # it lies below: after a restart most lie above every run, and their links are not read.
         reference = DagScheduleDatasetReference
-        latest_run, oldest_run = (self._latest_dataset_run_date(reference.dag_id, oldest) for oldest in (False, True))
+        latest_run, oldest_run = (
+            self._latest_dataset_run_date(reference.dag_id, oldest) for oldest in (False, True)
+        )
         consumers = select(reference.dag_id, reference.dataset_id, latest_run, oldest_run)
         checked: dict[tuple[str, int], tuple[Any, ...]] = self.__dict__.get("_dataset_race_fix_checked", {})
         consumers_of: dict[int, list[tuple[str, Any, Any]]] = defaultdict(list)
         datasets = sorted({event[1] for event in events})
-        for start in range(0, len(datasets), 500):  # every consumer, paused or inactive too: a finding waits for it
+        for start in range(
+            0, len(datasets), 500
+        ):  # every consumer, paused or inactive too: a finding waits for it
             for dag_id, dataset_id, latest, oldest in session.execute(
                 consumers.where(reference.dataset_id.in_(datasets[start : start + 500]))
             ):
@@ -415,7 +492,9 @@ class SchedulerJobRunner:
         links = select(link.event_id, DagRun.dag_id).join(DagRun, DagRun.id == link.dag_run_id)
         event_ids, consumed = sorted({find[2] for find in below}), set()
         for start in range(0, len(event_ids), 500):
-            consumed.update(session.execute(links.where(link.event_id.in_(event_ids[start : start + 500]))).all())
+            consumed.update(
+                session.execute(links.where(link.event_id.in_(event_ids[start : start + 500]))).all()
+            )
         took = time.monotonic() - started
         if len(events) == size and took < 0.001:
             net["probe_size"] = min(1_000, size * 2)
@@ -444,21 +523,27 @@ class SchedulerJobRunner:
         high = min([net["high"], *(event[0] - 1 for event in net.get("late", ()))])
         followed = {"high": high, "missing": sorted(i for i in net["missing"] if i <= high)}
         interval = manager._dataset_race_fix_setting("net_look_interval_seconds")
-        if followed == net.get("marked") or (interval and time.monotonic() - net.get("marked_at", float("-inf")) < 5):
+        if followed == net.get("marked") or (
+            interval and time.monotonic() - net.get("marked_at", float("-inf")) < 5
+        ):
             return None
         row = {"dttm": manager._database_now(session), "event": mark, "extra": json.dumps(followed)}
         with session.get_bind().engine.begin() as connection:
             if "mark_id" in net:
                 connection.execute(Log.__table__.update().where(Log.id == net["mark_id"]).values(row))
             else:
-                net["mark_id"] = connection.execute(Log.__table__.insert().values(row)).inserted_primary_key[0]
+                net["mark_id"] = connection.execute(Log.__table__.insert().values(row)).inserted_primary_key[
+                    0
+                ]
         net["marked"], net["marked_at"] = followed, time.monotonic()
         return None
 
     @staticmethod
     def _dataset_step_credit(state: dict[str, Any]) -> float:
         """A paced step's credit (the sweep's pages): 3 % of the time since the last call, a step saved up."""
-        now = time.monotonic()  # (10 ms saved up made a burst of steps in the loops after a pause: the median)
+        now = (
+            time.monotonic()
+        )  # (10 ms saved up made a burst of steps in the loops after a pause: the median)
         state["credit"] = min(state.get("credit", 0.0) + 0.03 * (now - state.get("credit_at", now)), 0.002)
         state["credit_at"] = now
         return state["credit"]
@@ -473,13 +558,17 @@ class SchedulerJobRunner:
 
         order = DagRun.execution_date.asc() if oldest else DagRun.execution_date.desc()
         first = select(case((DagRun.run_type == DagRunType.DATASET_TRIGGERED, DagRun.execution_date)))
-        first_if_dataset_triggered = first.where(DagRun.dag_id == dag_id).order_by(order).limit(1).scalar_subquery()
+        first_if_dataset_triggered = (
+            first.where(DagRun.dag_id == dag_id).order_by(order).limit(1).scalar_subquery()
+        )
         searched = select(DagRun.execution_date).where(DagRun.dag_id == dag_id)
         searched = searched.where(DagRun.run_type == DagRunType.DATASET_TRIGGERED).order_by(order).limit(1)
         return func.coalesce(first_if_dataset_triggered, searched.scalar_subquery())
 
     def _decide_dataset_triggered_runs(
-        self, dag_models: Collection[DagModel], dataset_triggered_dag_info: dict[str, tuple[datetime, datetime]],
+        self,
+        dag_models: Collection[DagModel],
+        dataset_triggered_dag_info: dict[str, tuple[datetime, datetime]],
         session: Session,
     ) -> tuple[list[dict[str, Any]], list[tuple[int, str, Any]]]:
         """
@@ -498,7 +587,9 @@ class SchedulerJobRunner:
         net = self.__dict__.get("_dataset_race_fix_net", {})
         findings: dict[str, dict[int, tuple[datetime, list[int]]]] = net.get("findings", {})
         # Nothing dated further ahead of the database's clock (a stock producer's host clock) dates a run.
-        horizon = state.database_now + timedelta(seconds=manager._dataset_race_fix_setting("max_event_ahead_seconds"))
+        horizon = state.database_now + timedelta(
+            seconds=manager._dataset_race_fix_setting("max_event_ahead_seconds")
+        )
         consumed_rows: list[tuple[int, str, Any]] = []  # deleted at the end, as read
         decisions: list[dict[str, Any]] = []
         for dag_model in sorted(dag_models, key=lambda dm: dm.dag_id):
@@ -511,27 +602,39 @@ class SchedulerJobRunner:
                 continue
             if not isinstance(dag.timetable, DatasetTriggeredTimetable):
                 self.log.error(
-                    "DAG '%s' was dataset-scheduled, but didn't have a DatasetTriggeredTimetable!", dag_model.dag_id
+                    "DAG '%s' was dataset-scheduled, but didn't have a DatasetTriggeredTimetable!",
+                    dag_model.dag_id,
                 )
                 decision["skipped"] = "not dataset-scheduled (no DatasetTriggeredTimetable)"
                 continue
             queued = state.queued_rows.get(dag.dag_id, {})
-            latest_run_date, latest_interval_end, latest_any_run_date, oldest_run_date = state.latest_runs.get(
-                dag.dag_id, (None,) * 4
+            latest_run_date, latest_interval_end, latest_any_run_date, oldest_run_date = (
+                state.latest_runs.get(dag.dag_id, (None,) * 4)
             )
             dataset_ids = sorted(state.dataset_ids_of[dag.dag_id])
             found = findings.get(dag.dag_id, {})
-            found_late = {dataset_id: stamp for dataset_id, (stamp, _) in found.items() if latest_run_date is not None}
-            below_clock = None  # the clock behind the latest run (stepped back): read from the run before it, as stock
+            found_late = {
+                dataset_id: stamp for dataset_id, (stamp, _) in found.items() if latest_run_date is not None
+            }
+            below_clock = (
+                None  # the clock behind the latest run (stepped back): read from the run before it, as stock
+            )
             if latest_run_date is not None and latest_run_date > state.database_now:
                 runs = select(DagRun.execution_date).where(DagRun.dag_id == dag.dag_id)
                 runs = runs.where(DagRun.run_type == DagRunType.DATASET_TRIGGERED)
                 runs = runs.where(DagRun.execution_date <= state.database_now)
                 below_clock = session.scalar(runs.order_by(DagRun.execution_date.desc()).limit(1))
             floors = self._dataset_floors(
-                dataset_ids, latest_run_date, state.database_now, queued,
-                state.newest_consumed.get(dag.dag_id, {}), found_late, lookback, commit_latency,
-                self._checked_dataset_floors(dag.dag_id, dataset_ids, state.database_now, latest_run_date), below_clock,
+                dataset_ids,
+                latest_run_date,
+                state.database_now,
+                queued,
+                state.newest_consumed.get(dag.dag_id, {}),
+                found_late,
+                lookback,
+                commit_latency,
+                self._checked_dataset_floors(dag.dag_id, dataset_ids, state.database_now, latest_run_date),
+                below_clock,
                 oldest_run_date,
             )
             dataset_events = []  # those no run of the DAG consumed, from their floors on, per 500 datasets
@@ -543,30 +646,46 @@ class SchedulerJobRunner:
                 chosen = self._dataset_statement(
                     ("events", dialect, groups), lambda: self._events_not_consumed_statement(dialect, groups)
                 )
-                params = {"dag_id": dag.dag_id, "runs_floor": floors.runs_floor} if groups else {"ids_0": chunk}
+                params = (
+                    {"dag_id": dag.dag_id, "runs_floor": floors.runs_floor} if groups else {"ids_0": chunk}
+                )
                 for i, (floor, ids) in enumerate(sorted(by_floor.items())):
                     params.update({f"ids_{i}": ids, f"floor_{i}": floor})
                 # On the connection: the ORM's result layer doubled the time of 200 000 rows (issue 49).
-                dataset_events += [self._DatasetEventRead(*row) for row in session.connection().execute(chosen, params)]
+                dataset_events += [
+                    self._DatasetEventRead(*row) for row in session.connection().execute(chosen, params)
+                ]
             self._remember_dataset_reads(dag.dag_id, floors, dataset_events, state, commit_latency)
             choice = self._choose_dataset_run(
                 dataset_events,
-                horizon, latest_run_date, dataset_triggered_dag_info[dag.dag_id][1],
-                queued, state.dataset_uris, lambda statuses: dag.timetable.dataset_condition.evaluate(statuses),
+                horizon,
+                latest_run_date,
+                dataset_triggered_dag_info[dag.dag_id][1],
+                queued,
+                state.dataset_uris,
+                lambda statuses: dag.timetable.dataset_condition.evaluate(statuses),
             )
             decision.update(
-                dag=dag, events=choice.events, deferred=choice.deferred, queued=queued, floors=floors.floors,
-                full_read=floors.full_read, late=choice.late,
+                dag=dag,
+                events=choice.events,
+                deferred=choice.deferred,
+                queued=queued,
+                floors=floors.floors,
+                full_read=floors.full_read,
+                late=choice.late,
             )
             if choice.old_serialization:  # as in DagModel.dags_needing_dagruns
                 self.log.warning("dag '%s' has old serialization; skipping DAG run creation.", dag.dag_id)
                 decision["skipped"] = "serialized before Airflow 2.9"
                 continue
-            consumed_rows += [(d, dag.dag_id, state.stored_as_read[(d, dag.dag_id)]) for d in choice.rows_done]
+            consumed_rows += [
+                (d, dag.dag_id, state.stored_as_read[(d, dag.dag_id)]) for d in choice.rows_done
+            ]
             # a finding goes with the run, or once its dataset has nothing left to consume (consumed elsewhere)
             with_events = {event.dataset_id for event in choice.events}
             decision["findings_done"] = [
-                (dataset_id, row_ids) for dataset_id, (_, row_ids) in found.items()
+                (dataset_id, row_ids)
+                for dataset_id, (_, row_ids) in found.items()
                 if choice.execution_date is not None or dataset_id not in with_events
             ]
             if choice.execution_date is None:
@@ -576,17 +695,24 @@ class SchedulerJobRunner:
             # Explicitly check if a DagRun already exists at this date (a manual run, say): move past it.
             if latest_any_run_date and exec_date <= latest_any_run_date:
                 while session.scalar(
-                    select(func.count(DagRun.id)).where(DagRun.dag_id == dag.dag_id, DagRun.execution_date == exec_date)
+                    select(func.count(DagRun.id)).where(
+                        DagRun.dag_id == dag.dag_id, DagRun.execution_date == exec_date
+                    )
                 ):
                     exec_date += timedelta(microseconds=1)
             exec_date = timezone.coerce_datetime(exec_date)
             data_interval = dag.timetable.data_interval_for_events(exec_date, events)
-            if latest_interval_end and data_interval.start < latest_interval_end:  # never overlapping the last one's
+            if (
+                latest_interval_end and data_interval.start < latest_interval_end
+            ):  # never overlapping the last one's
                 start = timezone.coerce_datetime(latest_interval_end)
                 data_interval = DataInterval(start, max(data_interval.end, start))
             run_id = dag.timetable.generate_run_id(
-                run_type=DagRunType.DATASET_TRIGGERED, logical_date=exec_date, data_interval=data_interval,
-                session=session, events=events,
+                run_type=DagRunType.DATASET_TRIGGERED,
+                logical_date=exec_date,
+                data_interval=data_interval,
+                session=session,
+                events=events,
             )
             decision["run"] = {"execution_date": exec_date, "data_interval": data_interval, "run_id": run_id}
         return decisions, consumed_rows
@@ -606,16 +732,23 @@ class SchedulerJobRunner:
         clock = self._dataset_manager()._database_clock(dialect)
         queue = DatasetDagRunQueue
         as_stored = cast(queue.created_at, Text) if dialect == "sqlite" else queue.created_at
-        queue_rows_of_dags = self._dataset_statement(("queue rows", dialect), lambda: select(
-            queue.dataset_id, queue.target_dag_id, queue.created_at, as_stored.label("stored")
-        ).where(queue.target_dag_id.in_(bindparam("dag_ids", expanding=True))))
+        queue_rows_of_dags = self._dataset_statement(
+            ("queue rows", dialect),
+            lambda: select(
+                queue.dataset_id, queue.target_dag_id, queue.created_at, as_stored.label("stored")
+            ).where(queue.target_dag_id.in_(bindparam("dag_ids", expanding=True))),
+        )
         runs_and_datasets_of_dags = self._dataset_statement(
             ("runs and datasets", dialect, clock), lambda: self._runs_and_datasets_statement(dialect, clock)
         )
-        state = self._DatasetDecisionState(defaultdict(dict), {}, defaultdict(set), {}, defaultdict(dict), {}, None)
+        state = self._DatasetDecisionState(
+            defaultdict(dict), {}, defaultdict(set), {}, defaultdict(dict), {}, None
+        )
         for start in range(0, len(dag_ids), 500):
             chunk = dag_ids[start : start + 500]
-            for dataset_id, dag_id, created_at, stored in session.execute(queue_rows_of_dags, {"dag_ids": chunk}):
+            for dataset_id, dag_id, created_at, stored in session.execute(
+                queue_rows_of_dags, {"dag_ids": chunk}
+            ):
                 state.queued_rows[dag_id][dataset_id] = created_at
                 state.stored_as_read[(dataset_id, dag_id)] = stored
             runs_and_datasets = session.execute(runs_and_datasets_of_dags, {"dag_ids": chunk})
@@ -631,7 +764,9 @@ class SchedulerJobRunner:
             state.dataset_ids_of[dag_id].update(queued)
         unknown = sorted(set().union(*state.queued_rows.values()) - state.dataset_uris.keys())
         for start in range(0, len(unknown), 500):
-            uris = select(DatasetModel.id, DatasetModel.uri).where(DatasetModel.id.in_(unknown[start : start + 500]))
+            uris = select(DatasetModel.id, DatasetModel.uri).where(
+                DatasetModel.id.in_(unknown[start : start + 500])
+            )
             state.dataset_uris.update(session.execute(uris))
         state.database_now = state.database_now or self._dataset_manager()._database_now(session)
         return state
@@ -643,10 +778,9 @@ class SchedulerJobRunner:
         clock, the dataset's id, URI and newest event the latest run consumed, found at once whatever the statistics
         (BUG_REPORT, "The floor": the run's links newest first, LATERAL on PostgreSQL, STRAIGHT_JOIN on MySQL).
         """
-        from sqlalchemy import bindparam, case, literal_column, null, true
-
         from airflow.models.dataset import association_table
         from airflow.utils.sqlalchemy import UtcDateTime
+        from sqlalchemy import bindparam, case, literal_column, null, true
 
         reference = DagScheduleDatasetReference
         clock_column = literal_column(clock, UtcDateTime) if clock else null()  # SQLite: this host's clock
@@ -656,44 +790,69 @@ class SchedulerJobRunner:
             newest = select(*columns, DagRun.run_type).where(DagRun.dag_id == DagModel.dag_id)
             newest = newest.order_by(DagRun.execution_date.desc()).limit(1).correlate(DagModel).lateral()
             searched = select(*columns).where(newest.c.run_type != DagRunType.DATASET_TRIGGERED)
-            searched = searched.where(DagRun.dag_id == DagModel.dag_id, DagRun.run_type == DagRunType.DATASET_TRIGGERED)
-            searched = searched.order_by(DagRun.execution_date.desc()).limit(1).correlate(DagModel, newest).lateral()
+            searched = searched.where(
+                DagRun.dag_id == DagModel.dag_id, DagRun.run_type == DagRunType.DATASET_TRIGGERED
+            )
+            searched = (
+                searched.order_by(DagRun.execution_date.desc()).limit(1).correlate(DagModel, newest).lateral()
+            )
             newest_is_it = newest.c.run_type == DagRunType.DATASET_TRIGGERED
             latest_id, latest_date, latest_interval_end = (
                 case((newest_is_it, getattr(newest.c, name)), else_=getattr(searched.c, name))
                 for name in ("id", "execution_date", "data_interval_end")
             )
-            event_of_link = select(DatasetEvent.timestamp).where(DatasetEvent.id == association_table.c.event_id)
+            event_of_link = select(DatasetEvent.timestamp).where(
+                DatasetEvent.id == association_table.c.event_id
+            )
             # LATERAL (OFFSET 0: not pulled up into a plain join): the link beside it, the reference two levels up
             event_of_link = event_of_link.where(DatasetEvent.dataset_id == reference.dataset_id).offset(0)
             event_of_link = event_of_link.correlate(association_table, reference).lateral()
-            consumed = select(event_of_link.c.timestamp).select_from(association_table.join(event_of_link, true()))
+            consumed = select(event_of_link.c.timestamp).select_from(
+                association_table.join(event_of_link, true())
+            )
             consumed = consumed.where(association_table.c.dag_run_id == latest_id)
             consumed = consumed.order_by(association_table.c.event_id.desc())
-            newest_consumed_by_latest_run = consumed.limit(1).correlate(reference, newest, searched).scalar_subquery()
+            newest_consumed_by_latest_run = (
+                consumed.limit(1).correlate(reference, newest, searched).scalar_subquery()
+            )
             any_run_latest = newest.c.execution_date  # any run's latest (execution_date is never NULL)
         else:
 
             def latest_run_of(column: Any) -> Any:
-                latest = select(column).where(DagRun.dag_id == DagModel.dag_id, DagRun.run_type == dataset_triggered)
+                latest = select(column).where(
+                    DagRun.dag_id == DagModel.dag_id, DagRun.run_type == dataset_triggered
+                )
                 latest = latest.order_by(DagRun.execution_date.desc()).limit(1)
-                return latest.correlate(DagModel).scalar_subquery()  # explicit: from two levels down it would not be
+                return latest.correlate(
+                    DagModel
+                ).scalar_subquery()  # explicit: from two levels down it would not be
 
             dataset_triggered = DagRunType.DATASET_TRIGGERED
             latest_date = latest_run_of(DagRun.execution_date)
             latest_interval_end = latest_run_of(DagRun.data_interval_end)
             any_run_latest = select(func.max(DagRun.execution_date)).where(DagRun.dag_id == DagModel.dag_id)
             any_run_latest = any_run_latest.scalar_subquery()
-            link_to_event = association_table.join(DatasetEvent, DatasetEvent.id == association_table.c.event_id)
+            link_to_event = association_table.join(
+                DatasetEvent, DatasetEvent.id == association_table.c.event_id
+            )
             consumed = select(DatasetEvent.timestamp).prefix_with("STRAIGHT_JOIN", dialect="mysql")
-            consumed = consumed.select_from(link_to_event).where(DatasetEvent.dataset_id == reference.dataset_id)
+            consumed = consumed.select_from(link_to_event).where(
+                DatasetEvent.dataset_id == reference.dataset_id
+            )
             consumed = consumed.where(association_table.c.dag_run_id == latest_run_of(DagRun.id))
             consumed = consumed.order_by(association_table.c.event_id.desc())
             newest_consumed_by_latest_run = consumed.limit(1).scalar_subquery()
         oldest = cls._latest_dataset_run_date(DagModel.dag_id, oldest=True)
         statement = select(
-            DagModel.dag_id, latest_date, latest_interval_end, any_run_latest, oldest, clock_column,
-            DatasetModel.id, DatasetModel.uri, newest_consumed_by_latest_run,
+            DagModel.dag_id,
+            latest_date,
+            latest_interval_end,
+            any_run_latest,
+            oldest,
+            clock_column,
+            DatasetModel.id,
+            DatasetModel.uri,
+            newest_consumed_by_latest_run,
         )
         if dialect == "postgresql":
             statement = statement.select_from(DagModel).outerjoin(newest, true()).outerjoin(searched, true())
@@ -709,16 +868,20 @@ class SchedulerJobRunner:
         Events of datasets ``ids_<i>`` from ``floor_<i>`` on (``i < groups``) that no run of ``dag_id`` from
         ``runs_floor`` on consumed (BUG_REPORT section 4, step 2); ``groups`` 0: every event of ``ids_0`` (a first run).
         """
-        from sqlalchemy import bindparam, true
-
         from airflow.models.dataset import association_table
+        from sqlalchemy import bindparam, true
 
         names = ("id", "dataset_id", "timestamp", "source_dag_id", "source_run_id")  # _DatasetEventRead's
         columns = [getattr(DatasetEvent, name) for name in names]
         if not groups:
             return select(*columns).where(DatasetEvent.dataset_id.in_(bindparam("ids_0", expanding=True)))
-        runs_from_floor = (DagRun.dag_id == bindparam("dag_id"), DagRun.execution_date >= bindparam("runs_floor"))
-        consumed = select(association_table.c.event_id).join(DagRun, DagRun.id == association_table.c.dag_run_id)
+        runs_from_floor = (
+            DagRun.dag_id == bindparam("dag_id"),
+            DagRun.execution_date >= bindparam("runs_floor"),
+        )
+        consumed = select(association_table.c.event_id).join(
+            DagRun, DagRun.id == association_table.c.dag_run_id
+        )
         consumed = consumed.where(*runs_from_floor)
         if dialect == "postgresql":
             # One index probe per run: LATERAL (OFFSET 0: not pulled up into a join) keeps PostgreSQL from hashing
@@ -727,8 +890,12 @@ class SchedulerJobRunner:
             links = select(association_table.c.event_id).where(association_table.c.dag_run_id == runs.c.id)
             links = links.offset(0).lateral()
             consumed = select(links.c.event_id).select_from(runs.join(links, true()))
-        in_groups = (DatasetEvent.dataset_id.in_(bindparam(f"ids_{i}", expanding=True)) for i in range(groups))
-        from_floors = (and_(ids, DatasetEvent.timestamp >= bindparam(f"floor_{i}")) for i, ids in enumerate(in_groups))
+        in_groups = (
+            DatasetEvent.dataset_id.in_(bindparam(f"ids_{i}", expanding=True)) for i in range(groups)
+        )
+        from_floors = (
+            and_(ids, DatasetEvent.timestamp >= bindparam(f"floor_{i}")) for i, ids in enumerate(in_groups)
+        )
         chosen = select(*columns).where(or_(*from_floors), DatasetEvent.id.not_in(consumed))
         if dialect == "mysql":
             # InnoDB's secondary indexes carry the primary key: the check runs on the index, and reads only kept rows.
@@ -737,10 +904,18 @@ class SchedulerJobRunner:
 
     @classmethod
     def _dataset_floors(
-        cls, dataset_ids: list[int], latest_run_date: datetime | None, database_now: datetime,
-        queued: dict[int, datetime], newest_consumed: dict[int, datetime], found_late: dict[int, datetime],
-        lookback: timedelta, commit_latency: timedelta, checked: dict[int, datetime] | None = None,
-        below_clock: datetime | None = None, oldest_run_date: datetime | None = None,
+        cls,
+        dataset_ids: list[int],
+        latest_run_date: datetime | None,
+        database_now: datetime,
+        queued: dict[int, datetime],
+        newest_consumed: dict[int, datetime],
+        found_late: dict[int, datetime],
+        lookback: timedelta,
+        commit_latency: timedelta,
+        checked: dict[int, datetime] | None = None,
+        below_clock: datetime | None = None,
+        oldest_run_date: datetime | None = None,
     ) -> _DatasetFloors:
         """
         Where a DAG reads each dataset's events from (BUG_REPORT, "The floor"); pure. ``found_late``: the net's oldest
@@ -748,7 +923,9 @@ class SchedulerJobRunner:
         """
         if latest_run_date is None:  # no run of this DAG has consumed anything yet
             return cls._DatasetFloors({}, None, True)
-        full_read = latest_run_date > database_now  # a clock stepped back: read from the run at or before it, as stock
+        full_read = (
+            latest_run_date > database_now
+        )  # a clock stepped back: read from the run at or before it, as stock
         full_from = (below_clock or database_now) if full_read else latest_run_date
         full_floor = min([full_from, database_now, *queued.values()]) - lookback
         # db clean's runs lay below the oldest: only the latency below the newest consumed event (a late commit just
@@ -763,16 +940,27 @@ class SchedulerJobRunner:
                 floor = kept_from
             else:  # what this process checked raises it, never above a queue row's
                 floor = max(newest - commit_latency, checked.get(dataset_id, full_floor), full_floor)
-            if dataset_id in queued:  # a row written after the oldest run brings no event from below it (db clean's)
+            if (
+                dataset_id in queued
+            ):  # a row written after the oldest run brings no event from below it (db clean's)
                 row = queued[dataset_id]
-                floor = min(floor, max(row - commit_latency, kept_from if row > kept_from else row - commit_latency))
+                floor = min(
+                    floor, max(row - commit_latency, kept_from if row > kept_from else row - commit_latency)
+                )
             floors[dataset_id] = max(floor, full_floor)
             if dataset_id in found_late:  # the net's finding, however old: never below db clean's runs
-                floors[dataset_id] = min(floors[dataset_id], max(found_late[dataset_id], oldest_run_date or kept_from))
+                floors[dataset_id] = min(
+                    floors[dataset_id], max(found_late[dataset_id], oldest_run_date or kept_from)
+                )
         return cls._DatasetFloors(floors, min(floors.values(), default=full_floor), full_read)
 
     def _remember_dataset_reads(
-        self, dag_id: str, floors: _DatasetFloors, events: list[Any], state: _DatasetDecisionState, latency: timedelta
+        self,
+        dag_id: str,
+        floors: _DatasetFloors,
+        events: list[Any],
+        state: _DatasetDecisionState,
+        latency: timedelta,
     ) -> None:
         """
         Per dataset read, below what nothing unconsumed can appear after the read (BUG_REPORT, "The floor", what a
@@ -780,32 +968,57 @@ class SchedulerJobRunner:
         """
         if floors.runs_floor is None:  # a first run: every event was read, nothing is left behind it
             return
-        checked: dict[tuple[str, int], tuple[datetime, ...]] = self.__dict__.setdefault("_dataset_race_fix_checked", {})
+        checked: dict[tuple[str, int], tuple[datetime, ...]] = self.__dict__.setdefault(
+            "_dataset_race_fix_checked", {}
+        )
         if len(checked) > 100_000:  # DAGs come and go: forgetting only makes a read start lower
             checked.clear()
         lowest_left: dict[int, datetime] = {}
         for event in events:  # deferred, late and waiting ones alike: still unconsumed
-            lowest_left[event.dataset_id] = min(event.timestamp, lowest_left.get(event.dataset_id, event.timestamp))
-        read_at, latest_run_date, below = state.database_now, state.latest_runs[dag_id][0], state.database_now - latency
+            lowest_left[event.dataset_id] = min(
+                event.timestamp, lowest_left.get(event.dataset_id, event.timestamp)
+            )
+        read_at, latest_run_date, below = (
+            state.database_now,
+            state.latest_runs[dag_id][0],
+            state.database_now - latency,
+        )
         for dataset_id in floors.floors:
-            checked[(dag_id, dataset_id)] = (read_at, latest_run_date, min(lowest_left.get(dataset_id, below), below))
+            checked[(dag_id, dataset_id)] = (
+                read_at,
+                latest_run_date,
+                min(lowest_left.get(dataset_id, below), below),
+            )
 
     def _checked_dataset_floors(
         self, dag_id: str, dataset_ids: list[int], database_now: datetime, latest_run_date: datetime | None
     ) -> dict[int, datetime]:
         """What ``_remember_dataset_reads`` kept, unless the clock went back or the latest run is older (deleted)."""
-        checked: dict[tuple[str, int], tuple[datetime, ...]] = self.__dict__.get("_dataset_race_fix_checked", {})
+        checked: dict[tuple[str, int], tuple[datetime, ...]] = self.__dict__.get(
+            "_dataset_race_fix_checked", {}
+        )
         floors = {}
         for dataset_id in dataset_ids:
             read_at, run_date, floor = checked.get((dag_id, dataset_id), (None, None, None))
-            if read_at is not None and read_at <= database_now and latest_run_date and run_date <= latest_run_date:
+            if (
+                read_at is not None
+                and read_at <= database_now
+                and latest_run_date
+                and run_date <= latest_run_date
+            ):
                 floors[dataset_id] = floor
         return floors
 
     @classmethod
     def _choose_dataset_run(
-        cls, dataset_events: list[Any], horizon: datetime, latest_run_date: datetime | None, loop_date: datetime,
-        queued: dict[int, datetime], dataset_uris: dict[int, str], evaluate: Callable[[dict[str, bool]], bool],
+        cls,
+        dataset_events: list[Any],
+        horizon: datetime,
+        latest_run_date: datetime | None,
+        loop_date: datetime,
+        queued: dict[int, datetime],
+        dataset_uris: dict[int, str],
+        evaluate: Callable[[dict[str, bool]], bool],
     ) -> _DatasetRunChoice:
         """
         Whether a DAG's events make a run, and its date before the unique-date check; pure (BUG_REPORT section 4,
@@ -815,16 +1028,23 @@ class SchedulerJobRunner:
         events = [event for event in dataset_events if event.timestamp <= horizon]
         late = [event for event in events if latest_run_date and event.timestamp <= latest_run_date]
         with_events = {event.dataset_id for event in events}
-        statuses = {dataset_uris[dataset_id]: True for dataset_id in with_events if dataset_id in dataset_uris}
+        statuses = {
+            dataset_uris[dataset_id]: True for dataset_id in with_events if dataset_id in dataset_uris
+        }
         try:
             ready = bool(events) and evaluate(statuses)
         except AttributeError:  # serialized before 2.9
             return cls._DatasetRunChoice(events, deferred, late, None, (), old_serialization=True)
         if not ready:
-            return cls._DatasetRunChoice(events, deferred, late, None, tuple(d for d in queued if d not in with_events))
+            return cls._DatasetRunChoice(
+                events, deferred, late, None, tuple(d for d in queued if d not in with_events)
+            )
         queue_dates = (timezone.coerce_datetime(loop_date), *queued.values())
         execution_date = max(
-            [*(created_at for created_at in queue_dates if created_at <= horizon), *(e.timestamp for e in events)]
+            [
+                *(created_at for created_at in queue_dates if created_at <= horizon),
+                *(e.timestamp for e in events),
+            ]
         )
         if latest_run_date:
             execution_date = max(execution_date, latest_run_date + timedelta(microseconds=1))
@@ -840,7 +1060,8 @@ class SchedulerJobRunner:
 
         kind, own = type(timetable), DatasetTriggeredTimetable
         if kind.data_interval_for_events is not own.data_interval_for_events or kind.generate_run_id not in (
-            own.generate_run_id, DatasetOrTimeSchedule.generate_run_id
+            own.generate_run_id,
+            DatasetOrTimeSchedule.generate_run_id,
         ):
             return cls._dataset_events_by_id([event.id for event in events], session)
         run_ids_of: dict[str, set[str]] = defaultdict(set)
@@ -852,7 +1073,9 @@ class SchedulerJobRunner:
         for dag_id, run_ids in run_ids_of.items():
             run_ids = sorted(run_ids)
             for start in range(0, len(run_ids), 500):  # SQLite before 3.32: 999 variables
-                chunk = select(*columns).where(DagRun.dag_id == dag_id, DagRun.run_id.in_(run_ids[start : start + 500]))
+                chunk = select(*columns).where(
+                    DagRun.dag_id == dag_id, DagRun.run_id.in_(run_ids[start : start + 500])
+                )
                 runs.update(((dag_id, run.run_id), run) for run in session.execute(chunk))
         for event in events:
             event.source_dag_run = runs.get((event.source_dag_id, event.source_run_id))
@@ -874,7 +1097,9 @@ class SchedulerJobRunner:
         session: Session,
     ) -> None:
         """For DAGs that are triggered by datasets, create dag runs."""
-        decisions, consumed_rows = self._decide_dataset_triggered_runs(dag_models, dataset_triggered_dag_info, session)
+        decisions, consumed_rows = self._decide_dataset_triggered_runs(
+            dag_models, dataset_triggered_dag_info, session
+        )
         for decision in decisions:
             if decision["skipped"]:
                 continue
@@ -887,7 +1112,9 @@ class SchedulerJobRunner:
                     self.log.warning(
                         "DAG '%s': %d dataset event(s) dated up to %s, ahead of the scheduler's clock by more than "
                         "[dataset_race_fix] max_event_ahead_seconds (a producer host's clock runs ahead): they wait",
-                        dag.dag_id, len(ahead), max(event.timestamp for event in ahead),
+                        dag.dag_id,
+                        len(ahead),
+                        max(event.timestamp for event in ahead),
                     )
             if decision["run"] is None:
                 Stats.incr("dataset_race_fix.empty_runs_prevented")
@@ -896,7 +1123,9 @@ class SchedulerJobRunner:
                 Stats.incr("dataset_race_fix.late_events_consumed", late)
                 self.log.info(
                     "DAG '%s': the new run consumes %d event(s) dated before its latest run: late "
-                    "commits, or events of a deleted run (deleting a run gives its events back)", dag.dag_id, late,
+                    "commits, or events of a deleted run (deleting a run gives its events back)",
+                    dag.dag_id,
+                    late,
                 )
             dag_hash = self.dagbag.dags_hash.get(dag.dag_id)
             dag_run = dag.create_dagrun(
@@ -930,7 +1159,9 @@ class SchedulerJobRunner:
         """Link a run to its events, 10 000 integers written in a statement (issue 49; BUG_REPORT, "Statement size")."""
         insert = "INSERT INTO dagrun_dataset_event (dag_run_id, event_id) VALUES "
         for start in range(0, len(event_ids), 10_000):
-            rows = ",".join(f"({int(dag_run_id)},{int(event_id)})" for event_id in event_ids[start : start + 10_000])
+            rows = ",".join(
+                f"({int(dag_run_id)},{int(event_id)})" for event_id in event_ids[start : start + 10_000]
+            )
             session.connection().exec_driver_sql(insert + rows)
 
     @staticmethod
@@ -961,7 +1192,9 @@ class SchedulerJobRunner:
                 taken = select(ctid).select_from(DatasetDagRunQueue.__table__).where(as_read.in_(chunk))
                 session.execute(
                     delete(DatasetDagRunQueue)
-                    .where(ctid == any_(func.array(taken.with_for_update(skip_locked=True).scalar_subquery())))
+                    .where(
+                        ctid == any_(func.array(taken.with_for_update(skip_locked=True).scalar_subquery()))
+                    )
                     .execution_options(synchronize_session=False)
                 )
                 continue
