@@ -135,7 +135,7 @@ def run_case(
         ), []
     if case == "fan-out":
         return bench_fanout(
-            variants, *args.fanout[:3], args.fanout_loops, notes, args.fanout_pass_seconds
+            variants, *args.fanout[:3], args.fanout_loops, notes, args.fanout_pass_seconds, args.fanout_pace
         ), []
     if case == "late-restart":
         bench_late_after_restart(variants, args.late_events, notes, args.fanout_pass_seconds)
@@ -309,6 +309,14 @@ def main(argv: list[str] | None = None) -> int:
         metavar="S",
         help="fan-out: longest wait for the net to catch up after a start, its rest then skipped "
         "(default %(default)s)",
+    )
+    parser.add_argument(
+        "--fanout-pace",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="fan-out: seconds from the start of one pair of loops to the next, as a scheduler with nothing "
+        "to do sleeps (1: a loop a second; default 0: back to back)",
     )
     parser.add_argument(
         "--late-events",

@@ -33,14 +33,16 @@ def bench_fanout(
     loops: int,
     notes: list[str],
     pass_limit: float = 900.0,
+    pace: float = 0.0,
 ) -> list[dict[str, Any]]:
     """
-    Issue 47's fan-out: ``datasets`` datasets with ``consumers`` DAGs each and ``events`` events per dataset over the
+    The fan-out: ``datasets`` datasets with ``consumers`` DAGs each and ``events`` events per dataset over the
     last 800 s, each consumed by a run of every consumer (100 a run): consumers x events links a dataset. Tables never
     analyzed (as a bulk load or a restore leaves them). Per variant a new scheduler runner (a scheduler just started:
     its first loop apart) runs ``loops`` loops; both run on until the fixed one's net has caught up (at
     most ``pass_limit`` seconds), then each runs ``2 * loops`` more (long-running) and a sweep round's. Nothing
-    new happens, so a loop is the scheduler's heartbeat and the fix's net all it adds. Rows: the loop's median;
+    new happens, so a loop is the scheduler's heartbeat and the fix's net all it adds. ``pace``: seconds from one
+    pair of loops to the next (1: a loop a second, as an idle scheduler sleeps; 0: back to back). Rows: the median;
     notes: its p99, max and the net's and sweep's share of the fixed loops' time.
     """
     from airflow import settings
@@ -102,23 +104,21 @@ def bench_fanout(
 
     runners["fixed"]._dags_with_unqueued_dataset_events = timed_net
 
-    fixed_ended = [time.monotonic()]
+    stock_took = [0.0]  # stock's loop time since the fixed runner's last loop
 
     def loop(variant: str) -> tuple[float, float]:
         """One loop of ``variant``'s runner: its time and the net's in it."""
         if current[0] != variant:  # a cheap switch: the runners' loops alternate one by one
             variants.switch(variant)
             current[0] = variant
-            if (
-                variant == "fixed"
-            ):  # the fix's paced steps earn 3 % of the time since their last call: not of the
-                for state in map(
-                    runners["fixed"].__dict__.get, ("_dataset_race_fix_net", "_dataset_race_fix_sweep")
-                ):
-                    if (
-                        state and "credit_at" in state
-                    ):  # time stock's loop took (a scheduler alone has no such gap)
-                        state["credit_at"] += time.monotonic() - fixed_ended[0]
+        if variant == "fixed":
+            # The fix's paced steps earn 3 % of the time since their last call: not of the time stock's
+            # loops took here (a scheduler alone has no such gap), but of any pace's sleep, as in a scheduler.
+            for name in ("_dataset_race_fix_net", "_dataset_race_fix_sweep"):
+                state = runners["fixed"].__dict__.get(name)
+                if state and "credit_at" in state:
+                    state["credit_at"] += stock_took[0]
+            stock_took[0] = 0.0
         session, net_before = settings.Session.session_factory(), net_seconds[0]
         gc.disable()  # this process's heap (the lab's, not a scheduler's) made gen-2 pauses of 100 ms fall in loops
         began = time.perf_counter()
@@ -126,7 +126,8 @@ def bench_fanout(
         took = time.perf_counter() - began
         gc.enable()
         session.close()
-        fixed_ended[0] = time.monotonic() if variant == "fixed" else fixed_ended[0]
+        if variant == "stock":
+            stock_took[0] += took
         if error:
             notes.append(f"fan-out, {variant}: a loop failed: {error}")
         return took, net_seconds[0] - net_before
@@ -135,9 +136,11 @@ def bench_fanout(
         """A loop of each runner in turn, the order flipped each pair (ABBA): ``loops`` each, or fixed's ``until``."""
         done = 0
         while (done < loops) if until is None else not until() and done < loops:
+            pair_began = time.monotonic()
             for variant in pair_order(done + 1):  # fixed first in the first pair
                 laps[variant][phase].append(loop(variant))
             done += 1
+            time.sleep(max(0.0, pace - (time.monotonic() - pair_began)))
         return done
 
     def pass_done() -> bool:  # the start's re-read of the last ids over, every late one probed
@@ -172,6 +175,8 @@ def bench_fanout(
     )
     variants.switch("stock")
     label = f"fan-out {consumers} x {datasets} datasets, {events} events each"
+    if pace:
+        label += f", a pair of loops each {pace:g} s"
     during = laps["fixed"]["pass"]
     notes.append(
         f"{label}: the net's start {'took' if pass_over else 'not over in'} {pass_seconds:.1f} s, "
