@@ -148,14 +148,15 @@ def test_a_postgres_producer_commit_sends_short_statements_in_lock_order(world):
     """
     Stock PostgreSQL sends one queue statement per event (``INSERT .. ON CONFLICT DO
     NOTHING``). The fix sends at COMMIT, for the whole transaction: the SKIP LOCKED take of
-    the existing rows, the insert of the keys with no row, a second take and the look for
-    held rows (only when a key was neither taken nor inserted), then one statement that stamps its events,
-    dates the queue rows one microsecond after them (Airflow's order) and returns the stamps (the events'
-    UPDATE hands them to the rows' UPDATE in one WITH). Short statements for the take and the insert: a task's
-    connection is new and a new server backend plans a statement of CTEs and joins for milliseconds (issue
-    30); the stamp's WITH joins nothing and, on a new backend, costs what its three former statements did. A
-    row only taken is written once, by the dating (a second write would check its foreign key again and wait
-    for a scheduler holding the DAG's row); a held row is not written.
+    the existing rows, the insert of the keys with no row, a second take and the look for held
+    rows (only when a key was neither taken nor inserted), then one statement that stamps its
+    events, dates the queue rows one microsecond after them (Airflow's order) and returns the
+    stamps (the events' UPDATE hands them to the rows' UPDATE in one WITH). Short statements
+    for the take and the insert: a task's connection is new and a new server backend plans a
+    statement of CTEs and joins for milliseconds (issue 30); the stamp's WITH joins nothing
+    and, on a new backend, costs what its three former statements did. A row only taken is
+    written once, by the dating (a second write would check its foreign key again and wait for
+    a scheduler holding the DAG's row); a held row is not written.
     """
     w = world
     a, b = w.dataset("a"), w.dataset("b")

@@ -376,11 +376,11 @@ def test_a_producers_commit_probes_the_queue_by_primary_key_whatever_the_statist
     """
     A producer's COMMIT on PostgreSQL (BUG_REPORT section 4): the SKIP LOCKED take of its
     existing rows, the insert of its keys with no row (its probe of the queue per key), the
-    second take and the look for held rows each cost the keys they name, never a read of the queue, however
-    many rows other DAGs keep queued and whatever the statistics say. (A queue of a few pages may be read once
-    instead: the planner counts its pages as they are, not from statistics, so it scans only where a scan
-    costs less than the probes; the probes inside the insert are SubPlans, one index probe per key, never a
-    scan repeated per key.)
+    second take and the look for held rows each cost the keys they name, never a read of the
+    queue, however many rows other DAGs keep queued and whatever the statistics say. (A queue
+    of a few pages may be read once instead: the planner counts its pages as they are, not
+    from statistics, so it scans only where a scan costs less than the probes; the probes
+    inside the insert are SubPlans, one index probe per key, never a scan repeated per key.)
     """
     from airflow.datasets.manager import DatasetManager
 

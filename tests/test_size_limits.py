@@ -1,9 +1,9 @@
 """
-Statement sizes at scale, on every backend: 10 000 queue rows for one DAG, one dataset
-with 10 000 consuming DAGs, and a first run over 25 000 events. Every statement of the fix whose size follows
-the number of rows, datasets or DAGs is chunked, so it stays inside SQLite's expression depth (1 000) and
-bound variables (999 before 3.32), and MySQL's packet size. The previous fix crashed the scheduler here on
-SQLite ("Expression tree is too large").
+Statement sizes at scale, on every backend: 10 000 queue rows for one DAG, one dataset with
+10 000 consuming DAGs, and a first run over 25 000 events. Every statement of the fix whose
+size follows the number of rows, datasets or DAGs is chunked, so it stays inside SQLite's
+expression depth (1 000) and bound variables (999 before 3.32), and MySQL's packet size. The
+previous fix crashed the scheduler here on SQLite ("Expression tree is too large").
 """
 
 from __future__ import annotations

@@ -13,9 +13,9 @@ server runs with autovacuum off), behind (the last ANALYZE before the bulk loads
 
     ADRF_BACKEND=postgres .tox/airflow2104-postgres/bin/python tests/web_bench.py
 
-ADRF_BENCH_STATES="never analyzed,fresh" chooses states; ADRF_BENCH_SAMPLES=N measures each request N
-times; ADRF_BENCH_EXPLAIN_MS=100 (PostgreSQL) logs the plan of every statement slower than 100 ms to the
-server's log (auto_explain).
+ADRF_BENCH_STATES="never analyzed,fresh" chooses states; ADRF_BENCH_SAMPLES=N measures each
+request N times; ADRF_BENCH_EXPLAIN_MS=100 (PostgreSQL) logs the plan of every statement slower
+than 100 ms to the server's log (auto_explain).
 
 Not a test (pytest does not collect it): a measurement, printed as a table.
 """

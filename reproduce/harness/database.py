@@ -1,9 +1,9 @@
 """
 Scratch metadata databases on the three backends, and pointing Airflow at one.
 
-Each run creates its own database (``adrf_<random>``, or a name of the caller's that does
-not exist) on the server and drops it at the end, never touching other databases. Server URLs come from the
-environment, with loopback defaults matching the CI machine:
+Each run creates its own database (``adrf_<random>``, or a name of the caller's that does not
+exist) on the server and drops it at the end, never touching other databases. Server URLs come
+from the environment, with loopback defaults matching the CI machine:
 
 - ``ADRF_POSTGRES_URL`` (default ``postgresql+psycopg2://postgres@127.0.0.1:5432/test``)
 - ``ADRF_MYSQL_URL`` (default ``mysql+mysqldb://root@127.0.0.1:3306/test``)

@@ -2,11 +2,11 @@
 Run one schedule on a fresh ``World`` (real database), on the variant in place (stock or
 fixed: the caller applies or removes the fix), and collect what the oracle needs.
 
-Time is virtual and frozen: every step runs at its own instant (``TICK`` apart), a stall
-moves the clock by ``stall`` seconds, a clock step by its own (back too). Python's clock is the world's
-``Clock``; on a server the fix's database clock (``DatasetManager._database_clock``) is replaced by that same
-instant as a literal, so stamps follow the schedule, not the machine's speed (SQLite's clock is Python's). No
-step sleeps.
+Time is virtual and frozen: every step runs at its own instant (``TICK`` apart), a stall moves
+the clock by ``stall`` seconds, a clock step by its own (back too). Python's clock is the
+world's ``Clock``; on a server the fix's database clock (``DatasetManager._database_clock``)
+is replaced by that same instant as a literal, so stamps follow the schedule, not the
+machine's speed (SQLite's clock is Python's). No step sleeps.
 
 Lock waits are real: a step that blocks on a row lock is left waiting and the actor's later
 steps wait behind it until it goes on (the executed order is recorded). SQLite has one

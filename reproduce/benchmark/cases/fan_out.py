@@ -1,8 +1,8 @@
 """
 ``fan-out``: consumers x datasets x events consumed in the window; loops of a stock and a fixed
-scheduler just started, the fixed one's until its net has caught up (a first start reads the last 10 000 event
-ids again), long-running ones after it and a sweep round's loops: median, p99, max, the net's and sweep's
-share.
+scheduler just started, the fixed one's until its net has caught up (a first start reads the
+last 10 000 event ids again), long-running ones after it and a sweep round's loops: median, p99,
+max, the net's and sweep's share.
 """
 
 from __future__ import annotations
