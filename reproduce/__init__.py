@@ -29,5 +29,8 @@ def lab_command(module: str) -> list[str]:
     """The command line that runs the lab's ``module`` as ``python -m`` would, in a fresh
     interpreter, from any working directory: with the clone first on sys.path instead of the
     working directory (in ``reproduce/`` itself, ``reproduce.py`` would stand for this package)."""
-    code = f"import runpy, sys; sys.path[0] = {ROOT!r}; runpy.run_module({module!r}, run_name='__main__', alter_sys=True)"
+    code = (
+        f"import runpy, sys; sys.path[0] = {ROOT!r}; "
+        f"runpy.run_module({module!r}, run_name='__main__', alter_sys=True)"
+    )
     return [sys.executable, "-c", code]

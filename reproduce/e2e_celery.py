@@ -281,8 +281,9 @@ def run(spec: dict[str, Any], progress: Callable[[str], None]) -> dict[str, Any]
     chaos = None
     try:
         progress(
-            f"Redis database {redis_db.url} claimed; {spec['schedulers']} scheduler(s), {spec['workers']} "
-            f"worker(s) x {spec['worker_concurrency']} slots; chaos: {', '.join(spec.get('chaos') or []) or 'none'}"
+            f"Redis database {redis_db.url} claimed; {spec['schedulers']} scheduler(s), "
+            f"{spec['workers']} worker(s) x {spec['worker_concurrency']} slots; "
+            f"chaos: {', '.join(spec.get('chaos') or []) or 'none'}"
         )
         env = e2e.process_env(spec, celery_env(spec, redis_db.url))
         # --stock-schedulers: the first N schedulers of the fixed variant run stock Airflow (an
@@ -291,7 +292,8 @@ def run(spec: dict[str, Any], progress: Callable[[str], None]) -> dict[str, Any]
         stock_schedulers = min(spec.get("stock_schedulers") or 0, spec["schedulers"])
         if stock_schedulers:
             progress(
-                f"mixed: scheduler(s) 1-{stock_schedulers} run stock Airflow, the rest and the workers the fix"
+                f"mixed: scheduler(s) 1-{stock_schedulers} run stock Airflow, the rest "
+                "and the workers the fix"
             )
         max_restarts = e2e.Supervised.MAX_RESTARTS + 2 * len(spec.get("chaos") or [])
         started = time.monotonic()

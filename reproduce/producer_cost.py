@@ -48,7 +48,8 @@ with DAG("adrf_cost_consumer", start_date=pendulum.datetime(2026, 1, 1, tz="UTC"
     EmptyOperator(task_id="noop")
 """
 
-# A host without this package: Airflow's scan of the installed distributions' entry points as ever, ours left out.
+# A host without this package: Airflow's scan of the installed distributions' entry points as ever, ours left
+# out.
 HIDE_PACKAGE = """
 import airflow.utils.entry_points as entry_points
 grouped = entry_points.entry_points_with_dist

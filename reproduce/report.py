@@ -202,7 +202,8 @@ def render_e2e(runs: list[dict[str, Any]]) -> str:
         label = f"{r['variant']} run {r['run']}"
         for fault in e.get("faults", []):
             notes.append(
-                f"{label}: fault at {fault['utc']} UTC (+{fault['at_seconds']} s): {fault['fault']}: {fault['detail']}"
+                f"{label}: fault at {fault['utc']} UTC (+{fault['at_seconds']} s): {fault['fault']}: "
+                f"{fault['detail']}"
             )
         for entry in e.get("producer_tis_failed_list", [])[:LISTED]:
             notes.append(f"{label}: failed producer {entry}")

@@ -45,8 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--database",
         metavar="NAME",
-        help="on a server: the scratch database's name (default adrf_<random>), created for each variant in turn "
-        "and dropped after it; a database of that name that exists is refused, never used or dropped",
+        help="on a server: the scratch database's name (default adrf_<random>), created for each variant in "
+        "turn and dropped after it; a database of that name that exists is refused, never used or dropped",
     )
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--stress", action="store_true", help="random concurrent producers and scheduler loops")
@@ -72,7 +72,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--schedulers",
         type=int,
         choices=(1, 2),
-        help="--stress: scheduler loops; --e2e --executor celery: 'airflow scheduler' processes (default 2 on postgres, 1 elsewhere)",
+        help="--stress: scheduler loops; --e2e --executor celery: 'airflow scheduler' processes "
+        "(default 2 on postgres, 1 elsewhere)",
     )
     parser.add_argument(
         "--mapped", type=int, default=30, help="--e2e: mapped producer tasks per run (default %(default)s)"
@@ -83,8 +84,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--executor",
         choices=("local", "sequential", "celery"),
-        help="--e2e: Airflow executor (default: local on servers, sequential on sqlite); celery needs a Redis "
-        "server (ADRF_REDIS_URL, default redis://127.0.0.1:6379) and requirements/celery-e2e-*.txt",
+        help="--e2e: Airflow executor (default: local on servers, sequential on sqlite); celery needs a "
+        "Redis server (ADRF_REDIS_URL, default redis://127.0.0.1:6379) and requirements/celery-e2e-*.txt",
     )
     parser.add_argument(
         "--workers",
@@ -102,7 +103,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--mapped-multi",
         type=int,
         default=8,
-        help="--executor celery: mapped tasks with outlets [a, b] and as many with [b, a] per run (default %(default)s)",
+        help="--executor celery: mapped tasks with outlets [a, b] and as many with [b, a] per run "
+        "(default %(default)s)",
     )
     parser.add_argument(
         "--chaos",
@@ -250,8 +252,8 @@ def scenario_ids(only: str | None, backend: str) -> list[str]:
             )
         if not info.applies_to(backend):
             raise ReproduceError(
-                f"--only {info.id}: cannot happen on {backend}; it runs with --backend {' or '.join(info.backends)}. "
-                f"On {backend}: {', '.join(applicable)}"
+                f"--only {info.id}: cannot happen on {backend}; it runs with "
+                f"--backend {' or '.join(info.backends)}. On {backend}: {', '.join(applicable)}"
             )
         chosen.append(info.id)
     return chosen
@@ -286,8 +288,8 @@ def check_celery(backend: str, args: argparse.Namespace) -> None:
         raise ReproduceError(f"Redis at {redis_url()} (ADRF_REDIS_URL) is not reachable: {err}") from None
     if backend == "mysql" and args.schedulers == 2:
         print(
-            "reproduce: note: Airflow supports several schedulers only on PostgreSQL and MySQL 8 (row locks); "
-            "on MariaDB they collide without our code",
+            "reproduce: note: Airflow supports several schedulers only on PostgreSQL and MySQL 8 "
+            "(row locks); on MariaDB they collide without our code",
             file=sys.stderr,
         )
 

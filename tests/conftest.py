@@ -27,7 +27,10 @@ configure_airflow_env(_database.url, _airflow_home.name)
 
 
 def pytest_report_header(config):
-    return f"airflow-dataset-race-fix: Airflow {AIRFLOW_VERSION}, backend {BACKEND}, scratch database {_database.name}"
+    return (
+        f"airflow-dataset-race-fix: Airflow {AIRFLOW_VERSION}, backend {BACKEND}, "
+        f"scratch database {_database.name}"
+    )
 
 
 def pytest_collection_modifyitems(config, items):

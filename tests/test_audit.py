@@ -314,7 +314,7 @@ def test_healthy_database_audits_clean(variant_fixed, capsys):
 def test_a_stranded_event_is_a_finding_on_an_unpaused_dag_only(variant_fixed, capsys):
     """Events registered while their DAG was paused get no queue row (Airflow queues none for a paused DAG).
     Paused, they are listed as stranded and are no finding (exit 0). Unpaused, stock Airflow starts no run for
-    them until their dataset's next event: a finding (exit 1), for a DAG that never ran and for one that did."""
+    them until their dataset's next event: a finding (exit 1), for a DAG that never ran and one that did."""
     from airflow.models.dag import DagModel
 
     w = World("stranded")

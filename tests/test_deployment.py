@@ -174,7 +174,8 @@ def test_deployment_names_the_hosts_that_ran_without_the_fix(deployment):
     assert deployment.returncode == 1, output(deployment)[-3000:]
     found = json.loads(deployment.stdout)
     assert found["schema"] == "airflow-dataset-race-fix/deployment/1"
-    # Each component once per process start, the triggerer and the dag-processor from their jobs as the schedulers
+    # Each component once per process start, the triggerer and the dag-processor
+    # from their jobs as the schedulers
     ours = [
         (row["host"], row["component"]) for row in found["components"] if row["host"] in ("host-a", "host-b")
     ]

@@ -322,7 +322,10 @@ def test_the_text_says_whether_the_fix_is_active_and_names_what_each_finding_cou
     without, active = _cli(d), _cli(d, env={"PYTHONPATH": BOOTSTRAP_DIR})
     assert "the fix is not active in this process" in without.stdout, without.stdout + without.stderr[-2000:]
     assert "the fix is active in this process" in active.stdout, active.stdout + active.stderr[-2000:]
-    expected = f"Audit: empty_runs 1 (stock_overlap); future_dated 1 ({ahead_id}); overlapping_intervals 1 (stock_overlap)"
+    expected = (
+        f"Audit: empty_runs 1 (stock_overlap); future_dated 1 ({ahead_id}); "
+        "overlapping_intervals 1 (stock_overlap)"
+    )
     assert without.returncode == 1 and expected in without.stdout, without.stdout
 
 
@@ -430,7 +433,8 @@ def test_without_the_fix_in_this_process_the_verdict_is_the_fixed_schedulers_and
 
 
 def test_a_pending_event_is_no_audit_finding(world):
-    """audit counts an unconsumed event dated before a later run as suspected lost; explain does not when the next run takes it."""
+    """audit counts an unconsumed event dated before a later run as suspected lost; explain does not when the
+    next run takes it."""
     w = world
     a, b = w.dataset("a"), w.dataset("b")
     d = w.consumer("d", DatasetAny(a, b))

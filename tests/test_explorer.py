@@ -62,7 +62,8 @@ def test_the_quiet_dag_interleaving_consumes_the_stalled_event(explorer_settings
 ISSUE_47 = {  # item: (DAGs, steps, max_dagruns_to_create_per_loop, tick, what the fix did on f61ec50)
     "3-starved-victim": (
         (("h1", "a/1"), ("h2", "a/1"), ("h3", "a/1"), ("v", "b")),
-        "Q0:a R0:b S.loop S.loop S.loop S.loop D.full:h D.pause:h Q1:a D.unpause:h D.pause:v Q2:b D.unpause:v S.loop S.loop",
+        "Q0:a R0:b S.loop S.loop S.loop S.loop D.full:h D.pause:h Q1:a D.unpause:h D.pause:v "
+        "Q2:b D.unpause:v S.loop S.loop",
         1,
         0.01,
         "starved Q2 (v)",
@@ -85,7 +86,8 @@ ISSUE_47 = {  # item: (DAGs, steps, max_dagruns_to_create_per_loop, tick, what t
 
 
 def test_the_model_holds_issue_47s_interleavings():
-    """Operator and clock steps are enumerated, one interleaving per trace; the issue's lists are in the spaces."""
+    """Operator and clock steps are enumerated, one interleaving per trace; the issue's lists are in the
+    spaces."""
     from explorer.explore import programs
     from explorer.model import Space
 

@@ -71,8 +71,8 @@ def test_a_manual_run_at_the_same_date_is_stepped_over(variant_fixed):
 def test_a_manual_run_after_the_latest_dataset_run_leaves_its_floor_as_it_was(variant_fixed):
     """
     The latest dataset-triggered run is the DAG's newest run, or, when a manual run is newer, searched for
-    (PostgreSQL reads the newest run by index order and searches only then): either way the next run consumes the
-    new event only, never the one the dataset-triggered run consumed.
+    (PostgreSQL reads the newest run by index order and searches only then): either way the next run consumes
+    the new event only, never the one the dataset-triggered run consumed.
     """
     w = World("manual_after")
     try:
@@ -135,9 +135,9 @@ def test_and_condition_is_judged_on_events_not_on_stale_queue_rows(variant_fixed
 
 def test_a_timetable_that_reads_events_its_own_way_gets_airflows_objects(variant_fixed):
     """
-    Run creation reads events as columns (issue 49). A timetable that overrides Airflow's ``data_interval_for_events``
-    gets Airflow's DatasetEvent objects, in the decision's order; Airflow's own and DatasetOrTimeSchedule (whose
-    run_id takes no event) get the columns, each with its producer run set.
+    Run creation reads events as columns (issue 49). A timetable that overrides Airflow's
+    ``data_interval_for_events`` gets Airflow's DatasetEvent objects, in the decision's order; Airflow's own
+    and DatasetOrTimeSchedule (whose run_id takes no event) get the columns, each with its producer run set.
     """
     from airflow.timetables.datasets import DatasetOrTimeSchedule
     from airflow.timetables.simple import DatasetTriggeredTimetable
@@ -198,7 +198,8 @@ def test_settings_are_read_once_a_process_and_again_when_their_variable_changes(
 
 
 def test_a_paced_step_saves_up_one_step_of_credit_after_a_pause():
-    """10 ms saved up made a burst of sweep pages in the loops after a pause (issue 47: the round's share 11-16 %)."""
+    """10 ms saved up made a burst of sweep pages in the loops after a pause (issue 47: the round's share
+    11-16 %)."""
     import time
 
     from airflow_dataset_race_fix.fix.jobs.scheduler_job_runner import SchedulerJobRunner

@@ -148,15 +148,15 @@ def test_a_postgres_producer_commit_sends_short_statements_in_lock_order(world):
     """
     Stock PostgreSQL sends one queue statement per event (``INSERT .. ON CONFLICT DO
     NOTHING``). The fix sends at COMMIT, for the whole transaction: the SKIP LOCKED take of
-    the existing rows, the insert of the keys with no row, a second take and the look for
-    held rows (only when a key was neither taken nor inserted), then one statement that stamps its events, dates
-    the queue rows one microsecond after them (Airflow's order) and returns the stamps (the
-    events' UPDATE hands them to the rows' UPDATE in one WITH). Short statements for the take
-    and the insert: a task's connection is new and a new server backend plans a statement of
-    CTEs and joins for milliseconds (issue 30); the stamp's WITH joins nothing and, on a new
-    backend, costs what its three former statements did. A row only taken is written once, by
-    the dating (a second write would check its foreign key again and wait for a scheduler
-    holding the DAG's row); a held row is not written.
+    the existing rows, the insert of the keys with no row, a second take and the look for held
+    rows (only when a key was neither taken nor inserted), then one statement that stamps its
+    events, dates the queue rows one microsecond after them (Airflow's order) and returns the
+    stamps (the events' UPDATE hands them to the rows' UPDATE in one WITH). Short statements
+    for the take and the insert: a task's connection is new and a new server backend plans a
+    statement of CTEs and joins for milliseconds (issue 30); the stamp's WITH joins nothing
+    and, on a new backend, costs what its three former statements did. A row only taken is
+    written once, by the dating (a second write would check its foreign key again and wait for
+    a scheduler holding the DAG's row); a held row is not written.
     """
     w = world
     a, b = w.dataset("a"), w.dataset("b")
@@ -287,7 +287,8 @@ def test_postgres_stamps_dates_and_reads_back_in_one_statement(world, outlets):
 
 
 def test_rows_are_written_at_commit_in_key_order_in_one_statement(world):
-    """Both outlets of one transaction go out as one upsert (SQLite: one executemany), in (dataset_id, target_dag_id) order."""
+    """Both outlets of one transaction go out as one upsert (SQLite: one executemany), in (dataset_id,
+    target_dag_id) order."""
     w = world
     a, b = w.dataset("a"), w.dataset("b")
     dags = [w.consumer(name, [a, b]) for name in ("y", "x")]
@@ -370,7 +371,8 @@ def test_sqlite_rows_in_any_text_format_are_deleted_as_read(world):
         for uri, stored in ((a.uri, base), (b.uri, base + "+00:00")):
             session.execute(
                 text(
-                    "UPDATE dataset_dag_run_queue SET created_at = :stored WHERE dataset_id = :ds AND target_dag_id = :d"
+                    "UPDATE dataset_dag_run_queue SET created_at = :stored WHERE dataset_id = :ds "
+                    "AND target_dag_id = :d"
                 ),
                 {"stored": stored, "ds": _dataset_id(uri), "d": d},
             )
@@ -380,7 +382,8 @@ def test_sqlite_rows_in_any_text_format_are_deleted_as_read(world):
     with create_session() as session:
         session.execute(
             text(
-                "INSERT INTO dataset_dag_run_queue (dataset_id, target_dag_id, created_at) VALUES (:ds, :d, :stored)"
+                "INSERT INTO dataset_dag_run_queue (dataset_id, target_dag_id, created_at) "
+                "VALUES (:ds, :d, :stored)"
             ),
             {"stored": base + "+00:00", "ds": _dataset_id(a.uri), "d": d},
         )

@@ -53,7 +53,8 @@ def world(request, variant_fixed):
 
 @contextmanager
 def explained(wanted: Callable[[str], bool], run: bool = False) -> Iterator[list[str]]:
-    """The plans (``EXPLAIN`` text; ``run``: ``EXPLAIN ANALYZE``, for SELECTs) of the statements ``wanted`` picks, sent while inside."""
+    """The plans (``EXPLAIN`` text; ``run``: ``EXPLAIN ANALYZE``, for SELECTs) of the statements ``wanted``
+    picks, sent while inside."""
     plans: list[str] = []
 
     def explain(conn, cursor, statement, parameters, context, executemany):
@@ -163,8 +164,9 @@ def test_the_sweep_probes_by_index_whatever_the_statistics(world):
         )
         conn.execute(
             text(
-                "INSERT INTO dag_run (dag_id, run_id, execution_date, run_type, state, external_trigger, clear_number) "
-                "SELECT :dag_id, 'history_' || g, to_timestamp(g), 'manual', 'success', true, 0 FROM generate_series(1, 20000) g"
+                "INSERT INTO dag_run (dag_id, run_id, execution_date, run_type, state, external_trigger, "
+                "clear_number) SELECT :dag_id, 'history_' || g, to_timestamp(g), 'manual', 'success', "
+                "true, 0 FROM generate_series(1, 20000) g"
             ),
             {"dag_id": f"{w.prefix}_history"},
         )
@@ -173,7 +175,8 @@ def test_the_sweep_probes_by_index_whatever_the_statistics(world):
     with settings.engine.begin() as conn:  # half the DAGs lose their row: the sweep's finds
         conn.execute(
             text(
-                "DELETE FROM dataset_dag_run_queue WHERE target_dag_id LIKE :prefix AND right(target_dag_id, 1) IN ('1', '3', '5', '7', '9')"
+                "DELETE FROM dataset_dag_run_queue WHERE target_dag_id LIKE :prefix "
+                "AND right(target_dag_id, 1) IN ('1', '3', '5', '7', '9')"
             ),
             {"prefix": f"{w.prefix}_c%"},
         )
@@ -373,11 +376,11 @@ def test_a_producers_commit_probes_the_queue_by_primary_key_whatever_the_statist
     """
     A producer's COMMIT on PostgreSQL (BUG_REPORT section 4): the SKIP LOCKED take of its
     existing rows, the insert of its keys with no row (its probe of the queue per key), the
-    second take and the look for held rows each cost the keys they name, never a read of the queue, however many
-    rows other DAGs keep queued and whatever the statistics say. (A queue of a few pages may be
-    read once instead: the planner counts its pages as they are, not from statistics, so it
-    scans only where a scan costs less than the probes; the probes inside the insert are
-    SubPlans, one index probe per key, never a scan repeated per key.)
+    second take and the look for held rows each cost the keys they name, never a read of the
+    queue, however many rows other DAGs keep queued and whatever the statistics say. (A queue
+    of a few pages may be read once instead: the planner counts its pages as they are, not
+    from statistics, so it scans only where a scan costs less than the probes; the probes
+    inside the insert are SubPlans, one index probe per key, never a scan repeated per key.)
     """
     from airflow.datasets.manager import DatasetManager
 
@@ -401,7 +404,8 @@ def test_a_producers_commit_probes_the_queue_by_primary_key_whatever_the_statist
             holding = other.begin()
             other.execute(
                 text(
-                    "SELECT 1 FROM dataset_dag_run_queue WHERE dataset_id = :d AND target_dag_id = :t FOR UPDATE"
+                    "SELECT 1 FROM dataset_dag_run_queue WHERE dataset_id = :d AND target_dag_id = :t "
+                    "FOR UPDATE"
                 ),
                 {"d": ids[1], "t": dag_ids[0]},
             )

@@ -108,20 +108,23 @@ def statistics(state: str) -> None:
             for table in tables:
                 conn.execute(
                     text(
-                        "DELETE FROM mysql.innodb_index_stats WHERE database_name = DATABASE() AND table_name = :t"
+                        "DELETE FROM mysql.innodb_index_stats WHERE database_name = DATABASE() "
+                        "AND table_name = :t"
                     ),
                     {"t": table},
                 )
                 conn.execute(
                     text(
-                        "DELETE FROM mysql.innodb_table_stats WHERE database_name = DATABASE() AND table_name = :t"
+                        "DELETE FROM mysql.innodb_table_stats WHERE database_name = DATABASE() "
+                        "AND table_name = :t"
                     ),
                     {"t": table},
                 )
     settings.engine.dispose()  # new connections: SQLite reads its statistics when it opens
 
 
-# the net's read of the new ids: 5 000 at most by construction (a first start reads the last 10 000 again, two looks)
+# the net's read of the new ids: 5 000 at most by construction
+# (a first start reads the last 10 000 again, two looks)
 NET_IDS = (
     "SELECT dataset_event.id, dataset_event.dataset_id, dataset_event.timestamp FROM dataset_event WHERE"
 )

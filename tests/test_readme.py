@@ -40,9 +40,16 @@ EXERCISED_ELSEWHERE = {
     "apt-get install": ".ci/run installs the same packages",
     "export PYTHONPATH=": "tests/test_shim.py runs Python and Airflow with the shim on PYTHONPATH",
     "python reproduce/bench.py": "test_bench_script_starts",
-    "SP=": "docs/source-patches.md's plain-patch loop sets it: test_source_patches.py applies the series with plain patch -p1",
-    "for p in $(grep -v '^#' patches/": "test_source_patches.py's test_plain_patch_takes_the_series_one_file_at_a_time",
-    "python -m tests.explorer": "test_explorer.py's test_the_command_line_replays_a_step_list (and the exploration itself)",
+    "SP=": (
+        "docs/source-patches.md's plain-patch loop sets it: "
+        "test_source_patches.py applies the series with plain patch -p1"
+    ),
+    "for p in $(grep -v '^#' patches/": (
+        "test_source_patches.py's test_plain_patch_takes_the_series_one_file_at_a_time"
+    ),
+    "python -m tests.explorer": (
+        "test_explorer.py's test_the_command_line_replays_a_step_list (and the exploration itself)"
+    ),
 }
 
 
@@ -88,7 +95,8 @@ def test_the_quick_start_installs_turns_on_checks_and_audits():
     # It is for the environment where Airflow runs: the wheel alone, so that nothing of that
     # deployment moves to our pins (issue 31: they moved cryptography and packaging).
     assert installs == [f'pip install --no-deps "$ADRF/dist/{wheel}"'], (
-        f"the quick start installs the wheel this version builds ({wheel}) alone, by absolute path: {installs}"
+        f"the quick start installs the wheel this version builds ({wheel}) alone, "
+        f"by absolute path: {installs}"
     )
     assert not any("constraints-" in c or "apache-airflow" in c for c in commands)
     # Debian without a virtualenv has python3 but no python
@@ -168,8 +176,8 @@ STOCK_COUNTERS = {
 
 
 def test_behaviour_that_differs_names_what_each_scenario_shows_on_stock():
-    """A scenario the "Behaviour that differs" table (docs/behaviour.md) cites for a stock outcome shows that outcome
-    in the reproduction (its catalog's expectation, which ``reproduce`` and the scenario tests
+    """A scenario the "Behaviour that differs" table (docs/behaviour.md) cites for a stock outcome shows that
+    outcome in the reproduction (its catalog's expectation, which ``reproduce`` and the scenario tests
     hold stock to): issue 31 found S4 cited for empty runs where stock loses the event."""
     from reproduce.harness.catalog import CATALOG
 

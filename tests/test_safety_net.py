@@ -101,7 +101,8 @@ def _jump_event_ids(by: int) -> None:
             top = conn.scalar(text("SELECT max(id) FROM dataset_event")) + 2 * by
             conn.execute(
                 text(
-                    "INSERT INTO dataset_event (id, dataset_id, timestamp, extra) VALUES (:id, :d, now(), '{}')"
+                    "INSERT INTO dataset_event (id, dataset_id, timestamp, extra) "
+                    "VALUES (:id, :d, now(), '{}')"
                 ),
                 {"id": top, "d": dataset_id},
             )
@@ -153,7 +154,8 @@ def test_a_late_commit_below_the_latest_run_is_consumed_within_a_few_loops(world
         )  # moves the row past P's stamp: no row pulls the floor down to it
     scheduler = s if then == "the same scheduler" else w.scheduler("restarted")
     time.sleep(0.5)  # the net looks at the ids at most every half second
-    # a restarted one's window pass takes 3 % of the time: its loops 0.1 s apart, as an idle scheduler's are further
+    # a restarted one's window pass takes 3 % of the time: its loops 0.1 s apart,
+    # as an idle scheduler's are further
     loops, most = 0, 1 if then == "the same scheduler" else 40
     while ids["late"] not in sum(_consumed(d), []) and loops < most:
         w.loop(scheduler), scheduler.finish()
@@ -248,8 +250,8 @@ def test_db_clean_of_runs_makes_nothing_be_consumed_again(world, monkeypatch, th
     from airflow.utils.db_cleanup import run_cleanup
 
     monkeypatch.setenv("AIRFLOW__DATASET_RACE_FIX__REQUEUE_INTERVAL_SECONDS", "0")
-    # events of cleaned runs within commit_latency_seconds of the kept run's newest come back (BUG_REPORT, "Deleted
-    # runs"): 1 s here, and the runs 1.1 s apart
+    # events of cleaned runs within commit_latency_seconds of the kept run's newest come back (BUG_REPORT,
+    # "Deleted runs"): 1 s here, and the runs 1.1 s apart
     monkeypatch.setenv(LATENCY, "1")
     w = world
     a = w.dataset("a")
@@ -329,7 +331,8 @@ def test_a_restarted_scheduler_finds_a_quiet_dags_late_commit_first(world, monke
         session.add(stranded)
         session.flush()
         late = stranded.id
-        # the busy DAG: 40 000 events over the last 800 s, all consumed by its latest run, dated now (after an older run)
+        # the busy DAG: 40 000 events over the last 800 s, all consumed by its latest run,
+        # dated now (after an older run)
         now = DatasetManager._database_now(session)
         session.execute(
             insert(DatasetEvent),

@@ -183,9 +183,17 @@ import airflow.datasets.manager as m, airflow.jobs.scheduler_job_runner as s
 from airflow_dataset_race_fix.fix.datasets.manager import DatasetManager as FixedManager
 from airflow_dataset_race_fix.fix.jobs.scheduler_job_runner import SchedulerJobRunner as FixedRunner
 _report(
-    manager_is_fixed=vars(m.DatasetManager)["_postgres_queue_dagruns"] is vars(FixedManager)["_postgres_queue_dagruns"],
-    runner_is_fixed=s.SchedulerJobRunner._create_dag_runs_dataset_triggered is FixedRunner._create_dag_runs_dataset_triggered,
-    loader_is_real=type(m.__loader__).__name__ == "SourceFileLoader" and type(m.__spec__.loader).__name__ == "SourceFileLoader",
+    manager_is_fixed=(
+        vars(m.DatasetManager)["_postgres_queue_dagruns"] is vars(FixedManager)["_postgres_queue_dagruns"]
+    ),
+    runner_is_fixed=(
+        s.SchedulerJobRunner._create_dag_runs_dataset_triggered
+        is FixedRunner._create_dag_runs_dataset_triggered
+    ),
+    loader_is_real=(
+        type(m.__loader__).__name__ == "SourceFileLoader"
+        and type(m.__spec__.loader).__name__ == "SourceFileLoader"
+    ),
 )
 """
     )
@@ -336,10 +344,17 @@ import airflow.datasets.manager as m
 from airflow_dataset_race_fix import runtime
 import shim_children
 before = runtime.module_state("airflow.datasets.manager").state
-shim_children.change_one_byte({site!r}, "airflow/jobs/scheduler_job_runner.py", "_create_dag_runs_dataset_triggered")
+shim_children.change_one_byte(
+    {site!r}, "airflow/jobs/scheduler_job_runner.py", "_create_dag_runs_dataset_triggered"
+)
 import airflow.jobs.scheduler_job_runner
 from airflow_dataset_race_fix.fix.datasets.manager import DatasetManager as FixedManager
-_report(before=before, manager_fixed=vars(m.DatasetManager)["_postgres_queue_dagruns"] is vars(FixedManager)["_postgres_queue_dagruns"])
+_report(
+    before=before,
+    manager_fixed=(
+        vars(m.DatasetManager)["_postgres_queue_dagruns"] is vars(FixedManager)["_postgres_queue_dagruns"]
+    ),
+)
 """
     )
     proc = run_python(code, shim_env(site, os.path.dirname(__file__)))
@@ -695,7 +710,10 @@ LOAD_PLUGINS = (
     + """
 import airflow.datasets.manager, airflow.jobs.scheduler_job_runner
 from airflow_dataset_race_fix import runtime
-before = {name: runtime.module_state(name).state for name in ("airflow.datasets.manager", "airflow.jobs.scheduler_job_runner")}
+before = {
+    name: runtime.module_state(name).state
+    for name in ("airflow.datasets.manager", "airflow.jobs.scheduler_job_runner")
+}
 from airflow import plugins_manager
 plugins_manager.ensure_plugins_loaded()
 _report(
@@ -827,7 +845,9 @@ URI = "adrf://plugin-route/mid-call"
 def events():
     with create_session() as session:
         dataset_id = session.scalar(select(DatasetModel.id).where(DatasetModel.uri == URI))
-        return session.scalar(select(func.count()).select_from(DatasetEvent).where(DatasetEvent.dataset_id == dataset_id))
+        return session.scalar(
+            select(func.count()).select_from(DatasetEvent).where(DatasetEvent.dataset_id == dataset_id)
+        )
 
 with create_session() as session:
     if session.scalar(select(DatasetModel.id).where(DatasetModel.uri == URI)) is None:

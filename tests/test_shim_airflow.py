@@ -78,11 +78,13 @@ PLUGIN_OPT_IN = {"AIRFLOW__DATASET_RACE_FIX__ENABLE_VIA_PLUGIN": "True"}
 # test_install.py's quick start. The whole module runs in the SQLite envs only (tests/matrix.py).
 ROUTES_ENV = pytest.mark.skipif(
     sys.version_info[:2] != MAIN_PYTHON,
-    reason="the managed platforms' routes in real Airflow processes: in the 3.11 SQLite envs only, for CI time",
+    reason="the managed platforms' routes in real Airflow processes: "
+    "in the 3.11 SQLite envs only, for CI time",
 )
 ROUTES_SERVERS_ENV = pytest.mark.skipif(
     (sys.version_info[:2], AIRFLOW_VERSION) != (MAIN_PYTHON, MAIN_RELEASE),
-    reason="webserver, triggerer, 'tasks run' and 'tasks test' per route: in the quick start's env only, for CI time",
+    reason="webserver, triggerer, 'tasks run' and 'tasks test' per route: "
+    "in the quick start's env only, for CI time",
 )
 
 DAGS = """
@@ -125,13 +127,21 @@ def _dataset_id(session, uri):
 def queue_row(uri, dag_id, created_at):
     with create_session() as session:
         dataset_id = _dataset_id(session, uri)
-        session.execute(delete(DatasetDagRunQueue).where(DatasetDagRunQueue.dataset_id == dataset_id, DatasetDagRunQueue.target_dag_id == dag_id))
+        session.execute(
+            delete(DatasetDagRunQueue).where(
+                DatasetDagRunQueue.dataset_id == dataset_id, DatasetDagRunQueue.target_dag_id == dag_id
+            )
+        )
         session.add(DatasetDagRunQueue(dataset_id=dataset_id, target_dag_id=dag_id, created_at=created_at))
 
 def state(uri, dag_id):
     with create_session() as session:
         dataset_id = _dataset_id(session, uri)
-        created = session.scalar(select(DatasetDagRunQueue.created_at).where(DatasetDagRunQueue.dataset_id == dataset_id, DatasetDagRunQueue.target_dag_id == dag_id))
+        created = session.scalar(
+            select(DatasetDagRunQueue.created_at).where(
+                DatasetDagRunQueue.dataset_id == dataset_id, DatasetDagRunQueue.target_dag_id == dag_id
+            )
+        )
         runs = session.scalars(select(DagRun).where(DagRun.dag_id == dag_id)).all()
         print("RESULT " + json.dumps(dict(
             queue_created_at=created.isoformat() if created else None,
@@ -588,7 +598,8 @@ def test_the_rest_api_on_a_managed_route_runs_the_fixed_producer(world, api_user
             answer = json.load(response)
             assert response.status == 200 and answer["dataset_uri"] == "adrf://shim-e2e/task"
 
-    # The answer is the event as flushed, before the commit restamps it: what docs/behaviour.md says (issue 50)
+    # The answer is the event as flushed, before the commit restamps it:
+    # what docs/behaviour.md says (issue 50)
     from datetime import datetime, timezone
 
     from sqlalchemy import create_engine

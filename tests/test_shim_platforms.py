@@ -114,10 +114,8 @@ def test_a_local_build_whose_manager_carries_its_own_fix_is_refused_and_says_why
     (warning,) = [
         line for line in output(proc).splitlines() if "WARNING" in line and "airflow-dataset-race-fix" in line
     ]
-    assert (
-        f"Airflow {version} is a local build: airflow.datasets.manager.DatasetManager.register_dataset_change is not"
-        in warning
-    )
+    member = "airflow.datasets.manager.DatasetManager.register_dataset_change"
+    assert f"Airflow {version} is a local build: {member} is not" in warning
     assert (
         "Cloud Composer's build carries its own partial fix" in warning
         and "cannot replace it safely" in warning
@@ -223,7 +221,8 @@ QUIET_TOOLS = {
     "DD_REMOTE_CONFIGURATION_ENABLED": "false",
     "DD_CRASHTRACKING_ENABLED": "false",
 }
-# What each Airflow component does as it starts (airflow.jobs.job.Job, 'tasks run'): the listeners' on_starting.
+# What each Airflow component does as it starts (airflow.jobs.job.Job, 'tasks run'):
+# the listeners' on_starting.
 COMPONENT_STARTS = (
     IMPORT_TARGETS
     + """

@@ -1,9 +1,9 @@
 """
-Statement sizes at scale, on every backend: 10 000 queue rows for one DAG, one dataset
-with 10 000 consuming DAGs, and a first run over 25 000 events. Every statement of the fix whose size follows the number of
-rows, datasets or DAGs is chunked, so it stays inside SQLite's expression depth (1 000)
-and bound variables (999 before 3.32), and MySQL's packet size. The previous fix crashed
-the scheduler here on SQLite ("Expression tree is too large").
+Statement sizes at scale, on every backend: 10 000 queue rows for one DAG, one dataset with
+10 000 consuming DAGs, and a first run over 25 000 events. Every statement of the fix whose
+size follows the number of rows, datasets or DAGs is chunked, so it stays inside SQLite's
+expression depth (1 000) and bound variables (999 before 3.32), and MySQL's packet size. The
+previous fix crashed the scheduler here on SQLite ("Expression tree is too large").
 """
 
 from __future__ import annotations
@@ -126,9 +126,9 @@ BULK = 25_000  # three link statements of at most 10 000 rows
 
 def test_a_first_run_over_many_events_takes_each_in_few_statements_as_airflow_dates_them(variant_fixed):
     """
-    A new DAG's first run over 25 001 events (issue 49): each consumed once, its data interval and run_id those of
-    Airflow's own functions over the same events, in a bounded number of statements (Airflow's path read each event's
-    producer run: a statement an event) with the links at most 10 000 rows a statement.
+    A new DAG's first run over 25 001 events (issue 49): each consumed once, its data interval and run_id
+    those of Airflow's own functions over the same events, in a bounded number of statements (Airflow's path
+    read each event's producer run: a statement an event) with the links at most 10 000 rows a statement.
     """
     w = World("bulkrun", step_timeout=LOOP_TIMEOUT)
     try:
@@ -137,9 +137,9 @@ def test_a_first_run_over_many_events_takes_each_in_few_statements_as_airflow_da
         p, s = w.producer("P"), w.scheduler()
         start = w.clock.at(1)
         producer = f"{w.prefix}_producer"
-        # Producer runs whose intervals reach beyond the events' stamps; a run of another DAG with the same run_id
-        # and a wider interval (matched on both keys, or the interval is wrong); events of a run that is gone and
-        # events with no producer (the REST API's), dated by their own stamps.
+        # Producer runs whose intervals reach beyond the events' stamps; a run of another DAG with the same
+        # run_id and a wider interval (matched on both keys, or the interval is wrong); events of a run that
+        # is gone and events with no producer (the REST API's), dated by their own stamps.
         with create_session() as session:
             session.execute(
                 insert(DagRun),

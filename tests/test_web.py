@@ -244,7 +244,8 @@ def site():
         "AIRFLOW__CORE__DAGS_FOLDER": os.path.join(home.name, "dags"),
         "AIRFLOW__WEBSERVER__SECRET_KEY": "adrf-web-test",
         "AIRFLOW__WEBSERVER__WORKERS": "1",
-        "AIRFLOW__WEBSERVER__WORKER_CLASS": "gthread",  # Chromium's idle pre-connections would hold a sync worker
+        # Chromium's idle pre-connections would hold a sync worker
+        "AIRFLOW__WEBSERVER__WORKER_CLASS": "gthread",
         "AIRFLOW__WEBSERVER__WEB_SERVER_HOST": "127.0.0.1",
         # FAB allows 5 logins per 40 s by default, and this module logs in more often than that: the next
         # login got the sign-in page back (a JSON error on a fast machine)
@@ -564,8 +565,9 @@ def test_the_deployment_page_names_a_stock_scheduler_and_this_webserver(site):
 
 
 def test_the_deployment_page_takes_hours_by_the_commands_rule_and_the_pages_have_titles(site):
-    """``?hours=`` follows ``deployment --hours``' rule (diagnostics.deployment.period_hours): bad values answer
-    400 with the command's one-line message, 0.005 is taken as given. Each page has a title of its own."""
+    """``?hours=`` follows ``deployment --hours``' rule (diagnostics.deployment.period_hours): bad values
+    answer 400 with the command's one-line message, 0.005 is taken as given. Each page has a title of its own.
+    """
     import html
 
     base, dags, _ = site

@@ -13,8 +13,9 @@ server runs with autovacuum off), behind (the last ANALYZE before the bulk loads
 
     ADRF_BACKEND=postgres .tox/airflow2104-postgres/bin/python tests/web_bench.py
 
-ADRF_BENCH_STATES="never analyzed,fresh" chooses states; ADRF_BENCH_SAMPLES=N measures each request N times; ADRF_BENCH_EXPLAIN_MS=100 (PostgreSQL)
-logs the plan of every statement slower than 100 ms to the server's log (auto_explain).
+ADRF_BENCH_STATES="never analyzed,fresh" chooses states; ADRF_BENCH_SAMPLES=N measures each
+request N times; ADRF_BENCH_EXPLAIN_MS=100 (PostgreSQL) logs the plan of every statement slower
+than 100 ms to the server's log (auto_explain).
 
 Not a test (pytest does not collect it): a measurement, printed as a table.
 """
@@ -116,7 +117,7 @@ def build(state: str) -> dict:
 
 
 def consume(state: str, dags: dict, suffix: str = "") -> None:
-    """The big DAG's first run, which consumed its ``instants``' events (bulk-loaded too), its queue row gone."""
+    """The big DAG's first run, consuming its ``instants``' events (bulk-loaded too), its queue row gone."""
     from airflow.models.dagrun import DagRun
     from airflow.models.dataset import DatasetDagRunQueue, DatasetEvent, association_table
     from airflow.utils.session import create_session
@@ -334,14 +335,15 @@ def main() -> None:
             for name in samples[0]:
                 times = " ".join(f"{s[name][0]:6.2f} ({s[name][3]:.2f})" for s in samples)
                 print(
-                    f"  {one:14}  {case:26}  {name:16} {times}   {samples[-1][name][1]}  {samples[-1][name][2]:>10}",
+                    f"  {one:14}  {case:26}  {name:16} {times}   {samples[-1][name][1]}  "
+                    f"{samples[-1][name][2]:>10}",
                     flush=True,
                 )
         return
     states = [s.strip() for s in os.environ.get("ADRF_BENCH_STATES", ",".join(STATES)).split(",")]
     print(
-        f"{BACKEND}: {DAGS} DAGs and a big one on {BIG} events; seconds per request (CPU seconds of the webserver "
-        f"and, PostgreSQL, its backends), status, bytes",
+        f"{BACKEND}: {DAGS} DAGs and a big one on {BIG} events; seconds per request (CPU seconds of the "
+        "webserver and, PostgreSQL, its backends), status, bytes",
         flush=True,
     )
     for (

@@ -15,7 +15,8 @@ def targets(backend: str, rows: list[dict[str, Any]]) -> list[str]:
         row = by_case.get(f"producer, 1 DAG(s), {state}")
         if row and backend in ("postgres", "sqlite"):
             lines.append(
-                f"producer path, 1 DAG, {state}: ratio {row['ratio']:.2f}, target <= 1.05: {_met(row['ratio'] <= 1.05)}"
+                f"producer path, 1 DAG, {state}: ratio {row['ratio']:.2f}, "
+                f"target <= 1.05: {_met(row['ratio'] <= 1.05)}"
             )
         elif row:
             lines.append(f"producer path, 1 DAG, {state}: ratio {row['ratio']:.2f} (no target on {backend})")
@@ -27,7 +28,8 @@ def targets(backend: str, rows: list[dict[str, Any]]) -> list[str]:
             else:
                 ok, goal = row["ratio"] <= 0.5, "<= 0.50 (2x faster)"
             lines.append(
-                f"producer path, 50 DAGs, {state}: ratio {row['ratio']:.2f}, target {goal}: {'met' if ok else 'MISSED'}"
+                f"producer path, 50 DAGs, {state}: ratio {row['ratio']:.2f}, "
+                f"target {goal}: {'met' if ok else 'MISSED'}"
             )
     busy = by_case.get("producer beside a busy scheduler, p99")
     if busy:
@@ -65,7 +67,8 @@ def targets(backend: str, rows: list[dict[str, Any]]) -> list[str]:
     )
     for loop in loops:
         lines.append(
-            f"{loop['case']}: ratio {loop['ratio']:.2f}, target <= 1.05: {'met' if loop['ratio'] <= 1.05 else 'MISSED'}"
+            f"{loop['case']}: ratio {loop['ratio']:.2f}, "
+            f"target <= 1.05: {'met' if loop['ratio'] <= 1.05 else 'MISSED'}"
         )
     if len(loops) >= 2:
         growth = loops[-1]["fixed_ms"] / loops[0]["fixed_ms"]
@@ -111,8 +114,8 @@ def _per_variant(values: dict[str, Any], unit: str = "") -> str:
 
 def _busy_dataset_targets(row: dict[str, Any], by_case: dict[str, dict[str, Any]]) -> list[str]:
     """
-    Issue 17's busy-dataset targets: the loop ratio within the case's target (1.2; the fleet, issue 30: 1.1), the
-    producer p99 ratio <= 1.2, nothing lost, nothing failed.
+    Issue 17's busy-dataset targets: the loop ratio within the case's target (1.2; the fleet, issue 30: 1.1),
+    the producer p99 ratio <= 1.2, nothing lost, nothing failed.
     """
     summary, label = row["busy_dataset"], row["case"].split(": ")[0]
     goal = summary["loop_target"]
@@ -123,15 +126,16 @@ def _busy_dataset_targets(row: dict[str, Any], by_case: dict[str, dict[str, Any]
         f"{label}: scheduler loop ratio {row['ratio']:.2f}, target <= {goal}: {_met(row['ratio'] <= goal)}; "
         f"producer p99 ratio {p99:.2f}, target <= 1.2: {_met(p99 <= 1.2)}",
         f"{label}: events lost {_per_variant(summary['lost'])} (not consumed at all "
-        f"{_per_variant(summary['unconsumed'])}), doubled {_per_variant(summary['doubled'])}, failed producer "
-        f"transactions {_per_variant(summary['failed'])}; target (fixed) 0, 0 and 0: {_met(clean)}",
+        f"{_per_variant(summary['unconsumed'])}), doubled {_per_variant(summary['doubled'])}, "
+        f"failed producer transactions {_per_variant(summary['failed'])}; "
+        f"target (fixed) 0, 0 and 0: {_met(clean)}",
         f"{label}: events committed {_per_variant(summary['committed'])} ({_per_variant(rates)}); steady "
         f"passes {_per_variant(summary['steady_passes'])} (each round's first pass left out)",
     ]
     if visible := summary.get("visible_after_ms"):
         lines.append(
-            f"{label}: event timestamp to visible after COMMIT (stock: from its flush; fixed: from its stamp, what "
-            "commit_latency_seconds covers), ms p50/p99/max: "
+            f"{label}: event timestamp to visible after COMMIT (stock: from its flush; fixed: from its "
+            "stamp, what commit_latency_seconds covers), ms p50/p99/max: "
             + "; ".join(f"{v} {a['p50']:.1f}/{a['p99']:.1f}/{a['max']:.1f}" for v, a in visible.items())
         )
     return lines
@@ -145,10 +149,10 @@ def _stalled_producer_targets(row: dict[str, Any]) -> list[str]:
     failed = {v: sum(summary["failed"][v].values()) for v in VARIANTS}
     a_ms = {v: "/".join(f"{t / 1000:.1f}" for t in summary["a_ms"][v]) or "failed" for v in VARIANTS}
     return [
-        f"{label}: B's slowest transaction stock {slowest['B']['stock'] / 1000:.2f} s, fixed "
-        f"{slowest['B']['fixed'] / 1000:.2f} s, target <= max(stock's, 1 s) (issue 21): "
-        f"{_met(slowest['B']['fixed'] <= bound)}; C's slowest stock {slowest['C']['stock'] / 1000:.2f} s, fixed "
-        f"{slowest['C']['fixed'] / 1000:.2f} s",
+        f"{label}: B's slowest transaction stock {slowest['B']['stock'] / 1000:.2f} s, "
+        f"fixed {slowest['B']['fixed'] / 1000:.2f} s, target <= max(stock's, 1 s) (issue 21): "
+        f"{_met(slowest['B']['fixed'] <= bound)}; C's slowest stock {slowest['C']['stock'] / 1000:.2f} s, "
+        f"fixed {slowest['C']['fixed'] / 1000:.2f} s",
         f"{label}: B's commits {_per_variant(summary['b_commits'])}; A's transaction(s) "
         f"{_per_variant(a_ms, ' s')}; failed transactions (A, B, C) "
         + " / ".join(
@@ -169,6 +173,7 @@ def render(backend: str, rows: list[dict[str, Any]], notes: tuple[str, ...] = ()
     ]
     for r in rows:
         lines.append(
-            f"{r['case']:<{width}}  {r['stock_ms']:9.2f}  {r['fixed_ms']:9.2f}  {r['ratio']:11.2f}  {r['samples']:7d}"
+            f"{r['case']:<{width}}  {r['stock_ms']:9.2f}  {r['fixed_ms']:9.2f}  {r['ratio']:11.2f}  "
+            f"{r['samples']:7d}"
         )
     return "\n".join(lines + [""] + targets(backend, rows) + list(notes))

@@ -50,7 +50,8 @@ def round_beside_a_scheduler(
 ) -> None:
     """
     ``seconds`` of a scheduler thread running passes (``before_pass()`` before each, runs finished after)
-    while ``producers`` processes run ``commit(n)()`` at ``rate`` transactions a second in all; into ``result``.
+    while ``producers`` processes run ``commit(n)()`` at ``rate`` transactions a second in all; into
+    ``result``.
 
     Producers are processes, as tasks are: threads beside the scheduler's would wait for its
     thread's GIL after every round trip (up to ``sys.getswitchinterval()``, 5 ms), which no
@@ -124,7 +125,8 @@ def round_beside_a_scheduler(
 def count_findings(
     label: str, results: dict[str, RoundsResult], dag_ids_of: dict[str, list[str]], since: datetime
 ) -> None:
-    """After the drain: each variant's lost, doubled and unconsumed events (the invariant checker), its errors logged."""
+    """After the drain: each variant's lost, doubled and unconsumed events (the invariant checker), its
+    errors logged."""
     from airflow import settings
 
     from airflow_dataset_race_fix.diagnostics import invariant

@@ -39,8 +39,9 @@ class Variants:
     def use(self, variant: str) -> None:
         from airflow_dataset_race_fix import evidence
 
-        # The same work before a sample of either variant: apply() hashes the targets' sources (about 65 ms, which
-        # leaves the CPU's caches to the next sample); run for the fixed variant only, it cost a 30 ms task 3 %.
+        # The same work before a sample of either variant: apply() hashes the targets' sources (about 65 ms,
+        # which leaves the CPU's caches to the next sample); run for the fixed variant only, it cost a 30 ms
+        # task 3 %.
         self._fix.unapply()
         self._fix.apply(strict=True)
         if variant == "stock":
@@ -50,8 +51,9 @@ class Variants:
 
     def switch(self, variant: str) -> None:
         """
-        ``use`` without its source hashing (65 ms): the classes' members set as ``use`` leaves them, so loops of two
-        runners can alternate one by one (each a scheduler's loop after a loop, its caches warm as a scheduler's are).
+        ``use`` without its source hashing (65 ms): the classes' members set as ``use`` leaves them, so loops
+        of two runners can alternate one by one (each a scheduler's loop after a loop, its caches warm as a
+        scheduler's are).
         """
         import importlib
 

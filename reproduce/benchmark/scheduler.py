@@ -23,7 +23,8 @@ def new_scheduler_runner():
 
 
 def scheduler_pass(runner, session) -> str | None:
-    """One real scheduler pass of run creation (``_create_dagruns_for_dags``, which commits); the error if it failed."""
+    """One real scheduler pass of run creation (``_create_dagruns_for_dags``, which commits); the error if it
+    failed."""
     from airflow.utils.sqlalchemy import prohibit_commit
 
     try:
@@ -124,8 +125,8 @@ def drain(runner, dag_ids: list[str], max_passes: int = 20) -> list[str]:
 
 
 def net_caught_up(runner) -> bool:
-    """Whether a fixed runner's net has read every committed id since its start (a first start reads the last 10 000
-    again, a restart on from the marks) and probed every late event among them."""
+    """Whether a fixed runner's net has read every committed id since its start (a first start reads the last
+    10 000 again, a restart on from the marks) and probed every late event among them."""
     from airflow import settings
     from airflow.models.dataset import DatasetEvent
     from sqlalchemy import func, select

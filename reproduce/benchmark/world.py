@@ -59,8 +59,8 @@ def unpause_only(active: list[str], paused: list[str]) -> None:
         session.execute(update(DagModel).where(DagModel.dag_id.in_(active)).values(is_paused=False))
 
 
-# the planner's statistics: none ever taken (issue 49: the run's first ANALYZE ends that state), taken before a
-# case's bulk load ("behind") or after it ("fresh")
+# the planner's statistics: none ever taken (issue 49: the run's first ANALYZE ends that state), taken before
+# a case's bulk load ("behind") or after it ("fresh")
 STATISTICS_STATES = ("never analyzed", "behind", "fresh")
 
 ANALYZED: list[bool] = []  # the run's tables have had statistics taken

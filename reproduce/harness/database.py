@@ -1,9 +1,9 @@
 """
 Scratch metadata databases on the three backends, and pointing Airflow at one.
 
-Each run creates its own database (``adrf_<random>``, or a name of the caller's that does
-not exist) on the server and drops it at the end, never touching other databases. Server URLs come from the environment, with
-loopback defaults matching the CI machine:
+Each run creates its own database (``adrf_<random>``, or a name of the caller's that does not
+exist) on the server and drops it at the end, never touching other databases. Server URLs come
+from the environment, with loopback defaults matching the CI machine:
 
 - ``ADRF_POSTGRES_URL`` (default ``postgresql+psycopg2://postgres@127.0.0.1:5432/test``)
 - ``ADRF_MYSQL_URL`` (default ``mysql+mysqldb://root@127.0.0.1:3306/test``)
@@ -70,9 +70,10 @@ class ScratchDatabase:
         self.server = self.server or server_url(self.backend)
         if self.exists():  # CREATE would fail too; this says why, and drop() drops only what create() made
             raise DatabaseExists(
-                f"database {self.name!r} already exists on the {self.backend} server at {_redacted(self.server)}; "
-                "a scratch database is created for the run and dropped after it, and one that exists is never "
-                "used or dropped: choose a name that does not exist (or drop it yourself)"
+                f"database {self.name!r} already exists on the {self.backend} server "
+                f"at {_redacted(self.server)}; a scratch database is created for the run and dropped "
+                "after it, and one that exists is never used or dropped: choose a name that does "
+                "not exist (or drop it yourself)"
             )
         if self.backend == "postgres":
             self._admin(f'CREATE DATABASE "{self.name}"')

@@ -142,7 +142,8 @@ def _scheduler(index: int, fixed: bool, ready, stop, results) -> None:
             session.rollback()
             if len(samples) < 3:
                 samples.append(
-                    f"scheduler {index}: {type(err).__name__}: {''.join(traceback.format_exception_only(err))[:300]}"
+                    f"scheduler {index}: {type(err).__name__}: "
+                    f"{''.join(traceback.format_exception_only(err))[:300]}"
                 )
         time.sleep(0.005)
     session.close()

@@ -234,9 +234,9 @@ class World:
     # -- building the world ------------------------------------------------------------
     def _quiet_other_worlds(self) -> None:
         """
-        Earlier worlds' DAGs must not take part in this world's scheduler loops, nor their events in its net: the
-        fix's findings and marks of where the ids were followed (``log`` rows) go, and one mark at the newest id
-        says that every id before this world was followed (as a scheduler that ran on would have).
+        Earlier worlds' DAGs must not take part in this world's scheduler loops, nor their events in its net:
+        the fix's findings and marks of where the ids were followed (``log`` rows) go, and one mark at the
+        newest id says that every id before this world was followed (as a scheduler that ran on would have).
         """
         import json
 
@@ -413,7 +413,8 @@ class World:
                 return bool(
                     self._monitor.scalar(
                         text(
-                            "select count(*) from pg_stat_activity where pid = :id and wait_event_type = 'Lock'"
+                            "select count(*) from pg_stat_activity where pid = :id "
+                            "and wait_event_type = 'Lock'"
                         ),
                         {"id": actor.connection_id},
                     )

@@ -112,7 +112,7 @@ def local_settings_file() -> str | None:
 
 
 def imports_the_fix(path: str) -> bool:
-    """Whether the Python file at ``path`` imports ``airflow_dataset_race_fix.auto`` (in code, not a comment)."""
+    """Whether ``path`` (a Python file) imports ``airflow_dataset_race_fix.auto`` in code, not a comment."""
     try:
         with open(path, encoding="utf-8") as source:
             tree = ast.parse(source.read(), path)

@@ -100,8 +100,8 @@ def _patch_target(module: object) -> None:
         name = getattr(module, "__name__", module)
         errors.append(f"{name}: {type(err).__name__}: {err}")
         runtime.log.warning(
-            "airflow-dataset-race-fix: unexpected error while patching %s; the process carries on without the fix "
-            "for it. Please report it with the output of 'airflow-dataset-race-fix status --json'.",
+            "airflow-dataset-race-fix: unexpected error while patching %s; the process carries on without "
+            "the fix for it. Please report it with the output of 'airflow-dataset-race-fix status --json'.",
             name,
             exc_info=True,
         )

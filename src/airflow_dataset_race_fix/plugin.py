@@ -89,9 +89,10 @@ def _start(bootstrap) -> None:
                 runtime.ModuleState(
                     running[0].rsplit(".", 2)[0],
                     runtime.REFUSED,
-                    f"Airflow loaded its plugins (the plugin route) while {', '.join(running)} was already running "
-                    "in this process: patched then, the rest of that call would run half fixed. Nothing was "
-                    "patched: in this program, turn the fix on with airflow_local_settings.py or PYTHONPATH",
+                    f"Airflow loaded its plugins (the plugin route) while {', '.join(running)} was "
+                    "already running in this process: patched then, the rest of that call would "
+                    "run half fixed. Nothing was patched: in this program, turn the fix on with "
+                    "airflow_local_settings.py or PYTHONPATH",
                 ),
                 strict=bootstrap.strict(),
             )

@@ -61,7 +61,7 @@ _warned_half_source = False
 
 
 def _forget_reports() -> None:
-    """A forked child (LocalExecutor's task, a task runner's raw task) logs to its own task log: it says it again."""
+    """A forked child (LocalExecutor's task, a task runner's raw task) has its own task log: say it again."""
     global _warned
     _announced.clear()
     _warned = False
@@ -131,8 +131,8 @@ def _classify(module: ModuleType) -> ModuleState:
 
 
 def _custom_manager_bypass(module: ModuleType) -> str | None:
-    """Why the instance of ``[core] dataset_manager_class`` that Airflow uses would run its own code instead of
-    the fixed members, or None (the stock class, or a subclass that inherits every fixed member)."""
+    """Why the instance of ``[core] dataset_manager_class`` that Airflow uses would run its own code instead
+    of the fixed members, or None (the stock class, or a subclass that inherits every fixed member)."""
     custom = type(getattr(module, "dataset_manager", None))
     mro, base = custom.__mro__, getattr(module, "DatasetManager", None)
     own = mro[: mro.index(base)] if base in mro else mro[:-1]  # a class not derived from it: all but object
@@ -140,10 +140,10 @@ def _custom_manager_bypass(module: ModuleType) -> str | None:
     if not overridden:
         return None
     return (
-        f"[core] dataset_manager_class is {custom.__module__}.{custom.__qualname__}, which overrides the fixed "
-        f"DatasetManager.{', '.join(overridden)}: its own code would run instead of the fix, a producer without it "
-        "beside fixed schedulers. Nothing was patched: drop the override (a subclass that overrides no fixed member "
-        "inherits the fix), or leave dataset_manager_class unset"
+        f"[core] dataset_manager_class is {custom.__module__}.{custom.__qualname__}, which overrides "
+        f"the fixed DatasetManager.{', '.join(overridden)}: its own code would run instead of the fix, a "
+        "producer without it beside fixed schedulers. Nothing was patched: drop the override (a subclass "
+        "that overrides no fixed member inherits the fix), or leave dataset_manager_class unset"
     )
 
 
@@ -194,16 +194,17 @@ def _classify_file(name: str) -> ModuleState | None:
 
 
 def _judge(name: str, found, fixed_sha256) -> ModuleState:
-    """Target ``name``'s state from ``found(member) -> (present, sha256|None, text)`` and ``fixed_sha256(member)``."""
+    """Target ``name``'s state from ``found(member) -> (present, sha256|None, text)`` and
+    ``fixed_sha256(member)``."""
     version = airflow_version()
     release = release_of(version)
     if release is None:
         return ModuleState(
             name,
             REFUSED,
-            f"Airflow {version} is not a supported release (expected one of "
-            f"{SUPPORTED_AIRFLOW_VERSIONS[0]} to {SUPPORTED_AIRFLOW_VERSIONS[-1]}, or a local build of one); nothing "
-            "was patched: install a supported Airflow or a release of this package that supports yours",
+            f"Airflow {version} is not a supported release (expected one of {SUPPORTED_AIRFLOW_VERSIONS[0]} "
+            f"to {SUPPORTED_AIRFLOW_VERSIONS[-1]}, or a local build of one); nothing was patched: install a "
+            "supported Airflow or a release of this package that supports yours",
         )
     try:
         from airflow import settings
@@ -233,7 +234,10 @@ def _judge(name: str, found, fixed_sha256) -> ModuleState:
             kinds.add(PATCHABLE)
         else:
             expected = "absent" if member.original_sha256 is None else f"sha256 {member.original_sha256[:12]}"
-            changed = f"{member.qualname} is not the Airflow {release} original (found {found_text}, expected {expected})"
+            changed = (
+                f"{member.qualname} is not the Airflow {release} original "
+                f"(found {found_text}, expected {expected})"
+            )
             if version == release:
                 return ModuleState(
                     name,
@@ -262,9 +266,10 @@ def _local_build_refusal(version: str, changed: str) -> str:
         "committed in its own session, a guarded upsert); this package cannot replace it safely."
     )
     return (
-        f"Airflow {version} is a local build: {changed}, so the build changed it.{own_fix if composer else ''} A member "
-        "that is not byte-identical to the release's is never replaced: nothing was patched, the build's own code "
-        "runs. What still works here, read-only: 'airflow-dataset-race-fix audit', 'explain' and the Dataset runs page"
+        f"Airflow {version} is a local build: {changed}, so the build changed "
+        f"it.{own_fix if composer else ''} A member that is not byte-identical to the release's is never "
+        "replaced: nothing was patched, the build's own code runs. What still works here, read-only: "
+        "'airflow-dataset-race-fix audit', 'explain' and the Dataset runs page"
     )
 
 
@@ -382,8 +387,9 @@ def report(state: ModuleState, strict: bool = False) -> None:
         refusal = _refusal or state
         if strict:
             raise RefusedError(
-                f"airflow-dataset-race-fix (strict): {state.module} refused; every import of a target module "
-                f"fails in this process (AIRFLOW_DATASET_RACE_FIX_STRICT=1): {refusal.module}: {refusal.detail}"
+                f"airflow-dataset-race-fix (strict): {state.module} refused; every import of "
+                "a target module fails in this process (AIRFLOW_DATASET_RACE_FIX_STRICT=1): "
+                f"{refusal.module}: {refusal.detail}"
             )
         if not _warned:
             _warned = True
@@ -471,7 +477,7 @@ def refuse(state: ModuleState, strict: bool = False) -> None:
 
 
 def apply(strict: bool = False) -> list[ModuleState]:
-    """Import the target modules and patch them now, all or nothing; a refusal is logged (raised if strict)."""
+    """Import and patch the target modules now, all or nothing; a refusal is logged (raised if strict)."""
     for name in TARGET_MODULES:
         on_import(importlib.import_module(name), strict)
     return [module_state(name) for name in TARGET_MODULES]

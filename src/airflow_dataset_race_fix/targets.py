@@ -89,15 +89,17 @@ _MEMBER_NAMES = {
     _stamp_at_commit _listen_for_commit _write_at_commit _forget_rolled_back_queue_rows
     _forget_ended_queue_rows _database_clock _database_now _send _stamp_events_and_date_queue_rows
     _take_queue_rows _queue_keys_joined_first _postgres_upsert_queue_rows _row_in_list
-    _upsert_queue_rows_taken_first _sqlite_upsert_queue_rows _dataset_race_fix_settings _dataset_race_fix_setting
+    _upsert_queue_rows_taken_first _sqlite_upsert_queue_rows _dataset_race_fix_settings
+    _dataset_race_fix_setting
     """,
     _SCHEDULER: """
-    _create_dagruns_for_dags _dataset_manager _DatasetFloors _DatasetEventRead _DatasetRunChoice _DatasetDecisionState
-    _dags_with_unqueued_dataset_events _dags_with_new_unqueued_events _sweep_statement _runnable_dataset_dags
-    _dags_with_stranded_dataset_events _dataset_findings _dags_ready_by_findings _follow_dataset_event_ids
-    _dataset_follow_mark _dataset_step_credit _latest_dataset_run_date _decide_dataset_triggered_runs _dataset_statement
-    _read_dataset_decision_state _runs_and_datasets_statement _events_not_consumed_statement _dataset_floors
-    _remember_dataset_reads _checked_dataset_floors _choose_dataset_run _events_for_timetable _dataset_events_by_id
+    _create_dagruns_for_dags _dataset_manager _DatasetFloors _DatasetEventRead _DatasetRunChoice
+    _DatasetDecisionState _dags_with_unqueued_dataset_events _dags_with_new_unqueued_events _sweep_statement
+    _runnable_dataset_dags _dags_with_stranded_dataset_events _dataset_findings _dags_ready_by_findings
+    _follow_dataset_event_ids _dataset_follow_mark _dataset_step_credit _latest_dataset_run_date
+    _decide_dataset_triggered_runs _dataset_statement _read_dataset_decision_state
+    _runs_and_datasets_statement _events_not_consumed_statement _dataset_floors _remember_dataset_reads
+    _checked_dataset_floors _choose_dataset_run _events_for_timetable _dataset_events_by_id
     _create_dag_runs_dataset_triggered _link_consumed_events _delete_dataset_queue_rows_as_read
     """,
 }

@@ -105,7 +105,8 @@ class Result:
 
     def report(self) -> str:
         lines = [
-            f"explorer on {self.backend}: {self.explored} interleavings (each on stock and on the fix) in {self.seconds:.0f} s",
+            f"explorer on {self.backend}: {self.explored} interleavings "
+            f"(each on stock and on the fix) in {self.seconds:.0f} s",
         ]
         for name, size in self.spaces.items():
             lines.append(f"  {name}: {self.ran.get(name, 0)} of {size} interleavings (one per trace)")

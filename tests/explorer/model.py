@@ -25,16 +25,16 @@ A *schedule* is a list of step tokens, the replayable form:
 - ``D.unmark``        the net's marks deleted (``log`` rows "dataset-race-fix-followed", as db clean)
 - ``clock+N`` ``clock-N``  the clock (Python's and the database's) stepped by N seconds
 
-Independence (two steps of different actors that commute): a stall commutes with every
-step that reads no clock (commits, rollbacks and the operator's ``D.`` steps; not a scheduler loop, or its first part:
-a loop keeps its clock's reading to bound its next read of each DAG's events, and a stall
-moves the clock past ``commit_latency_seconds``), and so does a clock step, with which it commutes
-(the moves add up); two COMMITs/ROLLBACKs commute
-(everything they make visible was written before). Everything else is dependent, which is
-conservative: a ``D.`` step changes what producers queue and loops decide. Steps of one actor's
-list (the operator's clock steps are in its list) never commute. ``reg`` always comes right before its ``stamp`` in enumerated schedules: the
-registered event is private to its transaction until COMMIT for the fix (the replay
-language still takes them apart).
+Independence (two steps of different actors that commute): a stall commutes with every step
+that reads no clock (commits, rollbacks and the operator's ``D.`` steps; not a scheduler loop,
+or its first part: a loop keeps its clock's reading to bound its next read of each DAG's
+events, and a stall moves the clock past ``commit_latency_seconds``), and so does a clock
+step, with which it commutes (the moves add up); two COMMITs/ROLLBACKs commute (everything
+they make visible was written before). Everything else is dependent, which is conservative: a
+``D.`` step changes what producers queue and loops decide. Steps of one actor's list (the
+operator's clock steps are in its list) never commute. ``reg`` always comes right before its
+``stamp`` in enumerated schedules: the registered event is private to its transaction until
+COMMIT for the fix (the replay language still takes them apart).
 """
 
 from __future__ import annotations
@@ -271,7 +271,9 @@ class Space:
         yield from dfs()
 
     def _normal_after(self, word: list[str], x: str) -> bool:
-        """Appending ``x`` keeps ``word`` the least of its trace (no independent larger step can swap with it)."""
+        """
+        Appending ``x`` keeps ``word`` the least of its trace (no independent larger step can swap with it).
+        """
         kx = self._order[x]
         for y in reversed(word):
             if not self._indep[(x, y)]:

@@ -2,11 +2,11 @@
 Run one schedule on a fresh ``World`` (real database), on the variant in place (stock or
 fixed: the caller applies or removes the fix), and collect what the oracle needs.
 
-Time is virtual and frozen: every step runs at its own instant (``TICK`` apart), a stall
-moves the clock by ``stall`` seconds, a clock step by its own (back too). Python's clock is the world's ``Clock``; on a
-server the fix's database clock (``DatasetManager._database_clock``) is replaced by that
-same instant as a literal, so stamps follow the schedule, not the machine's speed (SQLite's
-clock is Python's). No step sleeps.
+Time is virtual and frozen: every step runs at its own instant (``TICK`` apart), a stall moves
+the clock by ``stall`` seconds, a clock step by its own (back too). Python's clock is the
+world's ``Clock``; on a server the fix's database clock (``DatasetManager._database_clock``)
+is replaced by that same instant as a literal, so stamps follow the schedule, not the
+machine's speed (SQLite's clock is Python's). No step sleeps.
 
 Lock waits are real: a step that blocks on a row lock is left waiting and the actor's later
 steps wait behind it until it goes on (the executed order is recorded). SQLite has one
@@ -313,7 +313,8 @@ class Executor:
             self.out.trace.append(f"{step}[{state}]")
             self._after(name, state, step)
         if final and (any(self.deferred.values()) or self.blocked):
-            self.out.stuck = f"blocked {sorted(self.blocked)}, waiting {[str(s) for v in self.deferred.values() for _, s in v]}"
+            waiting = [str(s) for v in self.deferred.values() for _, s in v]
+            self.out.stuck = f"blocked {sorted(self.blocked)}, waiting {waiting}"
 
     def _still_waiting(self, actor: Actor, grace: bool) -> bool:
         """Waiting for a lock; after a step that may have released it, give the server time to wake it."""
@@ -556,8 +557,8 @@ class Executor:
 
     def _unswept(self, consumed: dict[str, dict[int, int]]) -> set[tuple[str, int]]:
         """
-        The sweep's promise (it looks every loop here), read after the quiet loops: no DAG that can run keeps an
-        unconsumed event above its latest run without a queue row. The (dag_id, event_id) that break it.
+        The sweep's promise (it looks every loop here), read after the quiet loops: no DAG that can run keeps
+        an unconsumed event above its latest run without a queue row. The (dag_id, event_id) that break it.
         """
         with create_session() as session:
             held, queued = self._held(session), self._queued(session)

@@ -29,7 +29,8 @@ def generate(
     unknown = [v for v in versions if v not in SUPPORTED_AIRFLOW_VERSIONS]
     if unknown:
         print(
-            f"{COMMAND}: not a supported version: {', '.join(unknown)} (see targets.SUPPORTED_AIRFLOW_VERSIONS)",
+            f"{COMMAND}: not a supported version: {', '.join(unknown)} "
+            "(see targets.SUPPORTED_AIRFLOW_VERSIONS)",
             file=sys.stderr,
         )
         return 2

@@ -234,7 +234,8 @@ def render_patch(spec: PatchSpec, version: str, pristine: str, last_update: str)
     header = [
         *_description(spec),
         "Author: airflow-dataset-race-fix contributors",
-        f"Origin: vendor, generated from {_fix_file(spec)} by 'python -m tools.patchgen' (do not edit: regenerate)",
+        f"Origin: vendor, generated from {_fix_file(spec)} by 'python -m tools.patchgen' "
+        "(do not edit: regenerate)",
         *(f"Bug: {url}" for url in BUGS),
         "Forwarded: no",
         f"Last-Update: {last_update}",

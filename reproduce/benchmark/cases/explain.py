@@ -56,8 +56,9 @@ def bench_explain(notes: list[str], events: int, samples: int = 3) -> None:
     median, selection, per_dag = (statistics.median(t) for t in (times, selection_times, dag_times))
     log(f"  explain: {median:.3f} s ({selection:.3f} s the loop's selection, {per_dag:.3f} s the DAG)")
     notes.append(
-        f"explain, one DAG with {events // RUN_BATCH} runs over {events} events: median {median:.3f} s of {samples} "
-        f"(verdict: {'runs' if found['verdict']['creates_run'] else 'waits'}): {selection:.3f} s reading the next "
-        f"loop's selection as the scheduler does (it deserializes every DAG with queue rows; read once for a page of "
-        f"DAGs), {per_dag:.3f} s the DAG itself; target < 1 s: {'met' if median < 1 else 'MISSED'}"
+        f"explain, one DAG with {events // RUN_BATCH} runs over {events} events: median {median:.3f} s "
+        f"of {samples} (verdict: {'runs' if found['verdict']['creates_run'] else 'waits'}): "
+        f"{selection:.3f} s reading the next loop's selection as the scheduler does (it deserializes "
+        f"every DAG with queue rows; read once for a page of DAGs), {per_dag:.3f} s the DAG itself; target "
+        f"< 1 s: {'met' if median < 1 else 'MISSED'}"
     )

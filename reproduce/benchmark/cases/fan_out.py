@@ -1,8 +1,8 @@
 """
 ``fan-out``: consumers x datasets x events consumed in the window; loops of a stock and a fixed
-scheduler just started, the fixed one's until its net has caught up (a first start reads the last 10 000 event ids
-again), long-running ones after it and
-a sweep round's loops: median, p99, max, the net's and sweep's share.
+scheduler just started, the fixed one's until its net has caught up (a first start reads the
+last 10 000 event ids again), long-running ones after it and a sweep round's loops: median, p99,
+max, the net's and sweep's share.
 """
 
 from __future__ import annotations
@@ -36,14 +36,15 @@ def bench_fanout(
     pace: float = 0.0,
 ) -> list[dict[str, Any]]:
     """
-    The fan-out: ``datasets`` datasets with ``consumers`` DAGs each and ``events`` events per dataset over the
-    last 800 s, each consumed by a run of every consumer (100 a run): consumers x events links a dataset. Tables never
-    analyzed (as a bulk load or a restore leaves them). Per variant a new scheduler runner (a scheduler just started:
-    its first loop apart) runs ``loops`` loops; both run on until the fixed one's net has caught up (at
-    most ``pass_limit`` seconds), then each runs ``2 * loops`` more (long-running) and a sweep round's. Nothing
-    new happens, so a loop is the scheduler's heartbeat and the fix's net all it adds. ``pace``: seconds from one
-    pair of loops to the next (1: a loop a second, as an idle scheduler sleeps; 0: back to back). Rows: the median;
-    notes: its p99, max and the net's and sweep's share of the fixed loops' time.
+    The fan-out: ``datasets`` datasets with ``consumers`` DAGs each and ``events`` events per dataset
+    over the last 800 s, each consumed by a run of every consumer (100 a run): consumers x events links a
+    dataset. Tables never analyzed (as a bulk load or a restore leaves them). Per variant a new scheduler
+    runner (a scheduler just started: its first loop apart) runs ``loops`` loops; both run on until the fixed
+    one's net has caught up (at most ``pass_limit`` seconds), then each runs ``2 * loops`` more (long-running)
+    and a sweep round's. Nothing new happens, so a loop is the scheduler's heartbeat and the fix's net all it
+    adds. ``pace``: seconds from one pair of loops to the next (1: a loop a second, as an idle scheduler
+    sleeps; 0: back to back). Rows: the loop's median; notes: its p99, max and the net's and sweep's share of
+    the fixed loops' time.
     """
     from airflow import settings
     from airflow.datasets import Dataset
@@ -78,16 +79,17 @@ def bench_fanout(
             # every consumer's runs consumed the events of their interval: consumers x events links
             session.execute(
                 text(
-                    "INSERT INTO dagrun_dataset_event (dag_run_id, event_id) SELECT r.id, e.id FROM dag_run r "
-                    "JOIN dataset_event e ON e.dataset_id = :dataset_id AND e.timestamp >= r.data_interval_start "
-                    "AND e.timestamp <= r.data_interval_end WHERE r.dag_id LIKE :consumers"
+                    "INSERT INTO dagrun_dataset_event (dag_run_id, event_id) SELECT r.id, e.id "
+                    "FROM dag_run r JOIN dataset_event e ON e.dataset_id = :dataset_id "
+                    "AND e.timestamp >= r.data_interval_start AND e.timestamp <= r.data_interval_end "
+                    "WHERE r.dag_id LIKE :consumers"
                 ),
                 {"dataset_id": dataset_ids[uri], "consumers": f"bench_fanout_{d:02d}_%"},
             )
             session.commit()
     log(
-        f"  {consumers} consumers x {datasets} datasets, {events} events each, {consumers * events * datasets} links "
-        f"({time.monotonic() - started:.0f} s to write)"
+        f"  {consumers} consumers x {datasets} datasets, {events} events each, "
+        f"{consumers * events * datasets} links ({time.monotonic() - started:.0f} s to write)"
     )
     runners, net_seconds, current = {}, [0.0], [""]
     for variant in VARIANTS:  # one scheduler process each, started together
@@ -120,7 +122,8 @@ def bench_fanout(
                     state["credit_at"] += stock_took[0]
             stock_took[0] = 0.0
         session, net_before = settings.Session.session_factory(), net_seconds[0]
-        gc.disable()  # this process's heap (the lab's, not a scheduler's) made gen-2 pauses of 100 ms fall in loops
+        # this process's heap (the lab's, not a scheduler's) made gen-2 pauses of 100 ms fall in loops
+        gc.disable()
         began = time.perf_counter()
         error = scheduler_pass(runners[variant], session)
         took = time.perf_counter() - began
@@ -133,7 +136,8 @@ def bench_fanout(
         return took, net_seconds[0] - net_before
 
     def in_turn(phase: str, loops: int, until: Callable[[], bool] | None = None) -> int:
-        """A loop of each runner in turn, the order flipped each pair (ABBA): ``loops`` each, or fixed's ``until``."""
+        """A loop of each runner in turn, the order flipped each pair (ABBA): ``loops`` each, or fixed's
+        ``until``."""
         done = 0
         while (done < loops) if until is None else not until() and done < loops:
             pair_began = time.monotonic()
@@ -146,10 +150,10 @@ def bench_fanout(
     def pass_done() -> bool:  # the start's re-read of the last ids over, every late one probed
         return net_caught_up(runners["fixed"])
 
-    # Phases, a loop of each runner in turn, ABBA (a shared machine's load falls on both alike): stock and fixed just
-    # started (first loop apart), on until the fixed one's net has caught up (or pass_limit seconds), then
-    # long-running; last, the fix's sweep: a round set due and the loops until it is over (its pages paced by its
-    # credit, as in a scheduler alone: the credit does not earn from stock's loops).
+    # Phases, a loop of each runner in turn, ABBA (a shared machine's load falls on both alike): stock and
+    # fixed just started (first loop apart), on until the fixed one's net has caught up (or pass_limit
+    # seconds), then long-running; last, the fix's sweep: a round set due and the loops until it is over (its
+    # pages paced by its credit, as in a scheduler alone: the credit does not earn from stock's loops).
     laps: dict[str, dict[str, list[tuple[float, float]]]] = {v: defaultdict(list) for v in VARIANTS}
     for variant in VARIANTS:
         laps[variant]["first"].append(loop(variant))
@@ -160,9 +164,9 @@ def bench_fanout(
     if not pass_over:  # a long-running scheduler has the start behind it: the rest skipped, its rate noted
         state = runners["fixed"].__dict__["_dataset_race_fix_net"]
         notes.append(
-            f"fan-out: the net not caught up after {pass_seconds:.0f} s ({len(laps['fixed']['pass'])} loops): "
-            f"{len(state.get('late', []))} late events left to probe ({state.get('probe_size')} a look at its end); "
-            "the rest skipped"
+            f"fan-out: the net not caught up after {pass_seconds:.0f} s "
+            f"({len(laps['fixed']['pass'])} loops): {len(state.get('late', []))} late events left to probe "
+            f"({state.get('probe_size')} a look at its end); the rest skipped"
         )
         state["late"] = []
     in_turn("running", 2 * loops)
@@ -178,13 +182,14 @@ def bench_fanout(
     if pace:
         label += f", a pair of loops each {pace:g} s"
     during = laps["fixed"]["pass"]
+    during_times = [t for t, _ in during]
     notes.append(
         f"{label}: the net's start {'took' if pass_over else 'not over in'} {pass_seconds:.1f} s, "
         f"{len(during)} fixed loops after the just-started ones"
         + (
-            f": loop median {statistics.median(t for t, _ in during) * 1000:.2f} ms, "
-            f"p99 {p99([t for t, _ in during]) * 1000:.1f} ms, max {max(t for t, _ in during) * 1000:.1f} ms, "
-            f"the net {sum(n for _, n in during) / sum(t for t, _ in during):.1%}"
+            f": loop median {statistics.median(during_times) * 1000:.2f} ms, "
+            f"p99 {p99(during_times) * 1000:.1f} ms, max {max(during_times) * 1000:.1f} ms, "
+            f"the net {sum(n for _, n in during) / sum(during_times):.1%}"
             if during
             else ""
         )
@@ -210,7 +215,7 @@ def bench_fanout(
         notes.append(
             f"{label}, {what}: the fixed loop's median without the net and sweep {rest * 1000:.2f} ms; "
             f"p99 stock {p99(stock) * 1000:.1f} ms, fixed {p99(fixed) * 1000:.1f} ms; "
-            f"max stock {max(stock) * 1000:.1f} ms, fixed {max(fixed) * 1000:.1f} ms; the net and sweep {share:.1%} "
-            "of the fixed loops' time"
+            f"max stock {max(stock) * 1000:.1f} ms, fixed {max(fixed) * 1000:.1f} ms; "
+            f"the net and sweep {share:.1%} of the fixed loops' time"
         )
     return rows

@@ -21,12 +21,13 @@ def bench_late_after_restart(
     variants: Variants, sizes: tuple[int, ...], notes: list[str], pass_limit: float = 900.0
 ) -> None:
     """
-    Issue 47: per size, 10 busy DAGs on a dataset each with ``size`` events in all over the last 800 s, each consumed
-    by a run of its DAG (100 a run), and a quiet DAG whose latest run is older, with a late commit below it: an event
-    between its two runs, consumed by neither, with no queue row (committed before the restart). A new fixed
-    scheduler runner (a restart) loops back to back until a run consumes the late event, then on until its window
-    pass is over (at most ``pass_limit`` seconds); then the run is deleted and another restarted runner loops once a
-    second (a scheduler's idle loop). Notes: the loops and seconds each took, the slowest loop.
+    Issue 47: per size, 10 busy DAGs on a dataset each with ``size`` events in all over the last 800 s, each
+    consumed by a run of its DAG (100 a run), and a quiet DAG whose latest run is older, with a late commit
+    below it: an event between its two runs, consumed by neither, with no queue row (committed before the
+    restart). A new fixed scheduler runner (a restart) loops back to back until a run consumes the late event,
+    then on until its window pass is over (at most ``pass_limit`` seconds); then the run is deleted and
+    another restarted runner loops once a second (a scheduler's idle loop). Notes: the loops and seconds each
+    took, the slowest loop.
     """
     from airflow import settings
     from airflow.datasets import Dataset
@@ -66,9 +67,10 @@ def bench_late_after_restart(
                 )
                 session.execute(
                     text(
-                        "INSERT INTO dagrun_dataset_event (dag_run_id, event_id) SELECT r.id, e.id FROM dag_run r "
-                        "JOIN dataset_event e ON e.dataset_id = :dataset_id AND e.timestamp >= r.data_interval_start "
-                        "AND e.timestamp <= r.data_interval_end WHERE r.dag_id = :dag_id"
+                        "INSERT INTO dagrun_dataset_event (dag_run_id, event_id) SELECT r.id, e.id "
+                        "FROM dag_run r JOIN dataset_event e ON e.dataset_id = :dataset_id "
+                        "AND e.timestamp >= r.data_interval_start AND e.timestamp <= r.data_interval_end "
+                        "WHERE r.dag_id = :dag_id"
                     ),
                     {"dataset_id": dataset_id, "dag_id": dag_id},
                 )
@@ -85,16 +87,15 @@ def bench_late_after_restart(
             )
             session.execute(
                 text(
-                    "INSERT INTO dagrun_dataset_event (dag_run_id, event_id) SELECT r.id, e.id FROM dag_run r "
-                    "JOIN dataset_event e ON e.dataset_id = :dataset_id AND e.timestamp = r.data_interval_start "
-                    "WHERE r.dag_id = :dag_id"
+                    "INSERT INTO dagrun_dataset_event (dag_run_id, event_id) SELECT r.id, e.id "
+                    "FROM dag_run r JOIN dataset_event e ON e.dataset_id = :dataset_id "
+                    "AND e.timestamp = r.data_interval_start WHERE r.dag_id = :dag_id"
                 ),
                 {"dataset_id": dataset_id, "dag_id": quiet},
             )
             session.commit()
-        log(
-            f"  {size} events in {LATE_BUSY_DAGS} busy DAGs' windows ({time.monotonic() - started:.0f} s to write)"
-        )
+        seconds = time.monotonic() - started
+        log(f"  {size} events in {LATE_BUSY_DAGS} busy DAGs' windows ({seconds:.0f} s to write)")
 
         def late_consumed() -> bool:
             with settings.Session() as session:
@@ -125,8 +126,8 @@ def bench_late_after_restart(
             notes.append(
                 f"late after a restart, {size} events in {LATE_BUSY_DAGS} busy DAGs' windows, loops {what}: "
                 + (
-                    f"the quiet DAG's late event consumed in loop {found_after[0]}, {found_after[1]:.2f} s after the "
-                    "start"
+                    f"the quiet DAG's late event consumed in loop {found_after[0]}, {found_after[1]:.2f} s "
+                    "after the start"
                     if found_after
                     else f"not consumed after {time.monotonic() - began:.0f} s"
                 )
@@ -135,8 +136,9 @@ def bench_late_after_restart(
                     if not pace and pass_over
                     else ""
                 )
-                + f"; first loop {laps[0] * 1000:.1f} ms, then median {statistics.median(laps[1:] or laps) * 1000:.1f} ms,"
-                f" max {max(laps[1:] or laps) * 1000:.1f} ms"
+                + f"; first loop {laps[0] * 1000:.1f} ms, then "
+                f"median {statistics.median(laps[1:] or laps) * 1000:.1f} ms, "
+                f"max {max(laps[1:] or laps) * 1000:.1f} ms"
             )
             with settings.Session() as session:  # give the event back for the next restart
                 session.execute(

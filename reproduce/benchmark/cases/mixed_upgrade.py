@@ -56,7 +56,8 @@ def bench_mixed_upgrade(
     ``b``, on ``a | b``); ``producers`` threads commit ``commits`` tasks each with outlets
     ``[a, b]`` or ``[b, a]`` (random order, no retries) while a scheduler thread loops. Then
     the state's scheduler drains the queue, and the invariant checker counts lost and doubled
-    events; for a mixed state, a new fixed scheduler then drains again (the upgrade finished). Failed producer transactions and scheduler errors are counted.
+    events; for a mixed state, a new fixed scheduler then drains again (the upgrade finished). Failed producer
+    transactions and scheduler errors are counted.
     """
     import random
     import threading

@@ -94,7 +94,8 @@ def bench_window_as_met(
             }
             log(
                 f"  {row['case']}: {ms_line(row)}; p90 stock {row['window_as_met']['stock_p90_ms']:.2f} ms, "
-                f"fixed {row['window_as_met']['fixed_p90_ms']:.2f} ms, ratio {row['window_as_met']['p90_ratio']:.2f}"
+                f"fixed {row['window_as_met']['fixed_p90_ms']:.2f} ms, "
+                f"ratio {row['window_as_met']['p90_ratio']:.2f}"
             )
             rows.append(row)
         return rows

@@ -26,7 +26,8 @@ JSON_SCHEMA_VERSION = 1
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "audit",
-        help="find lost, doubled, empty and out-of-order dataset-triggered runs; --requeue recovers lost events",
+        help="find lost, doubled, empty and out-of-order dataset-triggered runs; "
+        "--requeue recovers lost events",
         description="Audit dataset-triggered scheduling in an Airflow 2.10/2.11 metadata database. "
         "Read-only unless --requeue --yes. Exit status: 0 clean, 1 findings, 2 bad input.",
     )
@@ -214,7 +215,8 @@ def render(result, where: str, since, dag_ids: list[str], seconds: float, limit:
 
     sections = [  # (title, headers, rows, total)
         (
-            "Stranded events per DAG and dataset (no run consumed them: a later run exists, or nothing is queued)",
+            "Stranded events per DAG and dataset (no run consumed them: a later run exists, "
+            "or nothing is queued)",
             ["DAG", "dataset", "events", "suspected lost", "not queued", "oldest", "newest", "queue row"],
             [
                 [
@@ -300,8 +302,8 @@ def render(result, where: str, since, dag_ids: list[str], seconds: float, limit:
     if creators:
         lines += [
             "",
-            "Scheduler jobs that created empty or out-of-order runs (the fixed scheduler creates neither: these "
-            "ran without the fix then; check 'airflow-dataset-race-fix status' where they run):",
+            "Scheduler jobs that created empty or out-of-order runs (the fixed scheduler creates neither: "
+            "these ran without the fix then; check 'airflow-dataset-race-fix status' where they run):",
             tabulate(
                 creators, headers=["host", "scheduler job", "runs"], tablefmt="simple", disable_numparse=True
             ),
@@ -348,8 +350,9 @@ def render_requeue(writes, written: int | None) -> str:
         )
     else:
         tail = (
-            f"Requeued: {written} queue row(s) written in one transaction. The fixed scheduler consumes the "
-            "events in its next loops (an AND condition waits for its other datasets); audit again to confirm."
+            f"Requeued: {written} queue row(s) written in one transaction. The fixed scheduler "
+            "consumes the events in its next loops (an AND condition waits for its other "
+            "datasets); audit again to confirm."
         )
     return "\n".join(["Requeue plan (queue rows only; no event or run is changed):", table, tail])
 

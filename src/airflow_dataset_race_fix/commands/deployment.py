@@ -21,9 +21,10 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "deployment",
         help="which processes of this deployment ran the fix, from the metadata database (read-only)",
-        description="From the marks that processes with this package leave in Airflow's audit log, the job table and "
-        "the dataset events' task instances: every scheduler, component and producer host seen over the last "
-        "hours, and whether it ran the fix. Exit status: 0 all did, 1 some did not, 2 bad input.",
+        description="From the marks that processes with this package leave in Airflow's audit log, the job "
+        "table and the dataset events' task instances: every scheduler, component and producer host seen "
+        "over the last hours, and whether it ran the fix. "
+        "Exit status: 0 all did, 1 some did not, 2 bad input.",
     )
     add = parser.add_argument
     add("--hours", default="24", help="the period to look at, above 0 and at most 8784 (default 24)")

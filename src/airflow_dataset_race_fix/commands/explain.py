@@ -70,7 +70,8 @@ def render(found: dict) -> str:
     lines = [f"DAG {found['dag_id']}  (database clock {found['database_now']})"]
     if found["fix"]["active_in_this_process"]:
         lines.append(
-            "  the fix is active in this process: the verdict is the fixed scheduler's (its code, run here read-only)"
+            "  the fix is active in this process: the verdict is the fixed scheduler's "
+            "(its code, run here read-only)"
         )
     else:
         lines.append(
@@ -109,8 +110,9 @@ def render(found: dict) -> str:
     lines += ["", f"Last {len(found['runs'])} dataset-triggered run(s), newest first:"]
     for run in found["runs"]:
         flags = [f for f, on in (("EMPTY", run["empty"]), ("OUT OF ORDER", run["out_of_order"])) if on]
+        interval = f"{run['data_interval'][0]} .. {run['data_interval'][1]}"
         lines.append(
-            f"  {run['run_id']}  {run['state']}  interval {run['data_interval'][0]} .. {run['data_interval'][1]}"
+            f"  {run['run_id']}  {run['state']}  interval {interval}"
             + (f"  [{', '.join(flags)}]" if flags else "")
         )
         for e in run["events"][:10]:

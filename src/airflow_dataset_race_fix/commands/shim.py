@@ -1,4 +1,4 @@
-"""``shim``: the start-up shim's activation routes: ``path`` (for PYTHONPATH), ``install-pth``, ``remove-pth``."""
+"""``shim``: the start-up shim's routes: ``path`` (for PYTHONPATH), ``install-pth``, ``remove-pth``."""
 
 from __future__ import annotations
 
@@ -43,7 +43,8 @@ def _install(args) -> int:
     path, changed = activation.install_pth(_checked_site_dir(args.site_dir))
     print(f"{'installed' if changed else 'already installed'}: {path}")
     print(
-        "New Python processes of this environment start the shim; check with 'airflow-dataset-race-fix status'."
+        "New Python processes of this environment start the shim; check with "
+        "'airflow-dataset-race-fix status'."
     )
     print(
         "Before 'pip uninstall airflow-dataset-race-fix', run 'airflow-dataset-race-fix shim remove-pth': "

@@ -67,7 +67,10 @@ def _locations(args) -> tuple[Path, Path]:
 
 
 def _waiting(command: str, site_packages: Path):
-    message = f"airflow-dataset-race-fix {command}: waiting for another apply or revert in {site_packages} to finish"
+    message = (
+        f"airflow-dataset-race-fix {command}: waiting for another apply or revert in {site_packages} "
+        "to finish"
+    )
     return functools.partial(print, message, file=sys.stderr, flush=True)
 
 

@@ -157,8 +157,8 @@ def _shim_report(bootstrap_dir: str, activation, bootstrap) -> dict:
         notes.append(
             "the bootstrap directory is on PYTHONPATH but its sitecustomize did not run in this process"
             + (f": {hiding} was imported instead" if hiding else "")
-            + " (put the bootstrap directory first; where a tool puts its own first, as opentelemetry-instrument "
-            "does, use the .pth route: 'airflow-dataset-race-fix shim install-pth')"
+            + " (put the bootstrap directory first; where a tool puts its own first, as "
+            "opentelemetry-instrument does, use the .pth route: 'airflow-dataset-race-fix shim install-pth')"
         )
     if bootstrap.disabled:
         notes.append(f"disabled by {bootstrap.ENV_DISABLED}")
@@ -205,7 +205,8 @@ def _target_report(name: str, import_error: str | None, shim: dict, runtime) -> 
         # Routes that start inside Airflow's own start-up: nothing to see before it is imported.
         late_routes = [r for r in shim["activated_by"] if r in (ROUTE_LOCAL_SETTINGS, ROUTE_PLUGIN)]
         if why and late_routes and "airflow" not in sys.modules:
-            detail = f"the shim starts from {' and '.join(late_routes)} once Airflow is imported (not checked: --no-import)"
+            routes = " and ".join(late_routes)
+            detail = f"the shim starts from {routes} once Airflow is imported (not checked: --no-import)"
             return {"module": name, "status": WAITING, "detail": detail}
         if why:
             return {"module": name, "status": NOT_FIXED, "detail": f"not imported; {why}"}
@@ -258,7 +259,8 @@ def render(report: dict) -> str:
     if shim["local_settings_file"]:
         imports = "imports" if shim["local_settings_imports_fix"] else "does not import"
         lines.append(
-            f"  airflow_local_settings: {shim['local_settings_file']} ({imports} airflow_dataset_race_fix.auto)"
+            f"  airflow_local_settings: {shim['local_settings_file']} "
+            f"({imports} airflow_dataset_race_fix.auto)"
         )
     lines.append(
         f"  plugin opt-in [dataset_race_fix] enable_via_plugin: {'on' if shim['plugin_opt_in'] else 'off'} "

@@ -13,8 +13,9 @@ _JUDGED: dict = {}  # the scheduler module's target members as last judged, and 
 
 def fix_active_here() -> bool:
     """
-    Whether the scheduler module runs the fixed members in this process (shim or source patches), judged again only
-    once one of those members was replaced: judging reads their source (0.1-0.2 s of each of the page's requests).
+    Whether the scheduler module runs the fixed members in this process (shim or source patches), judged
+    again only once one of those members was replaced: judging reads their source (0.1-0.2 s of each of the
+    page's requests).
     """
     import importlib
 

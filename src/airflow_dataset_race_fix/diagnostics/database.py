@@ -159,8 +159,8 @@ def _check_schema(engine, where: str) -> None:
         missing = [t for t in REQUIRED_TABLES if t not in tables]
         if missing:
             raise DatabaseError(
-                f"{where} is not an Airflow 2.10/2.11 metadata database: missing tables {', '.join(missing)}; "
-                f"{CHECK_HOME_HINT}"
+                f"{where} is not an Airflow 2.10/2.11 metadata database: missing tables "
+                f"{', '.join(missing)}; {CHECK_HOME_HINT}"
             )
         revisions = list(conn.scalars(text("SELECT version_num FROM alembic_version")))
     except SQLAlchemyError as err:

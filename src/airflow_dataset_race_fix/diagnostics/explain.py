@@ -96,7 +96,10 @@ def _event(event, uris: dict[int, str]) -> dict[str, Any]:
 
 
 def condition_tree(condition, with_events: set[str]) -> dict[str, Any]:
-    """The DAG's dataset condition as nested dicts: ``all``/``any``/``alias`` nodes and ``dataset`` leaves, each with ``met``."""
+    """
+    The DAG's dataset condition as nested dicts: ``all``/``any``/``alias`` nodes and ``dataset`` leaves,
+    each with ``met``.
+    """
     from airflow.datasets import Dataset, DatasetAll
 
     statuses = {uri: True for uri in with_events}
@@ -162,8 +165,8 @@ class LoopSelection:
 
 # Why a run that the decision makes is not created by the next loop, by reason code.
 _NOT_THIS_LOOP = {
-    "no_slot": "this loop's {slots} DAG slots ([scheduler] max_dagruns_to_create_per_loop) go to DAGs that come "
-    "first; a later loop takes it",
+    "no_slot": "this loop's {slots} DAG slots ([scheduler] max_dagruns_to_create_per_loop) go to DAGs that "
+    "come first; a later loop takes it",
     "not_queued": "its events have no queue row and lie beyond the sweep's reach ([dataset_race_fix] "
     "event_lookback_seconds): 'audit --requeue' gives them one",
 }
@@ -248,7 +251,8 @@ def explain(
     )
     dataset_ids |= queued.keys()
     uris = dataset_uris(session, dataset_ids)
-    # The decision reads the columns it decides by; an event is shown as Airflow's whole row (its ``extra``): below.
+    # The decision reads the columns it decides by; an event is shown as Airflow's whole row (its
+    # ``extra``): below.
     events, deferred = decision.get("events") or [], decision.get("deferred") or []
     tree = condition_tree(
         dag.timetable.dataset_condition, {uris[e.dataset_id] for e in events if e.dataset_id in uris}
@@ -322,7 +326,8 @@ def explain(
         events = []  # no run takes them: they stay audit's findings, never "pending"
         for dataset in datasets:
             dataset["pending_event_ids"] = []
-    # audit's findings for the DAG (its lists are complete: no limit), but for suspected-lost events its next run takes
+    # audit's findings for the DAG (its lists are complete: no limit), but for suspected-lost events
+    # its next run takes
     pending_ids = {e.id for e in events}
     rows = {
         name: [
@@ -407,8 +412,9 @@ def _reasons(dag_model, active_runs, decision, tree, deferred) -> list[dict[str,
     if deferred:
         add(
             "deferred",
-            f"{len(deferred)} event(s) dated up to {_iso(max(e.timestamp for e in deferred))}, beyond the database's "
-            "clock plus [dataset_race_fix] max_event_ahead_seconds: they wait until the clock gets there",
+            f"{len(deferred)} event(s) dated up to {_iso(max(e.timestamp for e in deferred))}, "
+            "beyond the database's clock plus [dataset_race_fix] max_event_ahead_seconds: they "
+            "wait until the clock gets there",
         )
     return reasons
 
@@ -422,9 +428,9 @@ def _beyond_reach(found, events, uris) -> list[dict[str, str]]:
             notes.append(
                 {
                     "code": "beyond_reach",
-                    "message": f"{group.events - pending} event(s) of {group.dataset_uri} between {_iso(group.oldest)} "
-                    f"and {_iso(group.newest)} were consumed by no run and the next run does not take them: "
-                    "'airflow-dataset-race-fix audit --requeue' gives them to the DAG",
+                    "message": f"{group.events - pending} event(s) of {group.dataset_uri} between "
+                    f"{_iso(group.oldest)} and {_iso(group.newest)} were consumed by no run and the next run "
+                    "does not take them: 'airflow-dataset-race-fix audit --requeue' gives them to the DAG",
                 }
             )
     return notes

@@ -417,8 +417,9 @@ class _Scan:
         session = self.session
         if session.bind.dialect.name != "postgresql":
             return self._count_events(dag_ids)
-        # Plain index probes, as the statements are shaped for, whatever the statistics (none: 50 000 links estimated at
-        # 13, nested-looped per event; a bitmap for an event's links cost 30 %); no JIT: its compiling costs more.
+        # Plain index probes, as the statements are shaped for, whatever the statistics (none: 50 000 links
+        # estimated at 13, nested-looped per event; a bitmap for an event's links cost 30 %); no JIT: its
+        # compiling costs more.
         names = ("enable_seqscan", "enable_bitmapscan", "jit")
         kept = session.execute(
             text("SELECT " + ", ".join(f"current_setting('{n}') AS {n}" for n in names))
@@ -431,8 +432,8 @@ class _Scan:
             session.execute(text("SELECT " + restore), kept._asdict())
 
     def _count_events(self, dag_ids: list[str]) -> None:
-        # Every event counts as consumed once unless the findings below say otherwise. Counted per dataset (an index
-        # range each), not per (DAG, event): a busy dataset's events once, whatever its consumers.
+        # Every event counts as consumed once unless the findings below say otherwise. Counted per dataset (an
+        # index range each), not per (DAG, event): a busy dataset's events once, whatever its consumers.
         session, ref, event = self.session, DagScheduleDatasetReference, DatasetEvent
         references = session.execute(select(ref.dag_id, ref.dataset_id).where(ref.dag_id.in_(dag_ids))).all()
         counts = select(event.dataset_id, func.count(), func.min(event.timestamp), func.max(event.timestamp))
@@ -505,7 +506,9 @@ class _Scan:
                 )
 
     def _probed_facts(self, dag_ids: list[str]) -> list[SimpleNamespace]:
-        """``_event_findings``' rows read by ``_window_event_facts`` (PostgreSQL: no plan that statistics decide)."""
+        """
+        ``_event_findings``' rows read by ``_window_event_facts`` (PostgreSQL: no plan statistics decide).
+        """
         session, queue = self.session, DatasetDagRunQueue
         latest = {dag_id: _utc(date) for dag_id, date in session.execute(_latest_runs(dag_ids))}
         queued = {
@@ -517,8 +520,8 @@ class _Scan:
             )
         }
         facts = []
-        # each DAG that references the event's dataset, and how many of its runs consumed the event (no cursor: the
-        # plan is not one for a first row)
+        # each DAG that references the event's dataset, and how many of its runs consumed the event (no
+        # cursor: the plan is not one for a first row)
         for event_id, dataset_id, timestamp, referencing, consumers in session.execute(
             _window_event_facts(dag_ids, self.since)
         ).all():
@@ -631,12 +634,13 @@ class _Scan:
 # -- the web page's bounded count (``check_window``) --------------------------------------
 def _window_event_facts(dag_ids: Sequence[str], since: datetime | None):
     """
-    The events since ``since`` of the DAGs' datasets that a DAG referencing their dataset did not consume exactly once
-    (PostgreSQL), each with those DAGs and the DAGs of the runs that consumed it; no join whose cost rests on statistics
-    (one of two derived sets merged the whole consumption history with each event after a bulk load). Per event, its
-    links by ``event_id`` and each link's run by primary key, fenced LATERAL probes (the run's DAG and type tested
-    outside the fence, or an unanalyzed table scans the DAG's runs per link), aggregated per event: no sort of every
-    (DAG, event) pair, which took about half of 0.4 s for 100 000 links.
+    The events since ``since`` of the DAGs' datasets that a DAG referencing their dataset did not consume
+    exactly once (PostgreSQL), each with those DAGs and the DAGs of the runs that consumed it; no join whose
+    cost rests on statistics (one of two derived sets merged the whole consumption history with each event
+    after a bulk load). Per event, its links by ``event_id`` and each link's run by primary key, fenced
+    LATERAL probes (the run's DAG and type tested outside the fence, or an unanalyzed table scans the DAG's
+    runs per link), aggregated per event: no sort of every (DAG, event) pair, which took about half of 0.4 s
+    for 100 000 links.
     """
     ref, link = DagScheduleDatasetReference, association_table.c
     referencing = select(ref.dataset_id, array_agg(ref.dag_id).label("dag_ids")).where(

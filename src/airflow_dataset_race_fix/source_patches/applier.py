@@ -276,10 +276,10 @@ def inspect(site_packages: Path, patches_dir: Path) -> Inspection:
             raise Refused(f"{path} is not in {airflow.dist_info / 'RECORD'}; nothing was changed")
         if record_to_hex(airflow.hashes[path]) != verified[path].pristine:
             raise Refused(
-                f"{path} of apache-airflow {airflow.version} in {site_packages} is not the file the series was "
-                f"verified against: {airflow.dist_info.name}/RECORD says {_sha(airflow.hashes[path])}, "
-                f"{patches_dir / VERIFIED} records sha256 {verified[path].pristine} (a rebuilt distribution?); "
-                "nothing was changed"
+                f"{path} of apache-airflow {airflow.version} in {site_packages} is not the file the series "
+                f"was verified against: {airflow.dist_info.name}/RECORD says {_sha(airflow.hashes[path])}, "
+                f"{patches_dir / VERIFIED} records sha256 {verified[path].pristine} "
+                "(a rebuilt distribution?); nothing was changed"
                 + (
                     f": this local build of {release} changed it, and audit, explain and the "
                     "page still read its database"
@@ -318,11 +318,11 @@ def _inspect_target(target: Target, inspection: Inspection, manifest: dict) -> N
     if found != target.verified.patched:
         raise Refused(
             f"patch file {target.patches[0].path} differs from the fix in this package "
-            f"(airflow-dataset-race-fix {__version__}): it makes the pristine {target.path} of apache-airflow "
-            f"{inspection.version} into sha256 {found}, not the sha256 {target.verified.patched} that "
-            f"{inspection.patches_dir / VERIFIED} records. It was edited by hand or is stale. Restore it "
-            "from the repository or regenerate it there with 'python -m tools.patchgen'; "
-            "nothing was changed"
+            f"(airflow-dataset-race-fix {__version__}): it makes the pristine {target.path} of "
+            f"apache-airflow {inspection.version} into sha256 {found}, not the sha256 "
+            f"{target.verified.patched} that {inspection.patches_dir / VERIFIED} records. It was "
+            "edited by hand or is stale. Restore it from the repository or regenerate it there with "
+            "'python -m tools.patchgen'; nothing was changed"
         )
     if current is None:
         target.state = INTERRUPTED

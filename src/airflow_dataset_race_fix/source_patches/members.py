@@ -24,7 +24,7 @@ class MemberNotFound(LookupError):
 
 
 def member_spans(lines: list[str], owner: str) -> dict[str, tuple[int, int]]:
-    """``name -> (start, end)``, 0-based line slices of the methods (and nested classes) of class ``owner``."""
+    """``name -> (start, end)``: 0-based line slices of the methods (and nested classes) of ``owner``."""
     return dict(_member_spans(tuple(lines), owner))
 
 

@@ -40,7 +40,8 @@ def not_explained(dag_id: str, why: str) -> dict[str, Any]:
 
 
 def rows(session: Session, dag_ids: list[str], loop) -> list[dict[str, Any]]:
-    """A row per DAG of ``dag_ids`` (in that order): verdict, reason codes, counts; no findings (``add_findings``)."""
+    """A row per DAG of ``dag_ids`` (in that order): verdict, reason codes, counts; no findings
+    (``add_findings``)."""
     from airflow.models.dag import DagModel
     from airflow.models.dagrun import DagRun
     from airflow.timetables.simple import DatasetTriggeredTimetable
@@ -116,10 +117,11 @@ def rows(session: Session, dag_ids: list[str], loop) -> list[dict[str, Any]]:
 
 def _first_runs(session: Session, dag_models: list, info: dict, loop) -> list[dict[str, Any]]:
     """
-    The decisions of DAGs with no dataset-triggered run yet, from counts, not rows (50 000 events took 0.2 s to read).
-    A first run reads every event of the DAG's datasets (``_dataset_floors``): each dataset's events up to the
-    horizon, and beyond it, stand as one event (its newest) repeated as many times as they are, and the fixed
-    scheduler's own choice (``_choose_dataset_run``) decides on them. All the list shows of the run: that there is one.
+    The decisions of DAGs with no dataset-triggered run yet, from counts, not rows (50 000 events took 0.2 s
+    to read). A first run reads every event of the DAG's datasets (``_dataset_floors``): each dataset's events
+    up to the horizon, and beyond it, stand as one event (its newest) repeated as many times as they are, and
+    the fixed scheduler's own choice (``_choose_dataset_run``) decides on them. All the list shows of the run:
+    that there is one.
     """
     from airflow.models.dataset import (
         DagScheduleDatasetReference as ref,

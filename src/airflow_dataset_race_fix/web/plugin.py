@@ -58,7 +58,8 @@ class DatasetRunsPlugin(AirflowPlugin):
             verdict.announce_process()  # each webserver worker: it serves the REST API's dataset events
             if runtime.command_name() != "":  # gunicorn's worker, not a short 'airflow users ...' command
                 evidence.mark_component("webserver")
-                fix_active_here()  # judged as the worker starts (it reads source: 0.3 s), not in its first request
+                # judged as the worker starts (it reads source: 0.3 s), not in its first request
+                fix_active_here()
             self._views = [{"name": "Dataset runs", "category": "Browse", "view": DatasetRunsView()}]
         return self._views
 

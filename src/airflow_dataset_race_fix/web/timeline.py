@@ -75,8 +75,9 @@ def render(found: dict) -> Markup:
         if len(lane_events) <= MAX_MARKS:
             for e in lane_events:
                 colour = WARN if e["warn"] else OK
+                event_x = x(_time(e["timestamp"]))
                 parts.append(
-                    f'<rect class="event" x="{x(_time(e["timestamp"])) - 1.5:.1f}" y="{y - 8:.0f}" width="3" height="16" '
+                    f'<rect class="event" x="{event_x - 1.5:.1f}" y="{y - 8:.0f}" width="3" height="16" '
                     f'fill="{colour}"><title>#{e["id"]} {escape(e["timestamp"])}</title></rect>'
                 )
         else:  # counts per bin: one bar per 4 pixels, the warning share on top
@@ -88,13 +89,16 @@ def render(found: dict) -> Markup:
             top = max(sum(c) for c in bins.values())
             for b, (plain, warn) in sorted(bins.items()):
                 h = 16 * (plain + warn) / top
+                bar_x = LEFT + 4 * b
+                bar_y = y + 8 - h
                 parts.append(
-                    f'<rect class="bin" x="{LEFT + 4 * b}" y="{y + 8 - h:.1f}" width="3" height="{h:.1f}" fill="{OK}">'
+                    f'<rect class="bin" x="{bar_x}" y="{bar_y:.1f}" width="3" height="{h:.1f}" fill="{OK}">'
                     f"<title>{plain + warn} events</title></rect>"
                 )
                 if warn:
+                    warn_h = 16 * warn / top
                     parts.append(
-                        f'<rect x="{LEFT + 4 * b}" y="{y + 8 - h:.1f}" width="3" height="{16 * warn / top:.1f}" fill="{WARN}"/>'
+                        f'<rect x="{bar_x}" y="{bar_y:.1f}" width="3" height="{warn_h:.1f}" fill="{WARN}"/>'
                     )
     parts.append(f'<text x="4" y="{runs_y + LANE / 2 + 4:.0f}">runs</text>')
     lines = sum(len(run["events"]) for run in found["runs"])
@@ -102,28 +106,33 @@ def render(found: dict) -> Markup:
         x1, x2 = (_time(run["data_interval"][0]) or _time(run["logical_date"])), _time(run["logical_date"])
         x1, x2 = x(min(x1, x2)), x(max(x1, x2))
         colour = WARN if run["empty"] or run["out_of_order"] else RUN
+        events_total = run.get("events_total", len(run["events"]))
         parts.append(
-            f'<rect class="run" x="{x1:.1f}" y="{runs_y + 6}" width="{max(x2 - x1, 3):.1f}" height="{LANE - 12}" '
-            f'fill="{colour}" fill-opacity="0.7"><title>{escape(run["run_id"])}: {run.get("events_total", len(run["events"]))} event(s)'
-            f"</title></rect>"
+            f'<rect class="run" x="{x1:.1f}" y="{runs_y + 6}" width="{max(x2 - x1, 3):.1f}" '
+            f'height="{LANE - 12}" fill="{colour}" fill-opacity="0.7">'
+            f"<title>{escape(run['run_id'])}: {events_total} event(s)</title></rect>"
         )
         if lines <= MAX_LINES:
             for e in run["events"]:
                 if e["dataset_uri"] in lanes:
                     ey = TOP + LANE * lanes[e["dataset_uri"]] + LANE / 2 + 8
                     colour = WARN if e["late"] or e["doubled"] else MUTED
+                    event_x = x(_time(e["timestamp"]))
                     parts.append(
-                        f'<line class="consumed" x1="{x2:.1f}" y1="{runs_y + 6}" x2="{x(_time(e["timestamp"])):.1f}" '
+                        f'<line class="consumed" x1="{x2:.1f}" y1="{runs_y + 6}" x2="{event_x:.1f}" '
                         f'y2="{ey:.0f}" stroke="{colour}" stroke-width="0.6"/>'
                     )
     if now <= end:
+        now_x = x(now)
         parts.append(
-            f'<line x1="{x(now):.1f}" y1="{TOP - 6}" x2="{x(now):.1f}" y2="{height - 18}" stroke="#c33" stroke-dasharray="3,3"/>'
-            f'<text x="{x(now):.1f}" y="{height - 6}" fill="#c33" text-anchor="middle">now</text>'
+            f'<line x1="{now_x:.1f}" y1="{TOP - 6}" x2="{now_x:.1f}" y2="{height - 18}" stroke="#c33" '
+            'stroke-dasharray="3,3"/>'
+            f'<text x="{now_x:.1f}" y="{height - 6}" fill="#c33" text-anchor="middle">now</text>'
         )
     else:
         parts.append(
-            f'<text x="{WIDTH - 10}" y="{height - 6}" fill="#c33" text-anchor="end">now: {escape(_label(now))} &#8594;</text>'
+            f'<text x="{WIDTH - 10}" y="{height - 6}" fill="#c33" text-anchor="end">'
+            f"now: {escape(_label(now))} &#8594;</text>"
         )
     if lines > MAX_LINES:
         parts.append(
