@@ -298,9 +298,8 @@ def test_the_text_says_whether_the_fix_is_active_and_names_what_each_finding_cou
     p, s = w.producer("P"), w.scheduler()
     w.emit(p, a), p.finish()
     w.loop(s), s.finish()
-    with (
-        create_session() as session
-    ):  # a stock S6 run (empty, inside the latest's interval), an event dated ahead
+    # a stock S6 run (empty, inside the latest's interval), an event dated ahead
+    with create_session() as session:
         latest = session.scalars(select(DagRun).where(DagRun.dag_id == d)).one()
         session.add(
             DagRun(
@@ -450,9 +449,8 @@ def test_a_pending_event_is_no_audit_finding(world):
         w.clock.at(2), w.emit(p, a), p.finish()
     else:
         w.emit(p, a), p.finish()
-        with (
-            create_session() as session
-        ):  # as if it committed late: dated before the run, and so is its queue row
+        # as if it committed late: dated before the run, and so is its queue row
+        with create_session() as session:
             from airflow.models.dataset import DatasetDagRunQueue, DatasetEvent
 
             newest = session.scalar(select(DatasetEvent.id).order_by(DatasetEvent.id.desc()).limit(1))

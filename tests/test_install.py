@@ -229,9 +229,8 @@ def test_quick_start_install_outside_the_repository(tmp_path):
         Path(_run(python, "-c", "import airflow_dataset_race_fix as p; print(p.__path__[0])")) / "patches"
     )
     assert (installed_patches / "series").is_file()  # the one series, for every release
-    assert str(installed_patches) in "".join(apply_help.stdout.split()), (
-        apply_help.stdout
-    )  # wrapped lines joined
+    # wrapped lines joined
+    assert str(installed_patches) in "".join(apply_help.stdout.split()), apply_help.stdout
     # time-machine is only the [reproduce] extra's. (Airflow's pendulum 3 requires it on CPython
     # anyway, so it is installed here; what matters is that this package neither requires nor
     # imports it outside the reproduction harness.)

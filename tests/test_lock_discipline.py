@@ -169,9 +169,8 @@ def test_a_postgres_producer_commit_sends_short_statements_in_lock_order(world):
     def record(conn, cursor, statement, parameters, context, executemany):
         sent.append((" ".join(statement.split()).lower(), parameters))
 
-    with (
-        settings.engine.connect() as other
-    ):  # holds (a, y) as a committing producer does (its own connection)
+    # holds (a, y) as a committing producer does (its own connection)
+    with settings.engine.connect() as other:
         transaction = other.begin()
         other.execute(
             text("SELECT 1 FROM dataset_dag_run_queue WHERE target_dag_id = :d FOR UPDATE"), {"d": y}

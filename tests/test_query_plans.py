@@ -152,9 +152,8 @@ def test_the_sweep_probes_by_index_whatever_the_statistics(world):
         for table in ("dataset_dag_run_queue", "dag_schedule_dataset_reference", "dataset_event", "dag_run"):
             conn.execute(text(f"ANALYZE {table}"))
     w.consumers("c", [a], SWEPT)
-    with (
-        settings.engine.begin() as conn
-    ):  # the tables grow past their statistics, whatever earlier tests left
+    # the tables grow past their statistics, whatever earlier tests left
+    with settings.engine.begin() as conn:
         conn.execute(
             text(
                 "INSERT INTO dataset_event (dataset_id, timestamp, extra) SELECT id, to_timestamp(g), '{}' "
@@ -320,9 +319,8 @@ def test_the_latest_run_is_read_in_index_order_whatever_the_statistics(world, st
     for plan in plans:
         run_scans = [line for line in plan.splitlines() if "Scan" in line and " on dag_run " in line]
         assert run_scans, plan
-        for line in (
-            run_scans
-        ):  # each stopped at the DAG's newest (oldest) run, or never run (the search for another)
+        # each stopped at the DAG's newest (oldest) run, or never run (the search for another)
+        for line in run_scans:
             assert "never executed" in line or (
                 "Scan using dag_run_dag_id_execution_date_key on dag_run "
                 in line.replace("Scan Backward", "Scan")
@@ -332,9 +330,8 @@ def test_the_latest_run_is_read_in_index_order_whatever_the_statistics(world, st
         [line for line in plan.splitlines() if " on dag_run " in line and "never executed" not in line]
         for plan in plans
     ]
-    assert [2] in [[len(scans)] for scans in loop_scans], (
-        plans
-    )  # the loop's: its DAG's newest run and its oldest
+    # the loop's: its DAG's newest run and its oldest
+    assert [2] in [[len(scans)] for scans in loop_scans], plans
 
 
 @pytest.mark.parametrize("statistics", ["none", "fresh"])

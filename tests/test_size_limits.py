@@ -180,9 +180,8 @@ def test_a_first_run_over_many_events_takes_each_in_few_statements_as_airflow_da
         statements: list[str] = []
 
         def record(conn, cursor, statement, parameters, context, executemany):
-            if (
-                threading.current_thread().name == f"actor-{s.name}"
-            ):  # the scheduler's, not the lock monitor's
+            # the scheduler's, not the lock monitor's
+            if threading.current_thread().name == f"actor-{s.name}":
                 statements.append(statement)
 
         event.listen(settings.engine, "before_cursor_execute", record)

@@ -137,9 +137,8 @@ def test_the_window_count_is_audits_count_over_the_window(world):
     _run(both, "2", now - timedelta(minutes=15), on_b[1:3])
     _run(both, "empty", now - timedelta(minutes=10), [])
     _run(both, "3", now - timedelta(minutes=12), on_a[4:6])  # out of order (created after "empty")
-    with (
-        create_session() as session
-    ):  # a dataset ``one`` does not reference, of which a run of it consumed an event
+    # a dataset ``one`` does not reference, of which a run of it consumed an event
+    with create_session() as session:
         session.add(DatasetModel(uri=f"race://{w.prefix}/gone"))
     _run(
         one,
@@ -266,9 +265,8 @@ def test_the_lists_findings_read_the_window_whatever_the_statistics(world, stati
 
     found = [{"dag_id": dag_id, "verdict": "waits", "_late": []} for dag_id in [big] + small]
     with rows_handled() as handled, create_session() as session:
-        if (
-            statistics != "fresh"
-        ):  # the plans such statistics choose, made certain (as tests/test_query_plans.py)
+        # the plans such statistics choose, made certain (as tests/test_query_plans.py)
+        if statistics != "fresh":
             for setting in ("enable_hashagg", "enable_hashjoin", "enable_mergejoin", "enable_material"):
                 session.execute(text(f"SET LOCAL {setting} = off"))
         listing.add_findings(session, found, now)

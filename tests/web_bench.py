@@ -225,9 +225,8 @@ def cpu_seconds(pgid: int, database: str | None) -> float:
                 fields = handle.read().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        if (
-            int(fields[2]) == pgid or pid in pids
-        ):  # fields[2]: the process group; [11], [12]: user, system ticks
+        # fields[2]: the process group; [11], [12]: user, system ticks
+        if int(fields[2]) == pgid or pid in pids:
             total += int(fields[11]) + int(fields[12])
     return total / os.sysconf("SC_CLK_TCK")
 

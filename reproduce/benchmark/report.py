@@ -82,9 +82,8 @@ def targets(backend: str, rows: list[dict[str, Any]]) -> list[str]:
                 f"{row['case']}: median ratio {row['ratio']:.3f} over {row['samples']} runs, target <= 1.03: "
                 f"{_met(row['ratio'] <= 1.03)}"
             )
-        if (
-            "window_as_met" in row
-        ):  # issue 30: median <= 1.1 and p90 <= 1.2 after the first loop; first loop <= 2
+        # the window as met: median <= 1.1 and p90 <= 1.2 after the first loop; first loop <= 2
+        if "window_as_met" in row:
             first = "first loop" in row["case"]
             ok = (
                 row["ratio"] <= 2
