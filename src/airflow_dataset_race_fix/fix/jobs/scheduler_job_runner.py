@@ -77,8 +77,8 @@ class SchedulerJobRunner:
             dag for dag in all_dags_needing_dag_runs if dag.dag_id in dataset_triggered_dag_info
         ]
         non_dataset_dags = all_dags_needing_dag_runs.difference(dataset_triggered_dags)
-        # and the DAGs the sweep and the net bring in, decided the same way: before this loop writes (the net commits
-        # what it finds on a connection of its own, which SQLite's one writer would make wait behind this loop)
+        # and the DAGs the sweep and the net bring in, decided alike: before this loop writes (the net commits
+        # its finds on a connection of its own, which SQLite's one writer would make wait behind this loop)
         dataset_triggered_dags += self._dags_with_unqueued_dataset_events(dataset_triggered_dag_info, session)
         self._create_dag_runs(non_dataset_dags, session)
         if dataset_triggered_dags:
@@ -92,7 +92,7 @@ class SchedulerJobRunner:
 
     @staticmethod
     def _dataset_manager() -> Any:
-        """Airflow's DatasetManager, whose members give these steps their clock and settings (explain: the fix's)."""
+        """Airflow's DatasetManager, whose members give these steps clock and settings (explain's: ours)."""
         from airflow.datasets.manager import DatasetManager
 
         return DatasetManager
@@ -136,7 +136,7 @@ class SchedulerJobRunner:
         dataset_ids_of: dict[str, set[int]]  # scheduled on, or named by a queue row
         dataset_uris: dict[int, str]
         newest_consumed: dict[str, dict[int, datetime]]  # by the DAG's latest run, per dataset
-        # latest dataset-triggered run's date, its interval end, any run's date, oldest dataset-triggered run's date
+        # latest dataset-triggered run's date and interval end, any run's date, oldest dataset-triggered run's
         latest_runs: dict[str, tuple[Any, ...]]
         database_now: datetime | None
 
@@ -331,8 +331,8 @@ class SchedulerJobRunner:
         self, oldest_new: dict[str, datetime], session: Session, *, lock_rows: bool = True
     ) -> list[DagModel]:
         """
-        Of ``oldest_new``'s DAGs, at most ``max_dagruns_to_create_per_loop`` that can run, oldest event first, locked
-        ``SKIP LOCKED`` as ``dags_needing_dagruns`` does (explain: no lock).
+        Of ``oldest_new``'s DAGs, at most ``max_dagruns_to_create_per_loop`` that can run, oldest event first,
+        locked ``SKIP LOCKED`` as ``dags_needing_dagruns`` does (explain: no lock).
         """
         from sqlalchemy import false, true
 
@@ -389,9 +389,9 @@ class SchedulerJobRunner:
         self, finds: list[tuple[str, int, int, datetime]], session: Session
     ) -> dict[str, dict[int, tuple[datetime, list[int]]]]:
         """
-        Findings kept until the run that consumes them commits (BUG_REPORT, "The net"): ``finds`` (dag_id, dataset_id,
-        event_id, stamp) written, the oldest per DAG and dataset, committed on a connection of their own (a new ``log``
-        row locks nothing that others wait for); then the oldest 500 read, ``{dag_id: {dataset_id: (stamp, row ids)}}``.
+        Findings kept until the run that consumes them commits (BUG_REPORT, "The net"): ``finds`` (dag_id,
+        dataset_id, event_id, stamp), the oldest per DAG and dataset, committed on a connection of their own
+        (a new ``log`` row locks nothing others wait for); then the oldest 500 read, ``net.findings``' form.
         """
         oldest: dict[tuple[str, int], tuple[datetime, int]] = {}
         finding = "dataset-race-fix-finding"
@@ -428,14 +428,12 @@ class SchedulerJobRunner:
     def _dags_ready_by_findings(
         self, findings: dict[str, dict[int, tuple[datetime, list[int]]]], session: Session
     ) -> dict[str, datetime]:
-        """Of the DAGs with findings, those whose condition holds on the datasets with a finding or a queue row (an AND
-        condition still waiting takes no place in a loop: its finding waits for the partner's row)."""
+        """Of the DAGs with findings, those whose condition holds on the datasets with a finding or queue row
+        (an AND condition still waiting takes no place in a loop: its finding waits for the partner's row)."""
         if not findings:
             return {}
         queued: dict[str, set[str]] = defaultdict(set)  # their queue rows' dataset URIs
-        dag_ids = sorted(
-            findings
-        )  # at most 500 (``_dataset_findings``), and their datasets: a statement each
+        dag_ids = sorted(findings)  # at most 500 (``_dataset_findings``), and their datasets: a query each
         rows = select(DatasetDagRunQueue.target_dag_id, DatasetModel.uri).join(DatasetDagRunQueue.dataset)
         for dag_id, uri in session.execute(rows.where(DatasetDagRunQueue.target_dag_id.in_(dag_ids))):
             queued[dag_id].add(uri)
@@ -602,8 +600,8 @@ class SchedulerJobRunner:
     @staticmethod
     def _latest_dataset_run_date(dag_id: Any, oldest: bool = False) -> Any:
         """
-        The date of the latest (``oldest``) dataset-triggered run of the correlated ``dag_id``: the newest (oldest)
-        run's if dataset-triggered, else searched; LIMIT 1, not max(): MySQL read every run (BUG_REPORT, "The floor")
+        The date of the latest (``oldest``) dataset-triggered run of the correlated ``dag_id``: the newest
+        (oldest) run's if dataset-triggered, else searched; LIMIT 1: max() read all runs on MySQL (The floor)
         """
         from sqlalchemy import case
 
@@ -756,14 +754,14 @@ class SchedulerJobRunner:
         return decisions, consumed_rows
 
     def _dataset_statement(self, key: tuple[Any, ...], build: Callable[[], Any]) -> Any:
-        """The statement kept under ``key``, built by ``build()`` once a process (BUG_REPORT section 7: loop cost)."""
+        """The statement kept under ``key``, built by ``build()`` once a process (BUG_REPORT 7: loop cost)."""
         statements: dict[tuple[Any, ...], Any] = self.__dict__.setdefault("_dataset_race_fix_statements", {})
         if key not in statements:
             statements[key] = build()
         return statements[key]
 
     def _read_dataset_decision_state(self, dag_ids: list[str], session: Session) -> _DatasetDecisionState:
-        """The state the decisions of ``dag_ids`` start from, read without locks, two statements per 500 DAGs."""
+        """The state the decisions of ``dag_ids`` start from, read without locks: 2 statements a 500 DAGs."""
         from sqlalchemy import Text, bindparam, cast
 
         dialect = session.bind.dialect.name
@@ -812,9 +810,9 @@ class SchedulerJobRunner:
     @classmethod
     def _runs_and_datasets_statement(cls, dialect: str, clock: str | None) -> Any:
         """
-        Per DAG of ``dag_ids``, a row per dataset it is scheduled on (or one without): its latest runs, the database's
-        clock, the dataset's id, URI and newest event the latest run consumed, found at once whatever the statistics
-        (BUG_REPORT, "The floor": the run's links newest first, LATERAL on PostgreSQL, STRAIGHT_JOIN on MySQL).
+        Per DAG of ``dag_ids``, a row per dataset it is scheduled on (or one without): its latest runs, the
+        database's clock, the dataset's id, URI and newest event the latest run consumed, found at once, any
+        statistics ("The floor": the run's links newest first, LATERAL on PostgreSQL, STRAIGHT_JOIN on MySQL).
         """
         from airflow.models.dataset import association_table
         from airflow.utils.sqlalchemy import UtcDateTime
@@ -823,7 +821,7 @@ class SchedulerJobRunner:
         reference = DagScheduleDatasetReference
         clock_column = literal_column(clock, UtcDateTime) if clock else null()  # SQLite: this host's clock
         if dialect == "postgresql":
-            # The DAG's newest run of any type, then, only if that one is not dataset-triggered, the newest that is.
+            # The DAG's newest run of any type, then, only if it is not dataset-triggered, the newest one
             columns = DagRun.id, DagRun.execution_date, DagRun.data_interval_end
             newest = select(*columns, DagRun.run_type).where(DagRun.dag_id == DagModel.dag_id)
             newest = newest.order_by(DagRun.execution_date.desc()).limit(1).correlate(DagModel).lateral()
@@ -842,7 +840,7 @@ class SchedulerJobRunner:
             event_of_link = select(DatasetEvent.timestamp).where(
                 DatasetEvent.id == association_table.c.event_id
             )
-            # LATERAL (OFFSET 0: not pulled up into a plain join): the link beside it, the reference two levels up
+            # LATERAL (OFFSET 0: not pulled up into a join): the link beside it, the reference two levels up
             event_of_link = event_of_link.where(DatasetEvent.dataset_id == reference.dataset_id).offset(0)
             event_of_link = event_of_link.correlate(association_table, reference).lateral()
             consumed = select(event_of_link.c.timestamp).select_from(
@@ -861,9 +859,7 @@ class SchedulerJobRunner:
                     DagRun.dag_id == DagModel.dag_id, DagRun.run_type == dataset_triggered
                 )
                 latest = latest.order_by(DagRun.execution_date.desc()).limit(1)
-                return latest.correlate(
-                    DagModel
-                ).scalar_subquery()  # explicit: from two levels down it would not be
+                return latest.correlate(DagModel).scalar_subquery()  # explicit: two levels down it is not
 
             dataset_triggered = DagRunType.DATASET_TRIGGERED
             latest_date = latest_run_of(DagRun.execution_date)
@@ -904,7 +900,7 @@ class SchedulerJobRunner:
     def _events_not_consumed_statement(dialect: str, groups: int) -> Any:
         """
         Events of datasets ``ids_<i>`` from ``floor_<i>`` on (``i < groups``) that no run of ``dag_id`` from
-        ``runs_floor`` on consumed (BUG_REPORT section 4, step 2); ``groups`` 0: every event of ``ids_0`` (a first run).
+        ``runs_floor`` on consumed (BUG_REPORT section 4, step 2); ``groups`` 0: all of ``ids_0`` (first run).
         """
         from airflow.models.dataset import association_table
         from sqlalchemy import bindparam, true
@@ -922,8 +918,7 @@ class SchedulerJobRunner:
         )
         consumed = consumed.where(*runs_from_floor)
         if dialect == "postgresql":
-            # One index probe per run: LATERAL (OFFSET 0: not pulled up into a join) keeps PostgreSQL from hashing
-            # the whole association table.
+            # One index probe per run: LATERAL (OFFSET 0: not pulled up into a join), no hash of all links
             runs = select(DagRun.id).where(*runs_from_floor).subquery()
             links = select(association_table.c.event_id).where(association_table.c.dag_run_id == runs.c.id)
             links = links.offset(0).lateral()
@@ -936,7 +931,7 @@ class SchedulerJobRunner:
         )
         chosen = select(*columns).where(or_(*from_floors), DatasetEvent.id.not_in(consumed))
         if dialect == "mysql":
-            # InnoDB's secondary indexes carry the primary key: the check runs on the index, and reads only kept rows.
+            # InnoDB's secondary indexes carry the primary key: the check runs on the index, reads kept rows
             chosen = select(*columns).where(DatasetEvent.id.in_(chosen.with_only_columns(DatasetEvent.id)))
         return chosen
 
@@ -956,19 +951,18 @@ class SchedulerJobRunner:
         oldest_run_date: datetime | None = None,
     ) -> _DatasetFloors:
         """
-        Where a DAG reads each dataset's events from (BUG_REPORT, "The floor"); pure. ``found_late``: the net's oldest
-        late commit; ``checked``: where this process's last read left nothing (``_remember_dataset_reads``).
+        Where a DAG reads each dataset's events from (BUG_REPORT, "The floor"); pure. ``found_late``: the
+        net's oldest late commit; ``checked``: where this process's last read left nothing (its last reads').
         """
         if latest_run_date is None:  # no run of this DAG has consumed anything yet
             return cls._DatasetFloors({}, None, True)
-        full_read = (
-            latest_run_date > database_now
-        )  # a clock stepped back: read from the run at or before it, as stock
+        # a clock stepped back: read from the run at or before it, as stock
+        full_read = latest_run_date > database_now
         full_from = (below_clock or database_now) if full_read else latest_run_date
         full_floor = min([full_from, database_now, *queued.values()]) - lookback
-        # db clean's runs lay below the oldest: only the latency below the newest consumed event (a late commit just
-        # below a first run), a queue row written before it, or a late commit the net found read there (a clock behind
-        # every run reads below them all: what it stamps lies there)
+        # db clean's runs lay below the oldest: only the latency below the newest consumed event (a late
+        # commit just below a first run), a queue row written before it, or a late commit the net found read
+        # there (a clock behind every run reads below them all: what it stamps lies there)
         kept_from = full_floor if full_read or oldest_run_date is None else max(full_floor, oldest_run_date)
         checked = checked or {}
         floors: dict[int, datetime] = {}
@@ -978,9 +972,8 @@ class SchedulerJobRunner:
                 floor = kept_from
             else:  # what this process checked raises it, never above a queue row's
                 floor = max(newest - commit_latency, checked.get(dataset_id, full_floor), full_floor)
-            if (
-                dataset_id in queued
-            ):  # a row written after the oldest run brings no event from below it (db clean's)
+            # a row written after the oldest run brings no event from below it (db clean's)
+            if dataset_id in queued:
                 row = queued[dataset_id]
                 floor = min(
                     floor, max(row - commit_latency, kept_from if row > kept_from else row - commit_latency)
@@ -1043,8 +1036,8 @@ class SchedulerJobRunner:
         evaluate: Callable[[dict[str, bool]], bool],
     ) -> _DatasetRunChoice:
         """
-        Whether a DAG's events make a run, and its date before the unique-date check; pure (BUG_REPORT section 4,
-        steps 3-4). Events beyond the horizon wait; no run: the queue rows of datasets with nothing to consume go.
+        Whether a DAG's events make a run, and its date before the unique-date check; pure (BUG_REPORT section
+        4, steps 3-4). Events beyond the horizon wait; no run: queue rows of datasets with nothing to take go.
         """
         deferred = [event for event in dataset_events if event.timestamp > horizon]
         events = [event for event in dataset_events if event.timestamp <= horizon]
@@ -1075,8 +1068,8 @@ class SchedulerJobRunner:
     @classmethod
     def _events_for_timetable(cls, timetable: Any, events: list[Any], session: Session) -> list[Any]:
         """
-        ``events`` as ``timetable`` reads them, each ``source_dag_run`` read a statement per 500 producer runs, not a
-        lazy load each (issue 49); a timetable that overrides them (but DatasetOrTimeSchedule's run_id) gets Airflow's.
+        ``events`` as ``timetable`` reads them, each ``source_dag_run`` read a statement per 500 producer
+        runs, not lazily (issue 49); a timetable overriding them (not DatasetOrTimeSchedule's run_id): stock.
         """
         from airflow.timetables.datasets import DatasetOrTimeSchedule
 
@@ -1105,7 +1098,7 @@ class SchedulerJobRunner:
 
     @staticmethod
     def _dataset_events_by_id(event_ids: list[int], session: Session) -> list[DatasetEvent]:
-        """Airflow's objects of the events ``event_ids``, in that order, but those deleted since (500 a statement)."""
+        """Airflow's objects of the events ``event_ids``, in order, but those deleted since (500 a query)."""
         by_id: dict[int, DatasetEvent] = {}
         for start in range(0, len(event_ids), 500):
             chunk = select(DatasetEvent).where(DatasetEvent.id.in_(event_ids[start : start + 500]))
@@ -1181,7 +1174,7 @@ class SchedulerJobRunner:
 
     @staticmethod
     def _link_consumed_events(dag_run_id: int, event_ids: list[int], session: Session) -> None:
-        """Link a run to its events, 10 000 integers written in a statement (issue 49; BUG_REPORT, "Statement size")."""
+        """Link a run to its events, 10 000 integers a statement (issue 49; BUG_REPORT, "Statement size")."""
         insert = "INSERT INTO dagrun_dataset_event (dag_run_id, event_id) VALUES "
         for start in range(0, len(event_ids), 10_000):
             rows = ",".join(
@@ -1191,7 +1184,7 @@ class SchedulerJobRunner:
 
     @staticmethod
     def _delete_dataset_queue_rows_as_read(rows: list[tuple[int, str, Any]], session: Session) -> None:
-        """Delete queue rows ``(dataset_id, target_dag_id, created_at)`` as read (BUG_REPORT, "Lock discipline")."""
+        """Delete the queue rows ``(dataset_id, target_dag_id, created_at)`` as read ("Lock discipline")."""
         from sqlalchemy import Text, any_, bindparam, cast, literal_column, tuple_
 
         rows = sorted(rows)
@@ -1212,7 +1205,7 @@ class SchedulerJobRunner:
         for start in range(0, len(rows), 500):
             chunk = rows[start : start + 500]
             if dialect.name == "postgresql":
-                # The rows still as read but those a producer holds, deleted by address; ARRAY(..): locked once.
+                # The rows as read but those a producer holds, deleted by address; ARRAY(..): locked once.
                 ctid = literal_column("ctid")
                 taken = select(ctid).select_from(DatasetDagRunQueue.__table__).where(as_read.in_(chunk))
                 session.execute(
@@ -1223,8 +1216,9 @@ class SchedulerJobRunner:
                     .execution_options(synchronize_session=False)
                 )
                 continue
-            # MySQL/MariaDB: lock by primary key, skipping what producers hold where the server can (else waiting
-            # in key order, as producers do), then delete exactly those keys, a primary-key lookup each.
+            # MySQL/MariaDB: lock by primary key, skipping what producers hold where the server can (else
+            # waiting in key order, as producers do), then delete exactly those keys, by primary key.
+
             version = dialect.server_version_info or ()
             taken = session.execute(
                 select(*key_columns)
