@@ -150,7 +150,7 @@ class SchedulerJobRunner:
 
         dag_id: str
         dag: Any = None
-        choice: SchedulerJobRunner._DatasetRunChoice | None = None  # what its events decide: its run's, ...
+        choice: SchedulerJobRunner._DatasetRunChoice | None = None  # what its events decide
         findings_done: list[tuple[int, list[int]]] | None = None  # the net's: (dataset_id, log row ids)
         execution_date: datetime | None = None  # the run's; None: no run
         data_interval: Any = None
@@ -366,7 +366,7 @@ class SchedulerJobRunner:
 
     def _dags_with_stranded_dataset_events(self, session: Session) -> dict[str, datetime]:
         """
-        The net ("The net"): ``{dag_id: oldest such stamp}`` of the DAGs with a finding (an unconsumed event
+        The net (BUG_REPORT): ``{dag_id: oldest such stamp}`` of the DAGs with a finding (an unconsumed event
         below where their next read starts) whose condition holds with it; a look a loop if its interval is 0.
         """
         net = self.__dict__.setdefault("_dataset_race_fix_net", self._DatasetNet())
@@ -601,7 +601,7 @@ class SchedulerJobRunner:
     def _latest_dataset_run_date(dag_id: Any, oldest: bool = False) -> Any:
         """
         The date of the latest (``oldest``) dataset-triggered run of the correlated ``dag_id``: the newest
-        (oldest) run's if dataset-triggered, else searched; LIMIT 1: max() read all runs on MySQL (The floor)
+        (oldest) run's if dataset-triggered, else searched; LIMIT 1: max() read every run on MySQL (The floor)
         """
         from sqlalchemy import case
 
@@ -761,7 +761,7 @@ class SchedulerJobRunner:
         return statements[key]
 
     def _read_dataset_decision_state(self, dag_ids: list[str], session: Session) -> _DatasetDecisionState:
-        """The state the decisions of ``dag_ids`` start from, read without locks: 2 statements a 500 DAGs."""
+        """The state the decisions of ``dag_ids`` start from, read lock-free, two statements per 500 DAGs."""
         from sqlalchemy import Text, bindparam, cast
 
         dialect = session.bind.dialect.name
@@ -952,7 +952,7 @@ class SchedulerJobRunner:
     ) -> _DatasetFloors:
         """
         Where a DAG reads each dataset's events from (BUG_REPORT, "The floor"); pure. ``found_late``: the
-        net's oldest late commit; ``checked``: where this process's last read left nothing (its last reads').
+        net's oldest late commit; ``checked``: where this process's last read left nothing (remembered reads).
         """
         if latest_run_date is None:  # no run of this DAG has consumed anything yet
             return cls._DatasetFloors({}, None, True)
