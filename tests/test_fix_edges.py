@@ -204,5 +204,7 @@ def test_a_paced_step_saves_up_one_step_of_credit_after_a_pause():
 
     from airflow_dataset_race_fix.fix.jobs.scheduler_job_runner import SchedulerJobRunner
 
-    state = {"credit": -0.001, "credit_at": time.monotonic() - 100}  # 100 s idle: 3 s earned
-    assert SchedulerJobRunner._dataset_step_credit(state) == 0.002
+    sweep = SchedulerJobRunner._DatasetSweep(
+        time.monotonic(), credit=-0.001, credit_at=time.monotonic() - 100
+    )
+    assert sweep.earn_credit() == 0.002  # 100 s idle: 3 s earned, one step kept

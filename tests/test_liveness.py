@@ -261,9 +261,9 @@ def test_a_paced_sweep_round_reaches_its_last_page(world, monkeypatch):
     with create_session() as session:  # no queue row brings in any of them: the sweep's case
         session.execute(delete(DatasetDagRunQueue).where(DatasetDagRunQueue.target_dag_id.in_(w.dag_ids)))
     sweep = s.runner.__dict__["_dataset_race_fix_sweep"]
-    sweep.update(at=float("-inf"), size=5, credit=0.0)
+    sweep.at, sweep.size, sweep.credit = float("-inf"), 5, 0.0
     w.loop(s), s.finish()
-    assert _runs(victim) == [] and 0 < len(sweep["todo"]) <= 18, "the first page was not a page of 5"
+    assert _runs(victim) == [] and 0 < len(sweep.todo) <= 18, "the first page was not a page of 5"
     loops = 1
     while not _runs(victim) and loops < 60:
         time.sleep(0.05)  # (the credit earns 3 % of this)

@@ -56,10 +56,10 @@ def caught_up(w: World, s) -> None:
 
     for _ in range(40):
         w.loop(s), s.finish()
-        net = s.runner.__dict__.get("_dataset_race_fix_net", {})
+        net = s.runner.__dict__.get("_dataset_race_fix_net")
         with create_session() as session:
             newest = session.scalar(select(func.max(DatasetEvent.id))) or 0
-        if net.get("high", -1) >= newest and not net.get("late"):
+        if net is not None and net.high is not None and net.high >= newest and not net.late:
             return
         time.sleep(0.5)
     raise AssertionError("the net did not catch up in 40 loops")
@@ -232,7 +232,7 @@ def test_a_full_late_queue_loses_nothing_and_says_so(world, monkeypatch):
 
     def fill_the_late_queue(d):
         net = runners[0].__dict__["_dataset_race_fix_net"]
-        net["late"] = [(-1, -1, None)] * 100_000  # events of no dataset: their probes find nobody
+        net.late = [(-1, -1, None)] * 100_000  # events of no dataset: their probes find nobody
 
     original = World.scheduler
 
@@ -246,9 +246,7 @@ def test_a_full_late_queue_loses_nothing_and_says_so(world, monkeypatch):
     w.loop(s), s.finish()  # P's event appears past the cap: dropped, and the ids followed from below it again
     assert ("dataset_race_fix.net_ids_dropped", 1) in counted
     assert late not in sum(_consumed(d), [])
-    s.runner.__dict__["_dataset_race_fix_net"][
-        "late"
-    ] = []  # as if the 100 000 were probed (5 to 1 000 a look)
+    s.runner.__dict__["_dataset_race_fix_net"].late = []  # as if the 100 000 were probed (5 to 1 000 a look)
     for _ in range(3):
         w.loop(s), s.finish()
     assert late in sum(_consumed(d), []), "the dropped late event was lost"

@@ -125,7 +125,7 @@ def test_a_jump_in_the_event_ids_does_not_blind_the_net(world, monkeypatch):
         w.loop(s), s.finish()
         time.sleep(0.5)
     assert ids["late"] in sum(_consumed(d), []), "P's late commit below the jump was not consumed"
-    assert s.runner.__dict__["_dataset_race_fix_net"]["high"] >= ids["third"], "the net stopped at the jump"
+    assert s.runner.__dict__["_dataset_race_fix_net"].high >= ids["third"], "the net stopped at the jump"
     q = w.producer("Q3")
     w.emit(q, w.dataset("k")), q.finish()
     w.drain(s, start=None)

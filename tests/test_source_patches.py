@@ -324,7 +324,9 @@ def test_half_applied_patch_is_refused(tmp_path, capsys):
             "does not fit",
         ),
         (
-            lambda t: t.replace('+            Stats.incr("dataset.triggered_dagruns")\n', "", 1),
+            lambda t: t.replace(
+                '+                Stats.incr("dataset_race_fix.empty_runs_prevented")\n', "", 1
+            ),
             "cannot be read as a patch",
         ),
     ],

@@ -131,8 +131,8 @@ def net_caught_up(runner) -> bool:
     from airflow.models.dataset import DatasetEvent
     from sqlalchemy import func, select
 
-    net = runner.__dict__.get("_dataset_race_fix_net", {})
-    if "high" not in net or net.get("late"):
+    net = runner.__dict__.get("_dataset_race_fix_net")
+    if net is None or net.high is None or net.late:
         return False
     with settings.Session() as session:
-        return net["high"] >= (session.scalar(select(func.max(DatasetEvent.id))) or 0)
+        return net.high >= (session.scalar(select(func.max(DatasetEvent.id))) or 0)

@@ -116,10 +116,9 @@ def bench_fanout(
         if variant == "fixed":
             # The fix's paced steps earn 3 % of the time since their last call: not of the time stock's
             # loops took here (a scheduler alone has no such gap), but of any pace's sleep, as in a scheduler.
-            for name in ("_dataset_race_fix_net", "_dataset_race_fix_sweep"):
-                state = runners["fixed"].__dict__.get(name)
-                if state and "credit_at" in state:
-                    state["credit_at"] += stock_took[0]
+            sweep = runners["fixed"].__dict__.get("_dataset_race_fix_sweep")
+            if sweep is not None and sweep.credit_at is not None:
+                sweep.credit_at += stock_took[0]
             stock_took[0] = 0.0
         session, net_before = settings.Session.session_factory(), net_seconds[0]
         # this process's heap (the lab's, not a scheduler's) made gen-2 pauses of 100 ms fall in loops
@@ -165,17 +164,17 @@ def bench_fanout(
         state = runners["fixed"].__dict__["_dataset_race_fix_net"]
         notes.append(
             f"fan-out: the net not caught up after {pass_seconds:.0f} s "
-            f"({len(laps['fixed']['pass'])} loops): {len(state.get('late', []))} late events left to probe "
-            f"({state.get('probe_size')} a look at its end); the rest skipped"
+            f"({len(laps['fixed']['pass'])} loops): {len(state.late)} late events left to probe ({state.probe_size} a look at its end); "
+            "the rest skipped"
         )
-        state["late"] = []
+        state.late = []
     in_turn("running", 2 * loops)
-    sweep = runners["fixed"].__dict__.setdefault("_dataset_race_fix_sweep", {})
-    sweep["at"] = float("-inf")  # a round due now (at once, credit allowing)
-    round_loops = in_turn("sweep", 20 * loops, lambda: sweep["at"] != float("-inf") and not sweep.get("todo"))
+    sweep = runners["fixed"].__dict__["_dataset_race_fix_sweep"]
+    sweep.at = float("-inf")  # a round due now (at once, credit allowing)
+    round_loops = in_turn("sweep", 20 * loops, lambda: sweep.at != float("-inf") and not sweep.todo)
     notes.append(
         f"fan-out: a sweep round over {consumers * datasets} DAGs took {round_loops} of the fixed loops "
-        f"(pages of {sweep.get('size')} DAGs at its end)"
+        f"(pages of {sweep.size} DAGs at its end)"
     )
     variants.switch("stock")
     label = f"fan-out {consumers} x {datasets} datasets, {events} events each"

@@ -155,7 +155,7 @@ class LoopSelection:
         query, self.info = dags_needing_dagruns(session)
         self.picked = [dm.dag_id for dm in query.all()]
         # the net's findings read, nothing followed or written
-        self.runner.__dict__["_dataset_race_fix_net"] = {"read_only": True}
+        self.runner.__dict__["_dataset_race_fix_net"] = self.runner._DatasetNet(read_only=True)
         # the sweep's steps, without its row lock
         now = self.manager_class._database_now(session)
         oldest_new = self.runner._dags_with_new_unqueued_events(dict(self.info), now, session)
@@ -231,10 +231,10 @@ def explain(
     by_net = False
     if late_found:
         (with_net,), _ = runner._decide_dataset_triggered_runs([dag_model], info, session)
-        by_net = with_net.get("run") is not None and not (
-            decision.get("run") and when_it_runs(dag_id, loop)[0]
+        by_net = with_net.execution_date is not None and not (
+            decision.execution_date is not None and when_it_runs(dag_id, loop)[0]
         )
-        if by_net or not decision.get("run"):
+        if by_net or decision.execution_date is None:
             decision = with_net
 
     dataset_ids = set(
@@ -253,7 +253,8 @@ def explain(
     uris = dataset_uris(session, dataset_ids)
     # The decision reads the columns it decides by; an event is shown as Airflow's whole row (its
     # ``extra``): below.
-    events, deferred = decision.get("events") or [], decision.get("deferred") or []
+    choice = decision.choice
+    events, deferred = (choice.events, choice.deferred) if choice is not None else ([], [])
     tree = condition_tree(
         dag.timetable.dataset_condition, {uris[e.dataset_id] for e in events if e.dataset_id in uris}
     )
@@ -298,9 +299,8 @@ def explain(
     found = invariant.audit(session, [dag_id], since=since)
     report = found.report.by_dag().get(dag_id)
     reasons = _reasons(dag_model, active_runs, decision, tree, deferred)
-    run = decision.get("run")
     when = None
-    if run is not None and not reasons:
+    if decision.execution_date is not None and not reasons:
         when, code = when_it_runs(dag_id, loop, by_net)
         if code is not None:
             reasons.append({"code": code, "message": _NOT_THIS_LOOP[code].format(slots=len(loop.picked))})
@@ -308,11 +308,11 @@ def explain(
         "creates_run": when is not None,
         "when": when,
         "run": None
-        if run is None
+        if decision.execution_date is None
         else {
-            "logical_date": _iso(run["execution_date"]),
-            "data_interval": [_iso(run["data_interval"].start), _iso(run["data_interval"].end)],
-            "run_id": run["run_id"],
+            "logical_date": _iso(decision.execution_date),
+            "data_interval": [_iso(decision.data_interval.start), _iso(decision.data_interval.end)],
+            "run_id": decision.run_id,
             "event_ids": [e.id for e in events],
         },
         "reasons": reasons,
@@ -402,10 +402,10 @@ def _reasons(dag_model, active_runs, decision, tree, deferred) -> list[dict[str,
             "max_active_runs",
             f"{active_runs} runs are queued or running, max_active_runs is {dag_model.max_active_runs}",
         )
-    if decision.get("skipped"):
-        add("skipped", f"the scheduler skips it: {decision['skipped']}")
-    elif decision.get("run") is None:
-        if not decision.get("events"):
+    if decision.skipped:
+        add("skipped", f"the scheduler skips it: {decision.skipped}")
+    elif decision.execution_date is None:
+        if decision.choice is None or not decision.choice.events:
             add("no_events", "no event that its runs have not consumed yet")
         else:
             add("condition_not_met", "its dataset condition waits for: " + _waiting_for(tree))

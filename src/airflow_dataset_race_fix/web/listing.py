@@ -88,18 +88,15 @@ def rows(session: Session, dag_ids: list[str], loop) -> list[dict[str, Any]]:
         loop.runner._decide_dataset_triggered_runs(others, info, session)[0] if others else []
     )  # the fix's decision
     for decision in decisions:
-        dag_id = decision["dag_id"]
-        dag_model, events, deferred = (
-            models[dag_id],
-            decision.get("events") or [],
-            decision.get("deferred") or [],
-        )
-        dag = decision.get("dag") or loop.runner.dagbag.get_dag(dag_id, session=session)
+        dag_id = decision.dag_id
+        choice, dag_model = decision.choice, models[dag_id]
+        events, deferred = (choice.events, choice.deferred) if choice is not None else ([], [])
+        dag = decision.dag or loop.runner.dagbag.get_dag(dag_id, session=session)
         met = set(_uris(session, {e.dataset_id for e in events}).values())  # the datasets with events
         tree = condition_tree(dag.timetable.dataset_condition, met)
         codes = [r["code"] for r in _reasons(dag_model, active.get(dag_id, 0), decision, tree, deferred)]
         when = None
-        if decision.get("run") is not None and not codes:  # as explain() sets ``when``
+        if decision.execution_date is not None and not codes:  # as explain() sets ``when``
             when, code = when_it_runs(dag_id, loop)
             codes += [code] if code else []
         found[dag_id] = {
@@ -110,12 +107,12 @@ def rows(session: Session, dag_ids: list[str], loop) -> list[dict[str, Any]]:
             "deferred": len(deferred),
             "findings": {},
             "paused": bool(dag_model.is_paused),
-            "_late": [e.timestamp for e in decision.get("late") or []],
+            "_late": [e.timestamp for e in choice.late] if choice is not None else [],
         }
     return [found[dag_id] for dag_id in dag_ids]
 
 
-def _first_runs(session: Session, dag_models: list, info: dict, loop) -> list[dict[str, Any]]:
+def _first_runs(session: Session, dag_models: list, info: dict, loop) -> list:
     """
     The decisions of DAGs with no dataset-triggered run yet, from counts, not rows (50 000 events took 0.2 s
     to read). A first run reads every event of the DAG's datasets (``_dataset_floors``): each dataset's events
@@ -175,18 +172,10 @@ def _first_runs(session: Session, dag_models: list, info: dict, loop) -> list[di
             lambda statuses: dag.timetable.dataset_condition.evaluate(statuses),
         )
         skipped = "serialized before Airflow 2.9" if choice.old_serialization else None
-        run = {} if choice.execution_date is not None else None  # there is one: its date and id are not shown
-        decisions.append(
-            {
-                "dag_id": dag_id,
-                "dag": dag,
-                "events": choice.events,
-                "deferred": choice.deferred,
-                "late": choice.late,
-                "run": run,
-                "skipped": skipped,
-            }
-        )
+        # a run's date before the unique-date check: the list shows that there is one, not its date or id
+        decision = runner._DatasetDecision(dag_id, dag, choice, skipped=skipped)
+        decision.execution_date = choice.execution_date
+        decisions.append(decision)
     return decisions
 
 

@@ -81,10 +81,9 @@ class DatasetManager:
 
     @classmethod
     def _dataset_race_fix_setting(cls, key: str, _read: dict = {}) -> int | float:  # noqa: B006 (the process's reads)
-        """``[dataset_race_fix] key``, never below 0, read once a process and when its environment variable changes."""
-        from os import (
-            environ,
-        )  # (Airflow's conf read, 10-30 µs, twice a scheduler loop: its largest fixed part)
+        """``[dataset_race_fix] key``, never below 0, read once a process and when its environment variable
+        changes (Airflow's conf read, 10-30 µs, twice a scheduler loop, was its largest fixed part)."""
+        from os import environ
 
         variable = environ.get(f"AIRFLOW__DATASET_RACE_FIX__{key.upper()}")
         if (key, variable) not in _read:  # an int, or a float where the default is one
@@ -200,7 +199,8 @@ class DatasetManager:
             return dag.dag_id
 
         queued_results = (_queue_dagrun_if_needed(dag) for dag in dags_to_queue)
-        if queued_dag_ids := [r for r in queued_results if r is not None]:
+        queued_dag_ids = [r for r in queued_results if r is not None]
+        if queued_dag_ids:
             cls.logger().debug("consuming dag ids %s", queued_dag_ids)
 
     @classmethod
@@ -209,7 +209,7 @@ class DatasetManager:
 
     @classmethod
     def _defer_queue_dagruns(cls, dataset_id: int, dags_to_queue: set[DagModel], session: Session) -> None:
-        """Remember this event's queue rows for ``_write_at_commit``, with the (sub)transaction that first added each."""
+        """Remember an event's queue rows for ``_write_at_commit``, each with its (sub)transaction."""
         deferred = session.info.setdefault("airflow_dataset_race_fix.deferred_queue_rows", {})
         transaction = session.get_nested_transaction() or session.get_transaction()
         for dag in dags_to_queue:
@@ -234,10 +234,10 @@ class DatasetManager:
     @classmethod
     def _write_at_commit(cls, session: Session) -> None:
         """
-        ``before_commit`` of the outermost transaction, its last statements (BUG_REPORT section 4): upsert the queue
-        rows of DAGs that exist to ``max(now, stored + 1 microsecond)`` but those held by others (their DAGs stay
-        queued), then stamp the events. Lock order: taking existing rows never waits and new keys go in key order, so
-        producers form no cycle; polling, not a lock wait with a timeout, which could close one (InnoDB: 1213).
+        ``before_commit`` of the outermost transaction, its last statements (BUG_REPORT section 4): upsert the
+        queue rows of DAGs that exist to ``max(now, stored + 1 microsecond)`` but those held by others (their
+        DAGs stay queued), then stamp the events. Lock order: taking existing rows never waits and new keys go
+        in key order, so producers form no cycle; polling, not a lock wait with a timeout, which could (1213).
         """
         import time
 
@@ -250,9 +250,7 @@ class DatasetManager:
         if not deferred and not events:
             return
         session.flush()  # the transaction's other writes first: these are its last
-        events = [
-            e for e in events or [] if inspect(e).persistent
-        ]  # those of a rolled back SAVEPOINT have left
+        events = [e for e in events or [] if inspect(e).persistent]  # a rolled back SAVEPOINT's have left
         rows = sorted(deferred or {})
         upsert = {
             "postgresql": cls._postgres_upsert_queue_rows,
@@ -270,14 +268,13 @@ class DatasetManager:
         if busy:
             Stats.incr("dataset_race_fix.busy_queue_rows_left_out", len(busy))
             cls.logger().info(
-                "%d dataset queue row(s) held by another transaction past [dataset_race_fix] queue_row_wait_seconds "
-                "left as they are (the DAGs stay queued by them): %s",
+                "%d dataset queue row(s) held by another transaction past [dataset_race_fix] "
+                "queue_row_wait_seconds left as they are (the DAGs stay queued by them): %s",
                 len(busy),
                 sorted(busy)[:10],
             )
-        session.info.pop(
-            "airflow_dataset_race_fix.deferred_queue_rows", None
-        )  # only once written: a failure retries
+        # only once written: a failure retries
+        session.info.pop("airflow_dataset_race_fix.deferred_queue_rows", None)
         session.info.pop("airflow_dataset_race_fix.events_to_stamp", None)
 
     @classmethod
@@ -294,14 +291,14 @@ class DatasetManager:
 
     @classmethod
     def _forget_ended_queue_rows(cls, session: Session, transaction: SessionTransaction) -> None:
-        """``after_transaction_end``: nothing outlives the outermost transaction (e.g. a close() without commit)."""
+        """``after_transaction_end``: nothing outlives the outermost transaction (a close(), no commit)."""
         if transaction.parent is None:
             session.info.pop("airflow_dataset_race_fix.deferred_queue_rows", None)
             session.info.pop("airflow_dataset_race_fix.events_to_stamp", None)
 
     @classmethod
     def _database_clock(cls, dialect_name: str) -> str | None:
-        """The SQL of the clock that dates events, queue rows and runs; None: this host's (SQLite). Tests replace it."""
+        """SQL of the clock dating events, queue rows and runs; None: this host's (SQLite). Tests vary it."""
         return {"postgresql": "clock_timestamp()", "mysql": "NOW(6)"}.get(dialect_name)
 
     @classmethod
@@ -318,7 +315,7 @@ class DatasetManager:
 
     @staticmethod
     def _send(session: Session, statement: str, params: dict[str, object] | list[dict[str, object]]):
-        """``statement`` as written, placeholders ``%(name)s``, a list of parameters: executemany (issue 30)."""
+        """``statement`` as written, placeholders ``%(name)s``; a parameter list: executemany (issue 30)."""
         import re
 
         if session.bind.dialect.name == "sqlite":
@@ -330,8 +327,8 @@ class DatasetManager:
         cls, events: list[DatasetEvent], rows: list[tuple[int, str]], session: Session
     ) -> None:
         """
-        Date ``events`` on the database's clock, forward-only per dataset (BUG_REPORT section 4), then ``rows`` (held
-        already: no wait) one microsecond after them. PostgreSQL: one statement, which returns the stamps (issue 30).
+        Date ``events`` on the database's clock, forward-only per dataset (BUG_REPORT section 4), then
+        ``rows`` (held already: no wait) a microsecond after them. PostgreSQL: one statement, stamps returned.
         """
         from datetime import datetime, timedelta
 
@@ -354,9 +351,7 @@ class DatasetManager:
             stamped = {e.dataset_id for e in events}
             rows = [row for row in rows if row[0] in stamped]
             params: dict[str, object] = {"ahead": ahead}
-            if (
-                len(by_id) == 1
-            ):  # one event: its SET reads the clock, its stamp dates the rows (0.3 ms less to plan)
+            if len(by_id) == 1:  # one event: its SET reads the clock, its stamp dates rows (0.3 ms less plan)
                 (params["event_id"],) = by_id
                 this, other = "e.id = %(event_id)s", "o.id <> %(event_id)s"
                 now, clock_once, newest = clock, [], []
@@ -370,22 +365,22 @@ class DatasetManager:
                     "newest AS (SELECT dataset_id, max(timestamp) AS stamp FROM stamped GROUP BY dataset_id)"
                 ]
                 stamp_of_row = "(SELECT n.stamp FROM newest AS n WHERE n.dataset_id = q.dataset_id)"
-            # The newest other event + 1 microsecond if below the clock + ahead (GREATEST skips NULL), else the clock.
+            # The newest other event + 1 µs if below the clock + ahead (GREATEST skips NULL), else the clock
             parts = [
                 *clock_once,
-                f"stamped AS (UPDATE dataset_event AS e SET timestamp = COALESCE((SELECT GREATEST({now}, CASE "
-                f"WHEN o.timestamp < {now} + CAST(%(ahead)s AS INTERVAL) THEN o.timestamp + interval '1 microsecond' "
-                f"END) FROM dataset_event AS o WHERE o.dataset_id = e.dataset_id AND {other} ORDER BY o.timestamp "
-                f"DESC LIMIT 1), {now}){' FROM c' if clock_once else ''} WHERE {this} "
-                "RETURNING e.id, e.dataset_id, e.timestamp)",
+                f"stamped AS (UPDATE dataset_event AS e SET timestamp = COALESCE((SELECT GREATEST({now}, "
+                f"CASE WHEN o.timestamp < {now} + CAST(%(ahead)s AS INTERVAL) THEN o.timestamp + "
+                "interval '1 microsecond' END) FROM dataset_event AS o WHERE o.dataset_id = e.dataset_id "
+                f"AND {other} ORDER BY o.timestamp DESC LIMIT 1), {now}){' FROM c' if clock_once else ''} "
+                f"WHERE {this} RETURNING e.id, e.dataset_id, e.timestamp)",
                 *newest,
             ]
             for start in range(0, len(rows), 500):  # a row IN list: one primary-key probe per row
                 pairs, keys = cls._row_in_list(rows[start : start + 500], start)
                 params.update(keys)
                 parts.append(
-                    f"dated_{start} AS (UPDATE dataset_dag_run_queue AS q SET created_at = GREATEST(q.created_at + "
-                    f"interval '1 microsecond', {stamp_of_row} + interval '1 microsecond') "
+                    f"dated_{start} AS (UPDATE dataset_dag_run_queue AS q SET created_at = GREATEST("
+                    f"q.created_at + interval '1 microsecond', {stamp_of_row} + interval '1 microsecond') "
                     f"WHERE (q.dataset_id, q.target_dag_id) IN ({pairs}))"
                 )
             statement = f"WITH {', '.join(parts)} SELECT id, timestamp FROM stamped"
@@ -393,18 +388,14 @@ class DatasetManager:
                 set_committed_value(by_id[event_id], "timestamp", as_utc(stamp))
             return
 
-        def utc_text(
-            stamp: datetime,
-        ) -> str:  # MySQL's DATETIME(6), SQLite's text as Airflow writes it: in order
+        def utc_text(stamp: datetime) -> str:  # MySQL's DATETIME(6), SQLite's text as Airflow's: in order
             return stamp.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")
 
         by_dataset: dict[int, list[DatasetEvent]] = {}
         for dataset_event in events:
             by_dataset.setdefault(dataset_event.dataset_id, []).append(dataset_event)
 
-        def ids_in(
-            name: str, dataset_id: int
-        ) -> tuple[str, dict[str, object]]:  # its events' (%(name_0)s, ..), params
+        def ids_in(name: str, dataset_id: int) -> tuple[str, dict[str, object]]:  # (%(name_0)s, ..), params
             placeholders = ", ".join(f"%({name}_{i})s" for i in range(len(by_dataset[dataset_id])))
             return f"({placeholders})", {f"{name}_{i}": e.id for i, e in enumerate(by_dataset[dataset_id])}
 
@@ -425,9 +416,7 @@ class DatasetManager:
             now = timezone.utcnow() if clock is None else now
             for dataset_id, newest_timestamp in zip(chunk, newest_timestamps):
                 after = newest_timestamp and newest_timestamp + timedelta(microseconds=1)
-                stamp = stamps[dataset_id] = (
-                    after if after and now < after <= now + ahead else now
-                )  # not far ahead
+                stamp = stamps[dataset_id] = after if after and now < after <= now + ahead else now  # not far
                 ids, params = ids_in("event_id", dataset_id)
                 params["stamp"] = utc_text(stamp)
                 cls._send(
@@ -435,7 +424,8 @@ class DatasetManager:
                 )
                 for dataset_event in by_dataset[dataset_id]:
                     set_committed_value(dataset_event, "timestamp", stamp)
-        if rows := [row for row in rows if row[0] in stamps]:
+        rows = [row for row in rows if row[0] in stamps]
+        if rows:
             greatest = "max(created_at, %(after)s)"
             if dialect.name == "mysql":  # a taken row is written here only: after its stored value too
                 greatest = (
@@ -454,14 +444,12 @@ class DatasetManager:
 
     @classmethod
     def _take_queue_rows(cls, rows: list[tuple[int, str]], session: Session) -> tuple[set, set, set[str]]:
-        """MySQL/MariaDB: (the rows among ``rows`` taken without waiting, those held by others, the DAGs that exist)."""
+        """MySQL/MariaDB: (the rows of ``rows`` taken without waiting, those others hold, the live DAGs)."""
         from sqlalchemy import bindparam, text
 
         dialect = session.bind.dialect
         skip_locked = (10, 6) if dialect.is_mariadb else (8, 0, 1)
-        if (
-            dialect.server_version_info or ()
-        ) < skip_locked:  # no SKIP LOCKED: upsert all, waiting as stock does
+        if (dialect.server_version_info or ()) < skip_locked:  # no SKIP LOCKED: upsert all, waiting as stock
             dag_ids = sorted({dag_id for _, dag_id in rows})
             existing = text("SELECT dag_id FROM dag WHERE dag_id IN :ids").bindparams(
                 bindparam("ids", expanding=True)
@@ -478,7 +466,7 @@ class DatasetManager:
             take = f"SELECT q.dataset_id, q.target_dag_id FROM {source} FOR UPDATE SKIP LOCKED"
             taken_here = set(map(tuple, cls._send(session, take, params)))
             taken.update(taken_here)
-            # A taken row's DAG exists to this COMMIT (deleting the DAG deletes the row, which this transaction holds).
+            # A taken row's DAG exists to this COMMIT (deleting the DAG deletes the row, which this one holds)
             live.update(dag_id for _, dag_id in taken_here)
             if len(taken_here) < len(chunk):
                 source, params = cls._queue_keys_joined_first(
@@ -497,7 +485,7 @@ class DatasetManager:
     def _queue_keys_joined_first(
         cls, keys: list[tuple[int, str]], join: str = "STRAIGHT_JOIN"
     ) -> tuple[str, dict]:
-        """MySQL/MariaDB: a FROM clause of keys ``k`` ``join`` queue rows ``q`` by primary key, and its parameters."""
+        """MySQL/MariaDB: a FROM clause, keys ``k`` ``join`` queue rows ``q`` by primary key; parameters."""
         derived = " UNION ALL ".join(
             f"SELECT %(dataset_id_{i})s AS dataset_id, %(dag_id_{i})s AS target_dag_id"
             for i in range(len(keys))
@@ -513,9 +501,9 @@ class DatasetManager:
         cls, rows: list[tuple[int, str]], events: list[DatasetEvent], session: Session
     ) -> set[tuple[int, str]]:
         """
-        PostgreSQL: take the existing rows among ``rows`` without waiting, insert the new keys whose DAG exists; return
-        those held by others. A taken row of a stamped dataset is only locked (the stamp's statement writes it, once):
-        a second write would check its foreign key again, waiting for a scheduler loop.
+        PostgreSQL: take the existing rows of ``rows`` without waiting, insert the new keys whose DAG exists;
+        return those held by others. A taken row of a stamped dataset is only locked (the stamp's statement
+        writes it, once): a second write would check its foreign key again, waiting for a scheduler loop.
         """
         clock = cls._database_clock("postgresql")
         stamped = {e.dataset_id for e in events}
@@ -533,42 +521,46 @@ class DatasetManager:
         for start in range(0, len(rows), 500):
             chunk = rows[start : start + 500]
             taken = queue_rows_named(chunk, lock=True)
-            if new := [key for key in chunk if key not in taken]:
-                # Scalar subqueries: a primary-key probe per key. A key another producer inserts at once is waited
-                # for in key order (ORDER BY, needless for one), left (DO NOTHING) and taken below.
+            new = [key for key in chunk if key not in taken]
+            if new:
+                # Scalar subqueries: a primary-key probe per key. A key another producer inserts at once is
+                # waited for in key order (ORDER BY, needless for one), left (DO NOTHING), taken below.
                 values = ", ".join(
                     f"(CAST(%(dataset_id_{i})s AS INTEGER), CAST(%(dag_id_{i})s AS VARCHAR))"
                     for i in range(len(new))
                 )
                 order = " ORDER BY k.dataset_id, k.target_dag_id" if len(new) > 1 else ""
                 insert = (
-                    "INSERT INTO dataset_dag_run_queue (dataset_id, target_dag_id, created_at) SELECT k.dataset_id, "
-                    f"k.target_dag_id, {clock} FROM (VALUES {values}) AS k(dataset_id, target_dag_id) "
-                    "WHERE (SELECT 1 FROM dataset_dag_run_queue AS q WHERE q.dataset_id = k.dataset_id "
-                    "AND q.target_dag_id = k.target_dag_id) IS NULL AND (SELECT 1 FROM dag WHERE dag.dag_id = "
-                    f"k.target_dag_id) IS NOT NULL{order} ON CONFLICT DO NOTHING RETURNING dataset_id, target_dag_id"
+                    "INSERT INTO dataset_dag_run_queue (dataset_id, target_dag_id, created_at) "
+                    f"SELECT k.dataset_id, k.target_dag_id, {clock} FROM (VALUES {values}) "
+                    "AS k(dataset_id, target_dag_id) WHERE (SELECT 1 FROM dataset_dag_run_queue AS q "
+                    "WHERE q.dataset_id = k.dataset_id AND q.target_dag_id = k.target_dag_id) IS NULL "
+                    "AND (SELECT 1 FROM dag WHERE dag.dag_id = k.target_dag_id) IS NOT NULL"
+                    f"{order} ON CONFLICT DO NOTHING RETURNING dataset_id, target_dag_id"
                 )
                 inserted = set(map(tuple, cls._send(session, insert, cls._row_in_list(new)[1])))
-                # Not inserted: another's since the take (taken now), held, or gone (its event waits for the sweep).
-                if left := [key for key in new if key not in inserted]:
+                # Not inserted: another's since the take (taken now), held, or gone (its event awaits a sweep)
+                left = [key for key in new if key not in inserted]
+                if left:
                     taken |= queue_rows_named(left, lock=True)
-                    if left := [key for key in left if key not in taken]:
+                    left = [key for key in left if key not in taken]
+                    if left:
                         busy.update(queue_rows_named(left, lock=False))
-            if unstamped := sorted(
-                key for key in taken if key[0] not in stamped
-            ):  # no event to date it after
+            unstamped = sorted(key for key in taken if key[0] not in stamped)  # no event to date it after
+            if unstamped:
                 pairs, params = cls._row_in_list(unstamped)
                 cls._send(
                     session,
-                    "UPDATE dataset_dag_run_queue SET created_at = GREATEST(created_at + interval '1 microsecond', "
-                    f"{clock}) WHERE (dataset_id, target_dag_id) IN ({pairs})",
+                    "UPDATE dataset_dag_run_queue SET created_at = "
+                    f"GREATEST(created_at + interval '1 microsecond', {clock}) "
+                    f"WHERE (dataset_id, target_dag_id) IN ({pairs})",
                     params,
                 )
         return busy
 
     @staticmethod
     def _row_in_list(keys: list[tuple[int, str]], start: int = 0) -> tuple[str, dict[str, object]]:
-        """``(%(dataset_id_i)s, %(dag_id_i)s), ..`` for ``keys``, numbered from ``start``, and their parameters."""
+        """``(%(dataset_id_i)s, %(dag_id_i)s), ..`` for ``keys``, numbered from ``start``, and parameters."""
         params: dict[str, object] = {}
         for i, (dataset_id, dag_id) in enumerate(keys, start):
             params[f"dataset_id_{i}"], params[f"dag_id_{i}"] = dataset_id, dag_id
@@ -580,10 +572,10 @@ class DatasetManager:
     def _upsert_queue_rows_taken_first(
         cls, rows: list[tuple[int, str]], events: list[DatasetEvent], session: Session
     ) -> set[tuple[int, str]]:
-        """MySQL/MariaDB: take, then upsert what is not held, but a taken row of a stamped dataset; return the held."""
+        """MySQL/MariaDB: take, then upsert what is free, but a taken row of a stamped dataset; the held."""
         dialect = session.bind.dialect
         clock = cls._database_clock(dialect.name)
-        # MySQL 8.0.19+ names the new row with an alias (VALUES() is deprecated: 1287); MariaDB has only VALUES()
+        # MySQL 8.0.19+ names the new row with an alias (VALUES() is deprecated: 1287); MariaDB: VALUES() only
         alias = not dialect.is_mariadb and dialect.server_version_info >= (8, 0, 19)
         row_alias, new_created_at = (" AS new", "new.created_at") if alias else ("", "VALUES(created_at)")
         upsert = (
@@ -610,19 +602,20 @@ class DatasetManager:
 
     @classmethod
     def _sqlite_upsert_queue_rows(cls, rows: list[tuple[int, str]], events: list, session: Session) -> set:
-        """SQLite: upsert ``rows``, a text() executemany (cheaper than an ORM insert); a writer excludes the others."""
+        """SQLite: upsert ``rows``, a text() executemany (cheaper than ORM inserts); one writer at a time."""
         from airflow.utils import timezone
         from airflow.utils.sqlalchemy import UtcDateTime
         from sqlalchemy import bindparam, text
 
-        # Stored as 'YYYY-MM-DD HH:MM:SS.ffffff' text: one microsecond on in integer arithmetic (julianday() is too
-        # coarse), the format kept so text compares chronologically; no microseconds or a '+00:00' suffix: .000000.
+        # Stored as 'YYYY-MM-DD HH:MM:SS.ffffff' text: one microsecond on in integer arithmetic (julianday()
+        # is too coarse), the format kept so text compares in time order; no microseconds, '+00:00': .000000.
         micros = (
             "(strftime('%s', substr(dataset_dag_run_queue.created_at, 1, 19)) * 1000000"
             " + CASE WHEN substr(dataset_dag_run_queue.created_at, 20, 1) = '.'"
             " THEN CAST(substr(dataset_dag_run_queue.created_at, 21, 6) AS INTEGER) ELSE 0 END + 1)"
         )
-        successor = f"strftime('%Y-%m-%d %H:%M:%S', {micros} / 1000000, 'unixepoch') || printf('.%06d', {micros} % 1000000)"
+        seconds = f"strftime('%Y-%m-%d %H:%M:%S', {micros} / 1000000, 'unixepoch')"
+        successor = f"{seconds} || printf('.%06d', {micros} % 1000000)"
         upsert = text(
             "INSERT INTO dataset_dag_run_queue (dataset_id, target_dag_id, created_at) "
             "VALUES (:dataset_id, :dag_id, :now) ON CONFLICT (dataset_id, target_dag_id) "

@@ -77,8 +77,8 @@ class SchedulerJobRunner:
             dag for dag in all_dags_needing_dag_runs if dag.dag_id in dataset_triggered_dag_info
         ]
         non_dataset_dags = all_dags_needing_dag_runs.difference(dataset_triggered_dags)
-        # and the DAGs the sweep and the net bring in, decided the same way: before this loop writes (the net commits
-        # what it finds on a connection of its own, which SQLite's one writer would make wait behind this loop)
+        # and the DAGs the sweep and the net bring in, decided alike: before this loop writes (the net commits
+        # its finds on a connection of its own, which SQLite's one writer would make wait behind this loop)
         dataset_triggered_dags += self._dags_with_unqueued_dataset_events(dataset_triggered_dag_info, session)
         self._create_dag_runs(non_dataset_dags, session)
         if dataset_triggered_dags:
@@ -92,7 +92,7 @@ class SchedulerJobRunner:
 
     @staticmethod
     def _dataset_manager() -> Any:
-        """Airflow's DatasetManager, whose members give these steps their clock and settings (explain: the fix's)."""
+        """Airflow's DatasetManager, whose members give these steps clock and settings (explain's: ours)."""
         from airflow.datasets.manager import DatasetManager
 
         return DatasetManager
@@ -136,9 +136,94 @@ class SchedulerJobRunner:
         dataset_ids_of: dict[str, set[int]]  # scheduled on, or named by a queue row
         dataset_uris: dict[int, str]
         newest_consumed: dict[str, dict[int, datetime]]  # by the DAG's latest run, per dataset
-        # latest dataset-triggered run's date, its interval end, any run's date, oldest dataset-triggered run's date
+        # latest dataset-triggered run's date and interval end, any run's date, oldest dataset-triggered run's
         latest_runs: dict[str, tuple[Any, ...]]
         database_now: datetime | None
+
+    @dataclass
+    class _DatasetDecision:
+        """
+        A DAG's decision (``_decide_dataset_triggered_runs``; explain and the list page read it too), which
+        ``_create_dag_runs_dataset_triggered`` carries out. A run: ``execution_date`` set (and the two after
+        it), never with ``skipped``; ``choice`` and ``findings_done`` are None when skipped before its read.
+        """
+
+        dag_id: str
+        dag: Any = None
+        choice: SchedulerJobRunner._DatasetRunChoice | None = None  # what its events decide
+        findings_done: list[tuple[int, list[int]]] | None = None  # the net's: (dataset_id, log row ids)
+        execution_date: datetime | None = None  # the run's; None: no run
+        data_interval: Any = None
+        run_id: str | None = None
+        skipped: str | None = None  # why the loop skips the DAG
+
+    @dataclass(frozen=True)
+    class _DatasetCheckedRead:
+        """
+        A DAG's last read of a dataset here (``_remember_dataset_reads``), by (dag_id, dataset_id) in the
+        runner's ``_dataset_race_fix_checked``, all forgotten past 100 000: below ``floor`` it left nothing
+        unconsumed, and only a late commit (the net's) lands there after. Trusted while the clock is not back
+        below ``read_at`` and the latest run not older than ``run_date`` (``_checked_dataset_floors``).
+        """
+
+        read_at: datetime  # the database's clock before the read
+        run_date: datetime | None  # the DAG's latest dataset-triggered run's date then
+        floor: datetime  # the lowest event left, or ``read_at`` less the commit latency
+
+    @dataclass
+    class _DatasetSweep:
+        """
+        The sweep's rounds here, made and moved by ``_dags_with_unqueued_dataset_events``: one starts an
+        interval after the last began, reads the clock once (``now``) and its DAGs with its first page, then
+        a page of ``size`` a loop while ``credit`` allows. Between loops, a round is on iff ``todo`` has DAGs.
+        """
+
+        at: float  # when the last round began (monotonic); made: now, so that the first is one interval away
+        now: datetime | None = None  # the database's clock at the round's start: its pages read against it
+        todo: list[str] | None = None  # the round's DAGs not read yet; None: read by the next page
+        size: int = 50  # DAGs a page, 5 to 50, sized to take 1-2 ms
+        credit: float = 0.0  # seconds a page may take now: below 0, none; at most 2 ms saved up
+        credit_at: float | None = None  # when ``credit`` last earned (monotonic)
+
+        def earn_credit(self) -> float:
+            """``credit``, 3 % of the time since the last call earned (10 ms saved up made page bursts)."""
+            now = time.monotonic()
+            since = 0.0 if self.credit_at is None else now - self.credit_at
+            self.credit, self.credit_at = min(self.credit + 0.03 * since, 0.002), now
+            return self.credit
+
+    class _DatasetNet:
+        """
+        The net's state in this process (BUG_REPORT, "The net"), moved by its looks (explain's: read-only,
+        no look); the runs that consume findings drop them. Every id up to ``high`` was read by a look (or the
+        processes before, from their mark; a first start: all but the last 10 000), is in ``missing`` or was
+        given up (counted: past the caps or the look-back; not: a jump of over 5 000 ids); one read late stays
+        in ``late`` until probed. A look is undone (``copy_look``, ``undo_look``) unless its finds are kept.
+        """
+
+        __slots__ = ("read_only", "findings", "high", "missing", "late", "looked_at", "backlog_to")
+        __slots__ += ("probe_from", "probe_size", "mark_id", "marked", "marked_at")
+
+        def __init__(self, read_only: bool = False) -> None:
+            self.read_only = read_only  # explain's: no look, nothing written, the findings read
+            self.findings: dict[str, dict] | None = None  # as ``_dataset_findings`` last read; None: unread
+            self.high: int | None = None  # the highest id followed; None: no look yet
+            self.missing: dict[int, float] = {}  # id -> when first missed (monotonic), at most 10 000
+            self.late: list[tuple[int, int, datetime]] = []  # (id, dataset_id, stamp), at most 100 000
+            self.looked_at = float("-inf")  # when the last look began (monotonic)
+            self.backlog_to = 0  # the newest id at the first look: up to it, every event counts as late
+            self.probe_from = 500  # where the next look probes the older missing ids
+            self.probe_size = 10  # late events a look probes: 5 to 1 000, sized to take 1-2 ms
+            self.mark_id: int | None = None  # the ``log`` row of this process's mark
+            self.marked: tuple[int, list[int]] | None = None  # the mark last written: high, missing ids
+            self.marked_at = float("-inf")  # when (monotonic)
+
+        def copy_look(self) -> tuple[Any, ...]:
+            """What a look moves (``missing`` and ``late`` change in place): for ``undo_look``."""
+            return self.high, self.missing.copy(), self.late.copy(), self.looked_at
+
+        def undo_look(self, copied: tuple[Any, ...]) -> None:
+            self.high, self.missing, self.late, self.looked_at = copied
 
     def _dags_with_unqueued_dataset_events(
         self, dataset_triggered_dag_info: dict[str, tuple[datetime, datetime]], session: Session
@@ -150,23 +235,21 @@ class SchedulerJobRunner:
         oldest_new = {
             dag_id: stamp for dag_id, stamp in stranded.items() if dag_id not in dataset_triggered_dag_info
         }
-        sweep = self.__dict__.setdefault(
-            "_dataset_race_fix_sweep", {"at": time.monotonic(), "size": 50}
-        )  # not now
+        sweep = self.__dict__.setdefault("_dataset_race_fix_sweep", self._DatasetSweep(time.monotonic()))
         # a page a loop while 3 % of the time allows, sized to 1-2 ms; tests: every loop
-        paced = interval > 0 and self._dataset_step_credit(sweep) < 0
-        if not paced and (sweep.get("todo") or time.monotonic() - sweep["at"] >= interval):
-            if not sweep.get("todo"):  # a round starts: its clock read once, its DAGs read by the first page
-                sweep.update(at=time.monotonic(), now=manager._database_now(session), todo=None)
-            began, size = time.monotonic(), sweep["size"]
-            found = self._dags_with_new_unqueued_events(
-                dataset_triggered_dag_info, sweep["now"], session, sweep
-            )
+        paced = interval > 0 and sweep.earn_credit() < 0
+        if not paced and (sweep.todo or time.monotonic() - sweep.at >= interval):
+            if not sweep.todo:  # a round starts: its clock read once, its DAGs read by the first page
+                sweep.at, sweep.now, sweep.todo = time.monotonic(), manager._database_now(session), None
+            began = time.monotonic()
+            found = self._dags_with_new_unqueued_events(dataset_triggered_dag_info, sweep.now, session, sweep)
             if interval:  # paced (tests: pages of 50, a round every loop)
-                sweep["credit"] -= (took := time.monotonic() - began)
-                sweep["size"] = (
-                    max(5, size // 2) if took > 0.002 else min(50, size * 2) if took < 0.001 else size
-                )
+                took = time.monotonic() - began
+                sweep.credit -= took
+                if took > 0.002:
+                    sweep.size = max(5, sweep.size // 2)
+                elif took < 0.001:
+                    sweep.size = min(50, sweep.size * 2)
             for dag_id, stamp in found.items():
                 oldest_new[dag_id] = min(oldest_new.get(dag_id, stamp), stamp)
         runnable = self._runnable_dataset_dags(oldest_new, session) if oldest_new else []
@@ -186,12 +269,12 @@ class SchedulerJobRunner:
         dataset_triggered_dag_info: dict[str, tuple[datetime, datetime]],
         now: datetime,
         session: Session,
-        sweep: dict[str, Any] | None = None,
+        sweep: _DatasetSweep | None = None,
     ) -> dict[str, datetime]:
         """
-        The sweep: ``{dag_id: oldest such stamp}`` of the other DAGs whose newest event without a queue row is newer
-        than their latest run (no run: than the reference) and than ``event_lookback_seconds``; of the next
-        ``sweep["size"]`` DAGs of its round (``sweep["todo"]``, None: read now), or of all DAGs (explain).
+        The sweep: ``{dag_id: oldest such stamp}`` of the other DAGs whose newest event without a queue row is
+        newer than their latest run (no run: than the reference) and than ``event_lookback_seconds``; of the
+        next ``sweep.size`` DAGs of its round (``sweep.todo``, None: read now), or of all DAGs (explain).
         """
         manager = self._dataset_manager()
         horizon = now + timedelta(seconds=manager._dataset_race_fix_setting("max_event_ahead_seconds"))
@@ -201,9 +284,9 @@ class SchedulerJobRunner:
         )
         params, oldest_new = {"horizon": horizon}, {}  # (Core rows here and below: an ORM row costs 10 µs)
         if sweep is not None:  # a page of the round: one statement (a page's own read cost as much again)
-            if sweep["todo"] is None:
-                sweep["todo"] = session.connection().execute(dag_ids).scalars().all()
-            params["dag_ids"], sweep["todo"] = sweep["todo"][: sweep["size"]], sweep["todo"][sweep["size"] :]
+            if sweep.todo is None:
+                sweep.todo = session.connection().execute(dag_ids).scalars().all()
+            params["dag_ids"], sweep.todo = sweep.todo[: sweep.size], sweep.todo[sweep.size :]
         # compared here, not in SQL: PostgreSQL evaluated the correlated ``newest`` once per use, three times
         for dag_id, newest, latest, created_at in session.connection().execute(references, params):
             if dag_id not in dataset_triggered_dag_info and (newest or since) > max(
@@ -213,10 +296,10 @@ class SchedulerJobRunner:
         return oldest_new
 
     @classmethod
-    def _sweep_statement(cls, sweep: dict[str, Any] | None) -> tuple[Any, Any]:
+    def _sweep_statement(cls, sweep: _DatasetSweep | None) -> tuple[Any, Any]:
         """
-        The sweep's: unpaused active DAGs with references (``sweep``; explain: none); per reference of those in
-        ``dag_ids`` (explain: all) without a queue row, its newest event to ``horizon``, latest run and date.
+        The sweep's: unpaused active DAGs with references (``sweep``; explain: none); per reference of those
+        in ``dag_ids`` (explain: all) with no queue row, its newest event to ``horizon``, latest run, date.
         """
         from sqlalchemy import bindparam, false, true
 
@@ -240,7 +323,7 @@ class SchedulerJobRunner:
         references = references.join(DagModel, active).where(~queued.exists())  # (unpaused, active DAGs)
         if sweep is None:
             return None, references
-        # the page bound by its ids (a list, not joined: a derived table got seq scans of the events, stale statistics)
+        # the page bound by its ids (a list, not joined: a derived table got seq scans of events, stale stats)
         dag_ids = select(reference.dag_id).distinct().join(DagModel, active).order_by(reference.dag_id)
         return dag_ids, references.where(reference.dag_id.in_(bindparam("dag_ids", expanding=True)))
 
@@ -248,8 +331,8 @@ class SchedulerJobRunner:
         self, oldest_new: dict[str, datetime], session: Session, *, lock_rows: bool = True
     ) -> list[DagModel]:
         """
-        Of ``oldest_new``'s DAGs, at most ``max_dagruns_to_create_per_loop`` that can run, oldest event first, locked
-        ``SKIP LOCKED`` as ``dags_needing_dagruns`` does (explain: no lock).
+        Of ``oldest_new``'s DAGs, at most ``max_dagruns_to_create_per_loop`` that can run, oldest event first,
+        locked ``SKIP LOCKED`` as ``dags_needing_dagruns`` does (explain: no lock).
         """
         from sqlalchemy import false, true
 
@@ -283,41 +366,32 @@ class SchedulerJobRunner:
 
     def _dags_with_stranded_dataset_events(self, session: Session) -> dict[str, datetime]:
         """
-        The net (BUG_REPORT, "The net"): ``{dag_id: oldest such stamp}`` of the DAGs with a finding, an unconsumed
-        event below where their next read starts, whose condition holds with it. ``net_look_interval_seconds`` 0
-        (tests): a look every loop. ``read_only`` (explain): no look, nothing written, the findings read.
+        The net (BUG_REPORT): ``{dag_id: oldest such stamp}`` of the DAGs with a finding (an unconsumed event
+        below where their next read starts) whose condition holds with it; a look a loop if its interval is 0.
         """
-        net = self.__dict__.setdefault("_dataset_race_fix_net", {})
+        net = self.__dict__.setdefault("_dataset_race_fix_net", self._DatasetNet())
         interval = self._dataset_manager()._dataset_race_fix_setting("net_look_interval_seconds")
-        looked = (
-            not net.get("read_only") and time.monotonic() - net.get("looked_at", float("-inf")) >= interval
-        )
-        moved = (
-            ("high", "missing", "late", "looked_at") if looked else ()
-        )  # what a look moves (copied: a look only)
-        followed = {
-            key: net[key].copy() if key in ("missing", "late") else net[key] for key in moved if key in net
-        }
+        looked = not net.read_only and time.monotonic() - net.looked_at >= interval
+        before = net.copy_look() if looked else None  # (copied in a loop that looks only)
         try:
             finds = self._follow_dataset_event_ids(net, session) if looked else []
-            if looked or "findings" not in net:
-                net["findings"] = self._dataset_findings(finds, session)
+            if looked or net.findings is None:
+                net.findings = self._dataset_findings(finds, session)
         except BaseException:  # a look is undone until its findings are kept: the retried loop looks again
-            for key in moved:
-                net.pop(key, None)
-            net.update(followed)
+            if before is not None:
+                net.undo_look(before)
             raise
         if looked:  # after the findings are kept: a restart never starts above a find that was not
             self._dataset_follow_mark(net, session)
-        return self._dags_ready_by_findings(net["findings"], session)
+        return self._dags_ready_by_findings(net.findings, session)
 
     def _dataset_findings(
         self, finds: list[tuple[str, int, int, datetime]], session: Session
     ) -> dict[str, dict[int, tuple[datetime, list[int]]]]:
         """
-        Findings kept until the run that consumes them commits (BUG_REPORT, "The net"): ``finds`` (dag_id, dataset_id,
-        event_id, stamp) written, the oldest per DAG and dataset, committed on a connection of their own (a new ``log``
-        row locks nothing that others wait for); then the oldest 500 read, ``{dag_id: {dataset_id: (stamp, row ids)}}``.
+        Findings kept until the run that consumes them commits (BUG_REPORT, "The net"): ``finds`` (dag_id,
+        dataset_id, event_id, stamp), the oldest per DAG and dataset, committed on a connection of their own
+        (a new ``log`` row locks nothing others wait for); then the oldest 500 read, ``net.findings``' form.
         """
         oldest: dict[tuple[str, int], tuple[datetime, int]] = {}
         finding = "dataset-race-fix-finding"
@@ -354,14 +428,12 @@ class SchedulerJobRunner:
     def _dags_ready_by_findings(
         self, findings: dict[str, dict[int, tuple[datetime, list[int]]]], session: Session
     ) -> dict[str, datetime]:
-        """Of the DAGs with findings, those whose condition holds on the datasets with a finding or a queue row (an AND
-        condition still waiting takes no place in a loop: its finding waits for the partner's row)."""
+        """Of the DAGs with findings, those whose condition holds on the datasets with a finding or queue row
+        (an AND condition still waiting takes no place in a loop: its finding waits for the partner's row)."""
         if not findings:
             return {}
         queued: dict[str, set[str]] = defaultdict(set)  # their queue rows' dataset URIs
-        dag_ids = sorted(
-            findings
-        )  # at most 500 (``_dataset_findings``), and their datasets: a statement each
+        dag_ids = sorted(findings)  # at most 500 (``_dataset_findings``), and their datasets: a query each
         rows = select(DatasetDagRunQueue.target_dag_id, DatasetModel.uri).join(DatasetDagRunQueue.dataset)
         for dag_id, uri in session.execute(rows.where(DatasetDagRunQueue.target_dag_id.in_(dag_ids))):
             queued[dag_id].add(uri)
@@ -384,11 +456,11 @@ class SchedulerJobRunner:
         return ready
 
     def _follow_dataset_event_ids(
-        self, net: dict[str, Any], session: Session
+        self, net: _DatasetNet, session: Session
     ) -> list[tuple[str, int, int, datetime]]:
         """
-        The net's look at the event ids that became visible since the last (BUG_REPORT, "The net"): a late one's
-        consumers that have not consumed it and whose next read may start above it, (dag_id, dataset_id, id, stamp).
+        The net's look at the ids visible since the last (BUG_REPORT, "The net"): a late event's consumers
+        that did not consume it and whose next read may start above it, as (dag_id, dataset_id, id, stamp).
         """
         from airflow.models.dataset import association_table
 
@@ -396,51 +468,44 @@ class SchedulerJobRunner:
         forget_after = manager._dataset_race_fix_setting("event_lookback_seconds")
         latency = timedelta(seconds=manager._dataset_race_fix_setting("commit_latency_seconds"))
         columns = (DatasetEvent.id, DatasetEvent.dataset_id, DatasetEvent.timestamp)
-        missing: dict[int, float] = net.setdefault(
-            "missing", {}
-        )  # id -> when it was first missed (monotonic)
-        looked_at, high = time.monotonic(), net.get("high")
-        net["looked_at"] = looked_at
-        if (
-            high is None
-        ):  # a new process: the ids up to the newest are a backlog, whose commit nobody saw (all late)
-            net["backlog_to"] = session.scalar(select(func.max(DatasetEvent.id))) or 0
-            followed = self._dataset_follow_mark(net, session) or {"high": max(0, net["backlog_to"] - 10_000)}
-            net["high"] = followed[
-                "high"
-            ]  # on from the newest mark; a first start: the last 10 000 ids again
+        missing = net.missing  # (changed in place: the look's copy is the caller's)
+        looked_at, high = time.monotonic(), net.high
+        net.looked_at = looked_at
+        if high is None:  # a new process: the ids up to the newest are a backlog, whose commit nobody saw
+            net.backlog_to = session.scalar(select(func.max(DatasetEvent.id))) or 0
+            followed = self._dataset_follow_mark(net, session) or {"high": max(0, net.backlog_to - 10_000)}
+            net.high = followed["high"]  # on from the newest mark; a first start: the last 10 000 ids again
             missing.update(dict.fromkeys(followed.get("missing", ()), looked_at - followed.get("age", 0)))
             return []
-        # At most 5 000 new and 1 000 missing ids a loop: a backlog is read in the loops after. The lowest new id by
-        # min() (the key's index whatever the statistics: an open range was a sequential scan on tables never analyzed)
+        # At most 5 000 new and 1 000 missing ids a loop: a backlog is read in the loops after. The lowest new
+        # id by min() (the key's index whatever the statistics: an open range scanned tables never analyzed)
         first = session.scalar(select(func.min(DatasetEvent.id)).where(DatasetEvent.id > high))
         new_ids = select(*columns).where(DatasetEvent.id.between(first or 0, (first or 0) + 4_999))
         appeared = session.connection().execute(new_ids.order_by(DatasetEvent.id)).all() if first else []
-        if (
-            appeared
-        ):  # (a jump in the ids: missing are at most the 5 000 above the highest seen and below the newest)
-            last = net["high"] = appeared[-1].id
+        # (a jump in the ids: missing are at most the 5 000 above the highest seen and below the newest)
+        if appeared:
+            last = net.high = appeared[-1].id
             gaps = set(range(high + 1, min(high + 5_001, last))) | set(
                 range(max(high + 1, last - 5_000), last)
             )
             missing.update(dict.fromkeys(gaps - {row.id for row in appeared}, looked_at))
-        # the 500 missed last (in flight: they commit soon), and 500 of the others in turn (a rollback never does)
+        # the 500 missed last (in flight: they commit soon), and 500 others in turn (a rollback never does)
         waiting = sorted(missing, key=lambda i: (-missing[i], -i))
-        probe_from = net.get("probe_from", 500) if net.get("probe_from", 500) < len(waiting) else 500
+        probe_from = net.probe_from if net.probe_from < len(waiting) else 500
         probe = waiting[:500] + waiting[probe_from : probe_from + 500]
-        net["probe_from"] = probe_from + 500
+        net.probe_from = probe_from + 500
         for start in range(0, len(probe), 500):
             probed = select(*columns).where(DatasetEvent.id.in_(probe[start : start + 500]))
             for row in session.connection().execute(probed):
                 appeared.append(row)
                 missing.pop(row.id, None)
         recent = sorted(i for i, at in missing.items() if looked_at - at <= forget_after)
-        net["missing"] = {i: missing[i] for i in recent[-10_000:]}  # the newest
-        late = net.setdefault("late", [])  # probed 5 to 1 000 a look, 100 000 kept
+        net.missing = {i: missing[i] for i in recent[-10_000:]}  # the newest
+        late = net.late  # probed 5 to 1 000 a look, 100 000 kept
         if appeared:  # the clock read after the look: every event seen committed before it
             slow_before = manager._database_now(session) - latency
             late += [
-                tuple(row) for row in appeared if row.timestamp < slow_before or row.id <= net["backlog_to"]
+                tuple(row) for row in appeared if row.timestamp < slow_before or row.id <= net.backlog_to
             ]
         aged = len(missing) - len(recent)  # rolled back, or a COMMIT beyond reach (docs/settings.md)
         capped = max(0, len(recent) - 10_000) + max(0, len(late) - 100_000)
@@ -452,36 +517,33 @@ class SchedulerJobRunner:
                 aged,
                 capped,
             )
-        if (
-            len(late) > 100_000
-        ):  # the late events past the cap are read again, as new, when the net gets there
-            net["high"] = min(net["high"], min(event[0] for event in late[100_000:]) - 1)
-        # late events probed a look: 5 to 1 000, sized to take 1-2 ms, from both ends of the queue: the oldest (a
-        # restart's backlog in id order) and the newest (a commit late now) are not kept behind the rest
-        size, late, started = net.get("probe_size", 10), late[:100_000], time.monotonic()
+        if len(late) > 100_000:  # the late events past the cap are read again, as new, when the net is there
+            net.high = min(net.high, min(event[0] for event in late[100_000:]) - 1)
+        # late events probed a look: 5 to 1 000, sized to take 1-2 ms, from both ends of the queue: the oldest
+        # (a restart's backlog in id order) and the newest (a commit late now) are not kept behind the rest
+        size, late, started = net.probe_size, late[:100_000], time.monotonic()
         first = (size + 1) // 2
         last = min(size // 2, max(0, len(late) - first))
         events = late[:first] + late[len(late) - last :]
-        net["late"] = late[first : len(late) - last]
-        # Each event's consumers with a dataset-triggered run, not below their oldest (db clean), and the links of those
-        # it lies below: after a restart most lie above every run, and their links are not read.
+        net.late = late[first : len(late) - last]
+        # Each event's consumers with a dataset-triggered run, not below their oldest (db clean), and links of
+        # those it lies below: after a restart most lie above every run, and their links are not read.
         reference = DagScheduleDatasetReference
         latest_run, oldest_run = (
             self._latest_dataset_run_date(reference.dag_id, oldest) for oldest in (False, True)
         )
         consumers = select(reference.dag_id, reference.dataset_id, latest_run, oldest_run)
-        checked: dict[tuple[str, int], tuple[Any, ...]] = self.__dict__.get("_dataset_race_fix_checked", {})
+        checked = self.__dict__.get("_dataset_race_fix_checked", {})  # of _DatasetCheckedRead
         consumers_of: dict[int, list[tuple[str, Any, Any]]] = defaultdict(list)
         datasets = sorted({event[1] for event in events})
-        for start in range(
-            0, len(datasets), 500
-        ):  # every consumer, paused or inactive too: a finding waits for it
+        for start in range(0, len(datasets), 500):  # every consumer, paused or inactive too: a finding waits
             for dag_id, dataset_id, latest, oldest in session.execute(
                 consumers.where(reference.dataset_id.in_(datasets[start : start + 500]))
             ):
-                remembered = checked.get((dag_id, dataset_id), (None, None, None))[2]
-                if latest is not None:  # below this, an event is below where the DAG's next read starts
-                    consumers_of[dataset_id].append((dag_id, max(latest, remembered or latest), oldest))
+                read = checked.get((dag_id, dataset_id))
+                if latest is not None:  # below ``top``, an event is below where the DAG's next read starts
+                    top = max(latest, read.floor) if read else latest
+                    consumers_of[dataset_id].append((dag_id, top, oldest))
         below = [
             (dag_id, dataset_id, event_id, stamp)
             for event_id, dataset_id, stamp in events
@@ -497,62 +559,49 @@ class SchedulerJobRunner:
             )
         took = time.monotonic() - started
         if len(events) == size and took < 0.001:
-            net["probe_size"] = min(1_000, size * 2)
+            net.probe_size = min(1_000, size * 2)
         elif took > 0.002:
-            net["probe_size"] = max(5, size // 2)
+            net.probe_size = max(5, size // 2)
         return [find for find in below if (find[2], find[0]) not in consumed]
 
-    def _dataset_follow_mark(self, net: dict[str, Any], session: Session) -> dict[str, Any] | None:
+    def _dataset_follow_mark(self, net: _DatasetNet, session: Session) -> dict[str, Any] | None:
         """
-        Where the ids were followed, for the next process (a restart, a scheduler taking over; BUG_REPORT, "The net"):
-        a ``log`` row, ``event`` "dataset-race-fix-followed", ``extra`` the highest id seen (below the late events not
-        probed yet) and the ids missing below it. A new process reads the newest mark (None: none); then its own is
-        written again where it moved, at most every 5 s, in a transaction and on a connection of its own.
+        Where the ids were followed, for the next process (a restart, a scheduler taking over; BUG_REPORT,
+        "The net"): a ``log`` row, ``event`` "dataset-race-fix-followed", ``extra`` the highest id seen (below
+        the late events not probed yet) and the ids missing below it. A new process reads the newest mark
+        (None: none); then writes its own where it moved, at most every 5 s, on a connection of its own.
         """
         import json
 
         manager = self._dataset_manager()
         mark = "dataset-race-fix-followed"  # one row a process, updated in place: as many as scheduler starts
-        if "high" not in net:  # the newest mark, however old: its process started from the marks before it
+        if net.high is None:  # the newest mark, however old: its process started from the marks before it
             newest = select(Log.dttm, Log.extra).where(Log.event == mark).order_by(Log.dttm.desc()).limit(1)
             for dttm, extra in session.execute(newest):
                 age = (manager._database_now(session) - dttm).total_seconds()
                 return {**json.loads(extra), "age": max(0.0, age)}
             return None
         # late events not probed yet are read again from the lowest of them by the next process
-        high = min([net["high"], *(event[0] - 1 for event in net.get("late", ()))])
-        followed = {"high": high, "missing": sorted(i for i in net["missing"] if i <= high)}
+        high = min([net.high, *(event[0] - 1 for event in net.late)])
+        missing = sorted(i for i in net.missing if i <= high)
         interval = manager._dataset_race_fix_setting("net_look_interval_seconds")
-        if followed == net.get("marked") or (
-            interval and time.monotonic() - net.get("marked_at", float("-inf")) < 5
-        ):
+        if (high, missing) == net.marked or (interval and time.monotonic() - net.marked_at < 5):
             return None
-        row = {"dttm": manager._database_now(session), "event": mark, "extra": json.dumps(followed)}
+        extra = json.dumps({"high": high, "missing": missing})
+        row = {"dttm": manager._database_now(session), "event": mark, "extra": extra}
         with session.get_bind().engine.begin() as connection:
-            if "mark_id" in net:
-                connection.execute(Log.__table__.update().where(Log.id == net["mark_id"]).values(row))
+            if net.mark_id is not None:
+                connection.execute(Log.__table__.update().where(Log.id == net.mark_id).values(row))
             else:
-                net["mark_id"] = connection.execute(Log.__table__.insert().values(row)).inserted_primary_key[
-                    0
-                ]
-        net["marked"], net["marked_at"] = followed, time.monotonic()
+                net.mark_id = connection.execute(Log.__table__.insert().values(row)).inserted_primary_key[0]
+        net.marked, net.marked_at = (high, missing), time.monotonic()
         return None
-
-    @staticmethod
-    def _dataset_step_credit(state: dict[str, Any]) -> float:
-        """A paced step's credit (the sweep's pages): 3 % of the time since the last call, a step saved up."""
-        now = (
-            time.monotonic()
-        )  # (10 ms saved up made a burst of steps in the loops after a pause: the median)
-        state["credit"] = min(state.get("credit", 0.0) + 0.03 * (now - state.get("credit_at", now)), 0.002)
-        state["credit_at"] = now
-        return state["credit"]
 
     @staticmethod
     def _latest_dataset_run_date(dag_id: Any, oldest: bool = False) -> Any:
         """
-        The date of the latest (``oldest``) dataset-triggered run of the correlated ``dag_id``: the newest (oldest)
-        run's if dataset-triggered, else searched; LIMIT 1, not max(): MySQL read every run (BUG_REPORT, "The floor")
+        The date of the latest (``oldest``) dataset-triggered run of the correlated ``dag_id``: the newest
+        (oldest) run's if dataset-triggered, else searched; LIMIT 1: max() read every run on MySQL (The floor)
         """
         from sqlalchemy import case
 
@@ -570,11 +619,10 @@ class SchedulerJobRunner:
         dag_models: Collection[DagModel],
         dataset_triggered_dag_info: dict[str, tuple[datetime, datetime]],
         session: Session,
-    ) -> tuple[list[dict[str, Any]], list[tuple[int, str, Any]]]:
+    ) -> tuple[list[_DatasetDecision], list[tuple[int, str, Any]]]:
         """
-        The runs this loop creates for these DAGs and the queue rows it then deletes (as read); writes nothing (explain
-        runs it). Per DAG, in dag_id order: ``dag_id``, ``dag``, ``events``, ``deferred``, ``late``, ``queued``,
-        ``floors``, ``full_read``, ``run`` (``execution_date``, ``data_interval``, ``run_id``; None: none), ``skipped``.
+        The runs this loop creates for these DAGs, a decision per DAG in dag_id order, and the queue rows it
+        then deletes (as read); writes nothing (explain runs it).
         """
         from airflow.timetables.base import DataInterval
 
@@ -584,28 +632,27 @@ class SchedulerJobRunner:
         lookback = timedelta(seconds=manager._dataset_race_fix_setting("event_lookback_seconds"))
         commit_latency = timedelta(seconds=manager._dataset_race_fix_setting("commit_latency_seconds"))
         # The net's findings: a decision reads from their stamps, and they go with the run that consumes them.
-        net = self.__dict__.get("_dataset_race_fix_net", {})
-        findings: dict[str, dict[int, tuple[datetime, list[int]]]] = net.get("findings", {})
+        findings = getattr(self.__dict__.get("_dataset_race_fix_net"), "findings", None) or {}
         # Nothing dated further ahead of the database's clock (a stock producer's host clock) dates a run.
         horizon = state.database_now + timedelta(
             seconds=manager._dataset_race_fix_setting("max_event_ahead_seconds")
         )
         consumed_rows: list[tuple[int, str, Any]] = []  # deleted at the end, as read
-        decisions: list[dict[str, Any]] = []
+        decisions: list[SchedulerJobRunner._DatasetDecision] = []
         for dag_model in sorted(dag_models, key=lambda dm: dm.dag_id):
-            decision: dict[str, Any] = {"dag_id": dag_model.dag_id, "run": None, "skipped": None}
+            decision = self._DatasetDecision(dag_model.dag_id)
             decisions.append(decision)
             dag = self.dagbag.get_dag(dag_model.dag_id, session=session)
             if not dag:
                 self.log.error("DAG '%s' not found in serialized_dag table", dag_model.dag_id)
-                decision["skipped"] = "not found in the serialized_dag table"
+                decision.skipped = "not found in the serialized_dag table"
                 continue
             if not isinstance(dag.timetable, DatasetTriggeredTimetable):
                 self.log.error(
                     "DAG '%s' was dataset-scheduled, but didn't have a DatasetTriggeredTimetable!",
                     dag_model.dag_id,
                 )
-                decision["skipped"] = "not dataset-scheduled (no DatasetTriggeredTimetable)"
+                decision.skipped = "not dataset-scheduled (no DatasetTriggeredTimetable)"
                 continue
             queued = state.queued_rows.get(dag.dag_id, {})
             latest_run_date, latest_interval_end, latest_any_run_date, oldest_run_date = (
@@ -616,9 +663,8 @@ class SchedulerJobRunner:
             found_late = {
                 dataset_id: stamp for dataset_id, (stamp, _) in found.items() if latest_run_date is not None
             }
-            below_clock = (
-                None  # the clock behind the latest run (stepped back): read from the run before it, as stock
-            )
+            # the clock behind the latest run (stepped back): read from the run before it, as stock
+            below_clock = None
             if latest_run_date is not None and latest_run_date > state.database_now:
                 runs = select(DagRun.execution_date).where(DagRun.dag_id == dag.dag_id)
                 runs = runs.where(DagRun.run_type == DagRunType.DATASET_TRIGGERED)
@@ -665,25 +711,17 @@ class SchedulerJobRunner:
                 state.dataset_uris,
                 lambda statuses: dag.timetable.dataset_condition.evaluate(statuses),
             )
-            decision.update(
-                dag=dag,
-                events=choice.events,
-                deferred=choice.deferred,
-                queued=queued,
-                floors=floors.floors,
-                full_read=floors.full_read,
-                late=choice.late,
-            )
+            decision.dag, decision.choice = dag, choice
             if choice.old_serialization:  # as in DagModel.dags_needing_dagruns
                 self.log.warning("dag '%s' has old serialization; skipping DAG run creation.", dag.dag_id)
-                decision["skipped"] = "serialized before Airflow 2.9"
+                decision.skipped = "serialized before Airflow 2.9"
                 continue
             consumed_rows += [
                 (d, dag.dag_id, state.stored_as_read[(d, dag.dag_id)]) for d in choice.rows_done
             ]
-            # a finding goes with the run, or once its dataset has nothing left to consume (consumed elsewhere)
+            # a finding goes with the run, or once its dataset has nothing left to consume (taken elsewhere)
             with_events = {event.dataset_id for event in choice.events}
-            decision["findings_done"] = [
+            decision.findings_done = [
                 (dataset_id, row_ids)
                 for dataset_id, (_, row_ids) in found.items()
                 if choice.execution_date is not None or dataset_id not in with_events
@@ -702,30 +740,28 @@ class SchedulerJobRunner:
                     exec_date += timedelta(microseconds=1)
             exec_date = timezone.coerce_datetime(exec_date)
             data_interval = dag.timetable.data_interval_for_events(exec_date, events)
-            if (
-                latest_interval_end and data_interval.start < latest_interval_end
-            ):  # never overlapping the last one's
+            if latest_interval_end and data_interval.start < latest_interval_end:  # not overlapping the last
                 start = timezone.coerce_datetime(latest_interval_end)
                 data_interval = DataInterval(start, max(data_interval.end, start))
-            run_id = dag.timetable.generate_run_id(
+            decision.run_id = dag.timetable.generate_run_id(
                 run_type=DagRunType.DATASET_TRIGGERED,
                 logical_date=exec_date,
                 data_interval=data_interval,
                 session=session,
                 events=events,
             )
-            decision["run"] = {"execution_date": exec_date, "data_interval": data_interval, "run_id": run_id}
+            decision.execution_date, decision.data_interval = exec_date, data_interval
         return decisions, consumed_rows
 
     def _dataset_statement(self, key: tuple[Any, ...], build: Callable[[], Any]) -> Any:
-        """The statement kept under ``key``, built by ``build()`` once a process (BUG_REPORT section 7: loop cost)."""
+        """The statement kept under ``key``, built by ``build()`` once a process (BUG_REPORT 7: loop cost)."""
         statements: dict[tuple[Any, ...], Any] = self.__dict__.setdefault("_dataset_race_fix_statements", {})
         if key not in statements:
             statements[key] = build()
         return statements[key]
 
     def _read_dataset_decision_state(self, dag_ids: list[str], session: Session) -> _DatasetDecisionState:
-        """The state the decisions of ``dag_ids`` start from, read without locks, two statements per 500 DAGs."""
+        """The state the decisions of ``dag_ids`` start from, read lock-free, two statements per 500 DAGs."""
         from sqlalchemy import Text, bindparam, cast
 
         dialect = session.bind.dialect.name
@@ -774,9 +810,9 @@ class SchedulerJobRunner:
     @classmethod
     def _runs_and_datasets_statement(cls, dialect: str, clock: str | None) -> Any:
         """
-        Per DAG of ``dag_ids``, a row per dataset it is scheduled on (or one without): its latest runs, the database's
-        clock, the dataset's id, URI and newest event the latest run consumed, found at once whatever the statistics
-        (BUG_REPORT, "The floor": the run's links newest first, LATERAL on PostgreSQL, STRAIGHT_JOIN on MySQL).
+        Per DAG of ``dag_ids``, a row per dataset it is scheduled on (or one without): its latest runs, the
+        database's clock, the dataset's id, URI and newest event the latest run consumed, found at once, any
+        statistics ("The floor": the run's links newest first, LATERAL on PostgreSQL, STRAIGHT_JOIN on MySQL).
         """
         from airflow.models.dataset import association_table
         from airflow.utils.sqlalchemy import UtcDateTime
@@ -785,7 +821,7 @@ class SchedulerJobRunner:
         reference = DagScheduleDatasetReference
         clock_column = literal_column(clock, UtcDateTime) if clock else null()  # SQLite: this host's clock
         if dialect == "postgresql":
-            # The DAG's newest run of any type, then, only if that one is not dataset-triggered, the newest that is.
+            # The DAG's newest run of any type, then, only if it is not dataset-triggered, the newest one
             columns = DagRun.id, DagRun.execution_date, DagRun.data_interval_end
             newest = select(*columns, DagRun.run_type).where(DagRun.dag_id == DagModel.dag_id)
             newest = newest.order_by(DagRun.execution_date.desc()).limit(1).correlate(DagModel).lateral()
@@ -804,7 +840,7 @@ class SchedulerJobRunner:
             event_of_link = select(DatasetEvent.timestamp).where(
                 DatasetEvent.id == association_table.c.event_id
             )
-            # LATERAL (OFFSET 0: not pulled up into a plain join): the link beside it, the reference two levels up
+            # LATERAL (OFFSET 0: not pulled up into a join): the link beside it, the reference two levels up
             event_of_link = event_of_link.where(DatasetEvent.dataset_id == reference.dataset_id).offset(0)
             event_of_link = event_of_link.correlate(association_table, reference).lateral()
             consumed = select(event_of_link.c.timestamp).select_from(
@@ -823,9 +859,7 @@ class SchedulerJobRunner:
                     DagRun.dag_id == DagModel.dag_id, DagRun.run_type == dataset_triggered
                 )
                 latest = latest.order_by(DagRun.execution_date.desc()).limit(1)
-                return latest.correlate(
-                    DagModel
-                ).scalar_subquery()  # explicit: from two levels down it would not be
+                return latest.correlate(DagModel).scalar_subquery()  # explicit: two levels down it is not
 
             dataset_triggered = DagRunType.DATASET_TRIGGERED
             latest_date = latest_run_of(DagRun.execution_date)
@@ -866,7 +900,7 @@ class SchedulerJobRunner:
     def _events_not_consumed_statement(dialect: str, groups: int) -> Any:
         """
         Events of datasets ``ids_<i>`` from ``floor_<i>`` on (``i < groups``) that no run of ``dag_id`` from
-        ``runs_floor`` on consumed (BUG_REPORT section 4, step 2); ``groups`` 0: every event of ``ids_0`` (a first run).
+        ``runs_floor`` on consumed (BUG_REPORT section 4, step 2); ``groups`` 0: all of ``ids_0`` (first run).
         """
         from airflow.models.dataset import association_table
         from sqlalchemy import bindparam, true
@@ -884,8 +918,7 @@ class SchedulerJobRunner:
         )
         consumed = consumed.where(*runs_from_floor)
         if dialect == "postgresql":
-            # One index probe per run: LATERAL (OFFSET 0: not pulled up into a join) keeps PostgreSQL from hashing
-            # the whole association table.
+            # One index probe per run: LATERAL (OFFSET 0: not pulled up into a join), no hash of all links
             runs = select(DagRun.id).where(*runs_from_floor).subquery()
             links = select(association_table.c.event_id).where(association_table.c.dag_run_id == runs.c.id)
             links = links.offset(0).lateral()
@@ -898,7 +931,7 @@ class SchedulerJobRunner:
         )
         chosen = select(*columns).where(or_(*from_floors), DatasetEvent.id.not_in(consumed))
         if dialect == "mysql":
-            # InnoDB's secondary indexes carry the primary key: the check runs on the index, and reads only kept rows.
+            # InnoDB's secondary indexes carry the primary key: the check runs on the index, reads kept rows
             chosen = select(*columns).where(DatasetEvent.id.in_(chosen.with_only_columns(DatasetEvent.id)))
         return chosen
 
@@ -918,19 +951,18 @@ class SchedulerJobRunner:
         oldest_run_date: datetime | None = None,
     ) -> _DatasetFloors:
         """
-        Where a DAG reads each dataset's events from (BUG_REPORT, "The floor"); pure. ``found_late``: the net's oldest
-        late commit; ``checked``: where this process's last read left nothing (``_remember_dataset_reads``).
+        Where a DAG reads each dataset's events from (BUG_REPORT, "The floor"); pure. ``found_late``: the
+        net's oldest late commit; ``checked``: where this process's last read left nothing (remembered reads).
         """
         if latest_run_date is None:  # no run of this DAG has consumed anything yet
             return cls._DatasetFloors({}, None, True)
-        full_read = (
-            latest_run_date > database_now
-        )  # a clock stepped back: read from the run at or before it, as stock
+        # a clock stepped back: read from the run at or before it, as stock
+        full_read = latest_run_date > database_now
         full_from = (below_clock or database_now) if full_read else latest_run_date
         full_floor = min([full_from, database_now, *queued.values()]) - lookback
-        # db clean's runs lay below the oldest: only the latency below the newest consumed event (a late commit just
-        # below a first run), a queue row written before it, or a late commit the net found read there (a clock behind
-        # every run reads below them all: what it stamps lies there)
+        # db clean's runs lay below the oldest: only the latency below the newest consumed event (a late
+        # commit just below a first run), a queue row written before it, or a late commit the net found read
+        # there (a clock behind every run reads below them all: what it stamps lies there)
         kept_from = full_floor if full_read or oldest_run_date is None else max(full_floor, oldest_run_date)
         checked = checked or {}
         floors: dict[int, datetime] = {}
@@ -940,9 +972,8 @@ class SchedulerJobRunner:
                 floor = kept_from
             else:  # what this process checked raises it, never above a queue row's
                 floor = max(newest - commit_latency, checked.get(dataset_id, full_floor), full_floor)
-            if (
-                dataset_id in queued
-            ):  # a row written after the oldest run brings no event from below it (db clean's)
+            # a row written after the oldest run brings no event from below it (db clean's)
+            if dataset_id in queued:
                 row = queued[dataset_id]
                 floor = min(
                     floor, max(row - commit_latency, kept_from if row > kept_from else row - commit_latency)
@@ -963,50 +994,34 @@ class SchedulerJobRunner:
         latency: timedelta,
     ) -> None:
         """
-        Per dataset read, below what nothing unconsumed can appear after the read (BUG_REPORT, "The floor", what a
-        process remembers): the lowest event left, or the clock read before it less ``latency``.
+        Per dataset read, below what nothing unconsumed can appear after the read (BUG_REPORT, "The floor",
+        what a process remembers): the lowest event left, or the clock read before it less ``latency``.
         """
         if floors.runs_floor is None:  # a first run: every event was read, nothing is left behind it
             return
-        checked: dict[tuple[str, int], tuple[datetime, ...]] = self.__dict__.setdefault(
-            "_dataset_race_fix_checked", {}
-        )
+        checked = self.__dict__.setdefault("_dataset_race_fix_checked", {})  # of _DatasetCheckedRead
         if len(checked) > 100_000:  # DAGs come and go: forgetting only makes a read start lower
             checked.clear()
         lowest_left: dict[int, datetime] = {}
         for event in events:  # deferred, late and waiting ones alike: still unconsumed
-            lowest_left[event.dataset_id] = min(
-                event.timestamp, lowest_left.get(event.dataset_id, event.timestamp)
-            )
-        read_at, latest_run_date, below = (
-            state.database_now,
-            state.latest_runs[dag_id][0],
-            state.database_now - latency,
-        )
+            lowest = lowest_left.get(event.dataset_id, event.timestamp)
+            lowest_left[event.dataset_id] = min(event.timestamp, lowest)
+        read_at, run_date = state.database_now, state.latest_runs[dag_id][0]
+        below = read_at - latency
         for dataset_id in floors.floors:
-            checked[(dag_id, dataset_id)] = (
-                read_at,
-                latest_run_date,
-                min(lowest_left.get(dataset_id, below), below),
-            )
+            floor = min(lowest_left.get(dataset_id, below), below)
+            checked[(dag_id, dataset_id)] = self._DatasetCheckedRead(read_at, run_date, floor)
 
     def _checked_dataset_floors(
         self, dag_id: str, dataset_ids: list[int], database_now: datetime, latest_run_date: datetime | None
     ) -> dict[int, datetime]:
-        """What ``_remember_dataset_reads`` kept, unless the clock went back or the latest run is older (deleted)."""
-        checked: dict[tuple[str, int], tuple[datetime, ...]] = self.__dict__.get(
-            "_dataset_race_fix_checked", {}
-        )
+        """What ``_remember_dataset_reads`` kept, unless the clock went back or the latest run is older."""
+        checked = self.__dict__.get("_dataset_race_fix_checked", {})
         floors = {}
         for dataset_id in dataset_ids:
-            read_at, run_date, floor = checked.get((dag_id, dataset_id), (None, None, None))
-            if (
-                read_at is not None
-                and read_at <= database_now
-                and latest_run_date
-                and run_date <= latest_run_date
-            ):
-                floors[dataset_id] = floor
+            read = checked.get((dag_id, dataset_id))
+            if read and latest_run_date and read.read_at <= database_now and read.run_date <= latest_run_date:
+                floors[dataset_id] = read.floor
         return floors
 
     @classmethod
@@ -1021,8 +1036,8 @@ class SchedulerJobRunner:
         evaluate: Callable[[dict[str, bool]], bool],
     ) -> _DatasetRunChoice:
         """
-        Whether a DAG's events make a run, and its date before the unique-date check; pure (BUG_REPORT section 4,
-        steps 3-4). Events beyond the horizon wait; no run: the queue rows of datasets with nothing to consume go.
+        Whether a DAG's events make a run, and its date before the unique-date check; pure (BUG_REPORT section
+        4, steps 3-4). Events beyond the horizon wait; no run: queue rows of datasets with nothing to take go.
         """
         deferred = [event for event in dataset_events if event.timestamp > horizon]
         events = [event for event in dataset_events if event.timestamp <= horizon]
@@ -1053,8 +1068,8 @@ class SchedulerJobRunner:
     @classmethod
     def _events_for_timetable(cls, timetable: Any, events: list[Any], session: Session) -> list[Any]:
         """
-        ``events`` as ``timetable`` reads them, each ``source_dag_run`` read a statement per 500 producer runs, not a
-        lazy load each (issue 49); a timetable that overrides them (but DatasetOrTimeSchedule's run_id) gets Airflow's.
+        ``events`` as ``timetable`` reads them, each ``source_dag_run`` read a statement per 500 producer
+        runs, not lazily (issue 49); a timetable overriding them (not DatasetOrTimeSchedule's run_id): stock.
         """
         from airflow.timetables.datasets import DatasetOrTimeSchedule
 
@@ -1083,7 +1098,7 @@ class SchedulerJobRunner:
 
     @staticmethod
     def _dataset_events_by_id(event_ids: list[int], session: Session) -> list[DatasetEvent]:
-        """Airflow's objects of the events ``event_ids``, in that order, but those deleted since (500 a statement)."""
+        """Airflow's objects of the events ``event_ids``, in order, but those deleted since (500 a query)."""
         by_id: dict[int, DatasetEvent] = {}
         for start in range(0, len(event_ids), 500):
             chunk = select(DatasetEvent).where(DatasetEvent.id.in_(event_ids[start : start + 500]))
@@ -1101,62 +1116,65 @@ class SchedulerJobRunner:
             dag_models, dataset_triggered_dag_info, session
         )
         for decision in decisions:
-            if decision["skipped"]:
+            if decision.skipped:
                 continue
-            dag = decision["dag"]
-            if ahead := decision["deferred"]:
-                Stats.incr("dataset_race_fix.future_events_deferred", len(ahead))
+            dag, choice = decision.dag, decision.choice
+            if choice.deferred:
+                Stats.incr("dataset_race_fix.future_events_deferred", len(choice.deferred))
                 warned = self.__dict__.setdefault("_dataset_race_fix_warned_ahead", set())
                 if dag.dag_id not in warned:
                     warned.add(dag.dag_id)
                     self.log.warning(
-                        "DAG '%s': %d dataset event(s) dated up to %s, ahead of the scheduler's clock by more than "
-                        "[dataset_race_fix] max_event_ahead_seconds (a producer host's clock runs ahead): they wait",
+                        "DAG '%s': %d dataset event(s) dated up to %s, ahead of the scheduler's clock by "
+                        "more than [dataset_race_fix] max_event_ahead_seconds (a producer host's clock runs "
+                        "ahead): they wait",
                         dag.dag_id,
-                        len(ahead),
-                        max(event.timestamp for event in ahead),
+                        len(choice.deferred),
+                        max(event.timestamp for event in choice.deferred),
                     )
-            if decision["run"] is None:
-                Stats.incr("dataset_race_fix.empty_runs_prevented")
-                continue
-            if late := len(decision["late"]):
-                Stats.incr("dataset_race_fix.late_events_consumed", late)
-                self.log.info(
-                    "DAG '%s': the new run consumes %d event(s) dated before its latest run: late "
-                    "commits, or events of a deleted run (deleting a run gives its events back)",
-                    dag.dag_id,
-                    late,
-                )
             dag_hash = self.dagbag.dags_hash.get(dag.dag_id)
-            dag_run = dag.create_dagrun(
-                run_id=decision["run"]["run_id"],
-                run_type=DagRunType.DATASET_TRIGGERED,
-                execution_date=decision["run"]["execution_date"],
-                data_interval=decision["run"]["data_interval"],
-                state=DagRunState.QUEUED,
-                external_trigger=False,
-                session=session,
-                dag_hash=dag_hash,
-                creating_job_id=self.job.id,
-            )
-            Stats.incr("dataset.triggered_dagruns")
-            self._link_consumed_events(dag_run.id, [event.id for event in decision["events"]], session)
+            exec_date = decision.execution_date
+            data_interval, run_id = decision.data_interval, decision.run_id
+            if exec_date is None:
+                Stats.incr("dataset_race_fix.empty_runs_prevented")
+            else:
+                if choice.late:
+                    Stats.incr("dataset_race_fix.late_events_consumed", len(choice.late))
+                    self.log.info(
+                        "DAG '%s': the new run consumes %d event(s) dated before its latest run: late "
+                        "commits, or events of a deleted run (deleting a run gives its events back)",
+                        dag.dag_id,
+                        len(choice.late),
+                    )
+                dag_run = dag.create_dagrun(
+                    run_id=run_id,
+                    run_type=DagRunType.DATASET_TRIGGERED,
+                    execution_date=exec_date,
+                    data_interval=data_interval,
+                    state=DagRunState.QUEUED,
+                    external_trigger=False,
+                    session=session,
+                    dag_hash=dag_hash,
+                    creating_job_id=self.job.id,
+                )
+                Stats.incr("dataset.triggered_dagruns")
+                self._link_consumed_events(dag_run.id, [event.id for event in choice.events], session)
         if consumed_rows:
             self._delete_dataset_queue_rows_as_read(consumed_rows, session)
-        # the net's findings these decisions consumed or found consumed, as read (by primary key; in this transaction)
-        net_findings = self.__dict__.get("_dataset_race_fix_net", {}).get("findings", {})
+        # the net's findings these decisions consumed or found consumed, as read (by key, in this transaction)
+        net_findings = getattr(self.__dict__.get("_dataset_race_fix_net"), "findings", None) or {}
         done: list[int] = []
         for decision in decisions:
-            for dataset_id, row_ids in decision.get("findings_done", ()):
+            for dataset_id, row_ids in decision.findings_done or ():
                 done += row_ids
-                net_findings.get(decision["dag_id"], {}).pop(dataset_id, None)
+                net_findings.get(decision.dag_id, {}).pop(dataset_id, None)
         for start in range(0, len(done), 500):
             chunk = sorted(done)[start : start + 500]
             session.execute(delete(Log).where(Log.id.in_(chunk)).execution_options(synchronize_session=False))
 
     @staticmethod
     def _link_consumed_events(dag_run_id: int, event_ids: list[int], session: Session) -> None:
-        """Link a run to its events, 10 000 integers written in a statement (issue 49; BUG_REPORT, "Statement size")."""
+        """Link a run to its events, 10 000 integers a statement (issue 49; BUG_REPORT, "Statement size")."""
         insert = "INSERT INTO dagrun_dataset_event (dag_run_id, event_id) VALUES "
         for start in range(0, len(event_ids), 10_000):
             rows = ",".join(
@@ -1166,7 +1184,7 @@ class SchedulerJobRunner:
 
     @staticmethod
     def _delete_dataset_queue_rows_as_read(rows: list[tuple[int, str, Any]], session: Session) -> None:
-        """Delete queue rows ``(dataset_id, target_dag_id, created_at)`` as read (BUG_REPORT, "Lock discipline")."""
+        """Delete the queue rows ``(dataset_id, target_dag_id, created_at)`` as read ("Lock discipline")."""
         from sqlalchemy import Text, any_, bindparam, cast, literal_column, tuple_
 
         rows = sorted(rows)
@@ -1187,7 +1205,7 @@ class SchedulerJobRunner:
         for start in range(0, len(rows), 500):
             chunk = rows[start : start + 500]
             if dialect.name == "postgresql":
-                # The rows still as read but those a producer holds, deleted by address; ARRAY(..): locked once.
+                # The rows as read but those a producer holds, deleted by address; ARRAY(..): locked once.
                 ctid = literal_column("ctid")
                 taken = select(ctid).select_from(DatasetDagRunQueue.__table__).where(as_read.in_(chunk))
                 session.execute(
@@ -1198,8 +1216,9 @@ class SchedulerJobRunner:
                     .execution_options(synchronize_session=False)
                 )
                 continue
-            # MySQL/MariaDB: lock by primary key, skipping what producers hold where the server can (else waiting
-            # in key order, as producers do), then delete exactly those keys, a primary-key lookup each.
+            # MySQL/MariaDB: lock by primary key, skipping what producers hold where the server can (else
+            # waiting in key order, as producers do), then delete exactly those keys, by primary key.
+
             version = dialect.server_version_info or ()
             taken = session.execute(
                 select(*key_columns)
