@@ -164,8 +164,8 @@ def bench_fanout(
         state = runners["fixed"].__dict__["_dataset_race_fix_net"]
         notes.append(
             f"fan-out: the net not caught up after {pass_seconds:.0f} s "
-            f"({len(laps['fixed']['pass'])} loops): {len(state.late)} late events left to probe ({state.probe_size} a look at its end); "
-            "the rest skipped"
+            f"({len(laps['fixed']['pass'])} loops): {len(state.late)} late events left to probe "
+            f"({state.probe_size} a look at its end); the rest skipped"
         )
         state.late = []
     in_turn("running", 2 * loops)
