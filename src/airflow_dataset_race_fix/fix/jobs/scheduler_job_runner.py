@@ -175,7 +175,8 @@ class SchedulerJobRunner:
         """
         The sweep's rounds here, made and moved by ``_dags_with_unqueued_dataset_events``: one starts an
         interval after the last began, reads the clock once (``now``) and its DAGs with its first page, then
-        a page of ``size`` a loop while ``credit`` allows. Between loops, a round is on iff ``todo`` has DAGs.
+        a page of ``size`` while ``credit`` allows, at most every third loop. Between loops, a round is on
+        iff ``todo`` has DAGs.
         """
 
         at: float  # when the last round began (monotonic); made: now, so that the first is one interval away
@@ -184,6 +185,7 @@ class SchedulerJobRunner:
         size: int = 50  # DAGs a page, 5 to 50, sized to take 1-2 ms
         credit: float = 0.0  # seconds a page may take now: below 0, none; at most 2 ms saved up
         credit_at: float | None = None  # when ``credit`` last earned (monotonic)
+        loops: int = 3  # loops since the last page
 
         def earn_credit(self) -> float:
             """``credit``, 3 % of the time since the last call earned (10 ms saved up made page bursts)."""
@@ -201,19 +203,29 @@ class SchedulerJobRunner:
         in ``late`` until probed. A look is undone (``copy_look``, ``undo_look``) unless its finds are kept.
         """
 
-        __slots__ = ("read_only", "findings", "high", "missing", "late", "looked_at", "backlog_to")
+        __slots__ = (
+            "read_only",
+            "findings",
+            "findings_at",
+            "high",
+            "missing",
+            "late",
+            "looked_at",
+            "backlog_to",
+        )
         __slots__ += ("probe_from", "probe_size", "mark_id", "marked", "marked_at")
 
         def __init__(self, read_only: bool = False) -> None:
             self.read_only = read_only  # explain's: no look, nothing written, the findings read
             self.findings: dict[str, dict] | None = None  # as ``_dataset_findings`` last read; None: unread
+            self.findings_at = float("-inf")  # when (monotonic)
             self.high: int | None = None  # the highest id followed; None: no look yet
             self.missing: dict[int, float] = {}  # id -> when first missed (monotonic), at most 10 000
             self.late: list[tuple[int, int, datetime]] = []  # (id, dataset_id, stamp), at most 100 000
             self.looked_at = float("-inf")  # when the last look began (monotonic)
             self.backlog_to = 0  # the newest id at the first look: up to it, every event counts as late
             self.probe_from = 500  # where the next look probes the older missing ids
-            self.probe_size = 10  # late events a look probes: 5 to 1 000, sized to take 1-2 ms
+            self.probe_size = 10  # late events a look probes: 5 to 1 000, their links read in 1-2 ms
             self.mark_id: int | None = None  # the ``log`` row of this process's mark
             self.marked: tuple[int, list[int]] | None = None  # the mark last written: high, missing ids
             self.marked_at = float("-inf")  # when (monotonic)
@@ -236,12 +248,14 @@ class SchedulerJobRunner:
             dag_id: stamp for dag_id, stamp in stranded.items() if dag_id not in dataset_triggered_dag_info
         }
         sweep = self.__dict__.setdefault("_dataset_race_fix_sweep", self._DatasetSweep(time.monotonic()))
-        # a page a loop while 3 % of the time allows, sized to 1-2 ms; tests: every loop
-        paced = interval > 0 and sweep.earn_credit() < 0
+        # a page while 3 % of the time allows, sized to 1-2 ms, at most every third loop (an idle scheduler's
+        # loop a second keeps its median); tests: every loop
+        sweep.loops += 1
+        paced = interval > 0 and (sweep.earn_credit() < 0 or sweep.loops < 3)
         if not paced and (sweep.todo or time.monotonic() - sweep.at >= interval):
             if not sweep.todo:  # a round starts: its clock read once, its DAGs read by the first page
                 sweep.at, sweep.now, sweep.todo = time.monotonic(), manager._database_now(session), None
-            began = time.monotonic()
+            began, sweep.loops = time.monotonic(), 0
             found = self._dags_with_new_unqueued_events(dataset_triggered_dag_info, sweep.now, session, sweep)
             if interval:  # paced (tests: pages of 50, a round every loop)
                 took = time.monotonic() - began
@@ -375,8 +389,12 @@ class SchedulerJobRunner:
         before = net.copy_look() if looked else None  # (copied in a loop that looks only)
         try:
             finds = self._follow_dataset_event_ids(net, session) if looked else []
-            if looked or net.findings is None:
+            # read again by a look that found some, while some wait, or every 10 intervals (another
+            # process's): an idle look is one statement
+            stale = time.monotonic() - net.findings_at >= 10 * interval
+            if net.findings is None or looked and (finds or net.findings or stale):
                 net.findings = self._dataset_findings(finds, session)
+                net.findings_at = time.monotonic()
         except BaseException:  # a look is undone until its findings are kept: the retried loop looks again
             if before is not None:
                 net.undo_look(before)
@@ -519,13 +537,15 @@ class SchedulerJobRunner:
             )
         if len(late) > 100_000:  # the late events past the cap are read again, as new, when the net is there
             net.high = min(net.high, min(event[0] for event in late[100_000:]) - 1)
-        # late events probed a look: 5 to 1 000, sized to take 1-2 ms, from both ends of the queue: the oldest
-        # (a restart's backlog in id order) and the newest (a commit late now) are not kept behind the rest
+        # late events probed a look: 5 to 1 000, their links read in 1-2 ms, from both ends of the queue:
+        # the oldest (a restart's backlog, in id order) and the newest (a commit late now) wait for no others
         size, late, started = net.probe_size, late[:100_000], time.monotonic()
         first = (size + 1) // 2
         last = min(size // 2, max(0, len(late) - first))
         events = late[:first] + late[len(late) - last :]
         net.late = late[first : len(late) - last]
+        if not events:
+            return []
         # Each event's consumers with a dataset-triggered run, not below their oldest (db clean), and links of
         # those it lies below: after a restart most lie above every run, and their links are not read.
         reference = DagScheduleDatasetReference
@@ -550,6 +570,7 @@ class SchedulerJobRunner:
             for dag_id, top, oldest in consumers_of[dataset_id]
             if oldest <= stamp <= top
         ]
+        consumers_took = time.monotonic() - started  # grows with the datasets, not the events, of a probe
         link = association_table.c
         links = select(link.event_id, DagRun.dag_id).join(DagRun, DagRun.id == link.dag_run_id)
         event_ids, consumed = sorted({find[2] for find in below}), set()
@@ -557,10 +578,10 @@ class SchedulerJobRunner:
             consumed.update(
                 session.execute(links.where(link.event_id.in_(event_ids[start : start + 500]))).all()
             )
-        took = time.monotonic() - started
-        if len(events) == size and took < 0.001:
+        links_took = time.monotonic() - started - consumers_took
+        if len(events) == size and links_took < 0.001 and consumers_took < 0.01:
             net.probe_size = min(1_000, size * 2)
-        elif took > 0.002:
+        elif links_took > 0.002 or consumers_took > 0.01 and len(datasets) > 1:
             net.probe_size = max(5, size // 2)
         return [find for find in below if (find[2], find[0]) not in consumed]
 
