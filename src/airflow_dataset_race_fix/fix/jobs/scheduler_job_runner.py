@@ -175,8 +175,8 @@ class SchedulerJobRunner:
         """
         The sweep's rounds here, made and moved by ``_dags_with_unqueued_dataset_events``: one starts an
         interval after the last began, reads the clock once (``now``) and its DAGs with its first page, then
-        a page of ``size`` while ``credit`` allows, at most every third loop. Between loops, a round is on
-        iff ``todo`` has DAGs.
+        a page of ``size`` while ``credit`` allows, in a loop where the net looked or three loops after the
+        last. Between loops, a round is on iff ``todo`` has DAGs.
         """
 
         at: float  # when the last round began (monotonic); made: now, so that the first is one interval away
@@ -213,7 +213,7 @@ class SchedulerJobRunner:
             "looked_at",
             "backlog_to",
         )
-        __slots__ += ("probe_from", "probe_size", "mark_id", "marked", "marked_at")
+        __slots__ += ("quiet", "probe_from", "probe_size", "mark_id", "marked", "marked_at")
 
         def __init__(self, read_only: bool = False) -> None:
             self.read_only = read_only  # explain's: no look, nothing written, the findings read
@@ -223,6 +223,7 @@ class SchedulerJobRunner:
             self.missing: dict[int, float] = {}  # id -> when first missed (monotonic), at most 10 000
             self.late: list[tuple[int, int, datetime]] = []  # (id, dataset_id, stamp), at most 100 000
             self.looked_at = float("-inf")  # when the last look began (monotonic)
+            self.quiet = False  # nothing appeared at the last look, and nothing waits: the next is later
             self.backlog_to = 0  # the newest id at the first look: up to it, every event counts as late
             self.probe_from = 500  # where the next look probes the older missing ids
             self.probe_size = 10  # late events a look probes: 5 to 1 000, their links read in 1-2 ms
@@ -243,15 +244,17 @@ class SchedulerJobRunner:
         """The DAGs that the net (every loop) and the sweep (BUG_REPORT, "A stalled producer") bring in."""
         manager = self._dataset_manager()
         interval = manager._dataset_race_fix_setting("requeue_interval_seconds")
+        loop_began = time.monotonic()
         stranded = self._dags_with_stranded_dataset_events(session)
         oldest_new = {
             dag_id: stamp for dag_id, stamp in stranded.items() if dag_id not in dataset_triggered_dag_info
         }
         sweep = self.__dict__.setdefault("_dataset_race_fix_sweep", self._DatasetSweep(time.monotonic()))
-        # a page while 3 % of the time allows, sized to 1-2 ms, at most every third loop (an idle scheduler's
-        # loop a second keeps its median); tests: every loop
+        # a page while 3 % of the time allows, sized to 1-2 ms, in a loop where the net looked or three loops
+        # after the last page: an idle scheduler's loop a second keeps its median; tests: every loop
         sweep.loops += 1
-        paced = interval > 0 and (sweep.earn_credit() < 0 or sweep.loops < 3)
+        due = self._dataset_race_fix_net.looked_at >= loop_began or sweep.loops >= 3
+        paced = interval > 0 and (sweep.earn_credit() < 0 or not due)
         if not paced and (sweep.todo or time.monotonic() - sweep.at >= interval):
             if not sweep.todo:  # a round starts: its clock read once, its DAGs read by the first page
                 sweep.at, sweep.now, sweep.todo = time.monotonic(), manager._database_now(session), None
@@ -385,7 +388,10 @@ class SchedulerJobRunner:
         """
         net = self.__dict__.setdefault("_dataset_race_fix_net", self._DatasetNet())
         interval = self._dataset_manager()._dataset_race_fix_setting("net_look_interval_seconds")
-        looked = not net.read_only and time.monotonic() - net.looked_at >= interval
+        # after a look at which nothing appeared and nothing waits, the next five intervals on: an idle
+        # scheduler's loop a second keeps its median
+        wait = 5 * interval if net.quiet else interval
+        looked = not net.read_only and time.monotonic() - net.looked_at >= wait
         before = net.copy_look() if looked else None  # (copied in a loop that looks only)
         try:
             finds = self._follow_dataset_event_ids(net, session) if looked else []
@@ -400,6 +406,7 @@ class SchedulerJobRunner:
                 net.undo_look(before)
             raise
         if looked:  # after the findings are kept: a restart never starts above a find that was not
+            net.quiet = net.high == before[0] and not net.late and not net.missing
             self._dataset_follow_mark(net, session)
         return self._dags_ready_by_findings(net.findings, session)
 
