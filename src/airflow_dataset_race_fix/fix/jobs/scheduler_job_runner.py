@@ -175,7 +175,7 @@ class SchedulerJobRunner:
         """
         The sweep's rounds here, made and moved by ``_dags_with_unqueued_dataset_events``: one starts an
         interval after the last began, reads the clock once (``now``) and its DAGs with its first page, then
-        a page of ``size`` while ``credit`` allows, in a loop where the net looked or three loops after the
+        a page of ``size`` while ``credit`` allows, in a loop where the net looked or five loops after the
         last. Between loops, a round is on iff ``todo`` has DAGs.
         """
 
@@ -185,7 +185,7 @@ class SchedulerJobRunner:
         size: int = 50  # DAGs a page, 5 to 50, sized to take 1-2 ms
         credit: float = 0.0  # seconds a page may take now: below 0, none; at most 2 ms saved up
         credit_at: float | None = None  # when ``credit`` last earned (monotonic)
-        loops: int = 3  # loops since the last page
+        loops: int = 5  # loops since the last page
 
         def earn_credit(self) -> float:
             """``credit``, 3 % of the time since the last call earned (10 ms saved up made page bursts)."""
@@ -250,10 +250,10 @@ class SchedulerJobRunner:
             dag_id: stamp for dag_id, stamp in stranded.items() if dag_id not in dataset_triggered_dag_info
         }
         sweep = self.__dict__.setdefault("_dataset_race_fix_sweep", self._DatasetSweep(time.monotonic()))
-        # a page while 3 % of the time allows, sized to 1-2 ms, in a loop where the net looked or three loops
+        # a page while 3 % of the time allows, sized to 1-2 ms, in a loop where the net looked or five loops
         # after the last page: an idle scheduler's loop a second keeps its median; tests: every loop
         sweep.loops += 1
-        due = self._dataset_race_fix_net.looked_at >= loop_began or sweep.loops >= 3
+        due = self._dataset_race_fix_net.looked_at >= loop_began or sweep.loops >= 5
         paced = interval > 0 and (sweep.earn_credit() < 0 or not due)
         if not paced and (sweep.todo or time.monotonic() - sweep.at >= interval):
             if not sweep.todo:  # a round starts: its clock read once, its DAGs read by the first page
