@@ -238,7 +238,7 @@ def test_dags_that_cannot_run_take_no_place_from_a_swept_dag(world, held_by, mon
 
 def test_a_paced_sweep_round_reaches_its_last_page(world, monkeypatch):
     """
-    The sweep reads a page of its round at most every fifth loop, paced by its credit (3 % of the time)
+    The sweep reads a page of its round where the net looks or five loops on, paced by its credit (3 %)
     and sized to 1-2 ms, the round's DAGs read once at its start. 23 DAGs on one dataset with
     pages of 5: the last one's event, with no queue row, is not found by the round's first page
     but by a later one, within the round (a round that stopped at its first page, or lost its
