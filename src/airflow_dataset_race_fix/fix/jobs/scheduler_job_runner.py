@@ -203,22 +203,15 @@ class SchedulerJobRunner:
         in ``late`` until probed. A look is undone (``copy_look``, ``undo_look``) unless its finds are kept.
         """
 
-        __slots__ = (
-            "read_only",
-            "findings",
-            "findings_at",
-            "high",
-            "missing",
-            "late",
-            "looked_at",
-            "backlog_to",
-        )
-        __slots__ += ("quiet", "probe_from", "probe_size", "mark_id", "marked", "marked_at")
+        __slots__ = ("read_only", "findings", "findings_at", "findings_after", "high", "missing", "late")
+        __slots__ += ("looked_at", "backlog_to", "quiet", "probe_from", "probe_size")
+        __slots__ += ("mark_id", "marked", "marked_at")
 
         def __init__(self, read_only: bool = False) -> None:
             self.read_only = read_only  # explain's: no look, nothing written, the findings read
             self.findings: dict[str, dict] | None = None  # as ``_dataset_findings`` last read; None: unread
             self.findings_at = float("-inf")  # when (monotonic)
+            self.findings_after = 0  # the last id of the last read, if it read a full page of 500
             self.high: int | None = None  # the highest id followed; None: no look yet
             self.missing: dict[int, float] = {}  # id -> when first missed (monotonic), at most 10 000
             self.late: list[tuple[int, int, datetime]] = []  # (id, dataset_id, stamp), at most 100 000
@@ -399,7 +392,7 @@ class SchedulerJobRunner:
             # process's): an idle look is one statement
             stale = time.monotonic() - net.findings_at >= 10 * interval
             if net.findings is None or looked and (finds or net.findings or stale):
-                net.findings = self._dataset_findings(finds, session)
+                self._dataset_findings(finds, net, session)
                 net.findings_at = time.monotonic()
         except BaseException:  # a look is undone until its findings are kept: the retried loop looks again
             if before is not None:
@@ -411,12 +404,14 @@ class SchedulerJobRunner:
         return self._dags_ready_by_findings(net.findings, session)
 
     def _dataset_findings(
-        self, finds: list[tuple[str, int, int, datetime]], session: Session
-    ) -> dict[str, dict[int, tuple[datetime, list[int]]]]:
+        self, finds: list[tuple[str, int, int, datetime]], net: _DatasetNet, session: Session
+    ) -> None:
         """
         Findings kept until the run that consumes them commits (BUG_REPORT, "The net"): ``finds`` (dag_id,
         dataset_id, event_id, stamp), the oldest per DAG and dataset, committed on a connection of their own
-        (a new ``log`` row locks nothing others wait for); then the oldest 500 read, ``net.findings``' form.
+        (a new ``log`` row locks nothing others wait for); then ``net.findings`` read: 500 from where the
+        last read ended (then from the first again), so that 500 that wait (an AND condition, a DAG gone)
+        hide no other.
         """
         oldest: dict[tuple[str, int], tuple[datetime, int]] = {}
         finding = "dataset-race-fix-finding"
@@ -445,10 +440,12 @@ class SchedulerJobRunner:
             )
         findings: dict[str, dict[int, tuple[datetime, list[int]]]] = defaultdict(dict)
         read = select(Log.id, Log.dag_id, Log.map_index, Log.execution_date).where(Log.event == finding)
-        for row_id, dag_id, dataset_id, stamp in session.execute(read.order_by(Log.id).limit(500)):
+        rows = session.execute(read.where(Log.id > net.findings_after).order_by(Log.id).limit(500)).all()
+        for row_id, dag_id, dataset_id, stamp in rows:
             found_stamp, row_ids = findings[dag_id].get(dataset_id, (stamp, []))
             findings[dag_id][dataset_id] = (min(found_stamp, stamp), [*row_ids, row_id])
-        return findings
+        net.findings = findings
+        net.findings_after = rows[-1][0] if len(rows) == 500 else 0  # a full page: the next reads on after it
 
     def _dags_ready_by_findings(
         self, findings: dict[str, dict[int, tuple[datetime, list[int]]]], session: Session
