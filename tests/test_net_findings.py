@@ -50,8 +50,11 @@ def _set_active(dag_id: str, active: bool) -> None:
 
 
 def caught_up(w: World, s) -> None:
-    """Loops of ``s`` until its net has read every committed id (a new scheduler reads on from the newest mark, which
-    the tests before left in this session's database) and probed every late event among them."""
+    """
+    Loops of ``s`` until its net has read every committed id (a new scheduler reads on from the
+    newest mark, which the tests before left in this session's database) and probed every late
+    event among them.
+    """
     from airflow.models.dataset import DatasetEvent
 
     for _ in range(40):
