@@ -244,6 +244,8 @@ def bench_upgrade_downtime(
             )
 
     runner, laps, consumed_after, drained_after = new_scheduler_runner(), [], None, None
+    net_state = runner.__dict__.setdefault("_dataset_race_fix_net", {})  # (fixed: the net's, as it goes)
+    late_queue, probe_sizes = [], []
     began = time.monotonic()
     while time.monotonic() - began < pass_limit:
         session = settings.Session.session_factory()
@@ -254,6 +256,8 @@ def bench_upgrade_downtime(
         if error:
             notes.append(f"{label}: a loop failed: {error}")
         finish_runs(dag_ids)
+        late_queue.append(len(net_state.get("late", ())))
+        probe_sizes.append(net_state.get("probe_size", 0))
         if consumed_after is None and consumers_of_late() >= late * consumers:
             consumed_after = (len(laps), time.monotonic() - began)
             log(f"  {label}: every late event consumed after {consumed_after[1]:.1f} s")
@@ -262,14 +266,16 @@ def bench_upgrade_downtime(
             for thread in threads:
                 thread.join()
             log(f"  {label}: the producers stop after {time.monotonic() - began:.1f} s")
-        if stop.is_set() and (consumed_after is not None or variant == "stock"):
+        if stop.is_set() and drained_after is None:
             with settings.Session() as session:
                 left = session.scalar(
                     select(func.count()).where(DatasetDagRunQueue.target_dag_id.in_(dag_ids))
                 )
             if not left:
                 drained_after = (len(laps), time.monotonic() - began)
-                break
+                log(f"  {label}: the queue is empty after {drained_after[1]:.1f} s")
+        if drained_after and (consumed_after or variant == "stock"):
+            break
     stop.set()
     for thread in threads:
         thread.join()
@@ -300,8 +306,19 @@ def bench_upgrade_downtime(
             f"the scheduler's start, in loop {consumed_after[0]}; loops until then: "
             f"{figures(laps[: consumed_after[0]])}"
         )
+    if variant == "fixed":
+        notes.append(
+            f"{label}: the net's late events to probe: {max(late_queue)} at most (after loop "
+            f"{late_queue.index(max(late_queue)) + 1}), {late_queue[-1]} at the end; its probe size a look: "
+            f"{min(probe_sizes)}-{max(probe_sizes)}, median {statistics.median(probe_sizes):g}"
+        )
     notes.append(
         f"{label}: the queue empty "
-        + (f"{drained_after[1]:.1f} s after the start, loop {drained_after[0]}" if drained_after else "never")
+        + (
+            f"{drained_after[1]:.1f} s after the start, loop {drained_after[0]}; loops until then: "
+            f"{figures(laps[: drained_after[0]])}"
+            if drained_after
+            else "never"
+        )
         + f"; all loops: {figures(laps)}; after the drain: {report.totals()}"
     )
