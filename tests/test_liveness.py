@@ -271,3 +271,146 @@ def test_a_paced_sweep_round_reaches_its_last_page(world, monkeypatch):
         loops += 1
     assert [events for _, events in _runs(victim)] == [sorted(_event_ids(a.uri) + _event_ids(v.uri))], loops
     assert all(len(_runs(dag_id)) == 1 for dag_id in w.dag_ids), "each DAG consumes its event once"
+
+
+def _late_event_below_their_runs(w: World, s, datasets: list, dag_ids: list[str]) -> int:
+    """
+    Two runs each for ``dag_ids`` (scheduled on ``datasets``), then P's event on the first, ``k``,
+    stamped before their latest runs and committed after them, while they are paused (no queue row).
+    Servers: P is stamped and stalls before its COMMIT past ``commit_latency_seconds`` (1 s: the
+    caller sets it). SQLite (one writer: no COMMIT stalls while others commit): the host's clock
+    stepped back 10 s for P's event, the only way a stamp lands there. Returns P's event id.
+    """
+    from test_commit_stamps import _pause
+
+    q, p, r = w.producer("Q"), w.producer("P"), w.producer("R")
+
+    def at(seconds: float) -> None:
+        if BACKEND == "sqlite":
+            w.clock.at(seconds)
+
+    def runs_for_all(count: int, start: float) -> None:
+        for loop in range(len(dag_ids)):  # max_dagruns_to_create_per_loop a loop
+            at(start + loop), w.loop(s), s.finish()
+        assert [len(_runs(dag_id)) for dag_id in dag_ids] == [count] * len(dag_ids)
+
+    def paused(paused: bool) -> None:
+        for dag_id in dag_ids:
+            _pause(dag_id, paused)
+
+    k = datasets[0]
+    for dataset in datasets:
+        at(1), w.emit(q, dataset), q.finish()
+    runs_for_all(1, 3)
+    if BACKEND == "sqlite":
+        at(10), w.emit(r, k), r.finish()
+        for dataset in datasets[1:]:
+            at(20), w.emit(r, dataset), r.finish()
+        runs_for_all(2, 21)  # dated at 20
+        paused(True)
+        at(15), w.emit(p, k), p.finish()  # stamped at 15: above k's newest, below the runs
+        paused(False)
+    else:
+        paused(True)
+        p.pause_after("update dataset_event")  # P is stamped; its COMMIT stalls
+        assert w.emit(p, k) == PAUSED
+        paused(False)
+        time.sleep(1.5)  # longer than commit_latency_seconds
+        for dataset in datasets:
+            w.emit(r, dataset), r.finish()
+        runs_for_all(2, 0)  # above P's stamp; P's event is invisible to them
+        assert p.resume() == DONE
+        p.finish()
+    (late,) = set(_event_ids(k.uri)) - {e for dag_id in dag_ids for _, ids in _runs(dag_id) for e in ids}
+    return late
+
+
+def _emit_without_waiting(w: World, producer, dataset) -> None:
+    """``producer`` registers an event on ``dataset`` and commits, waiting for nobody (2 s at most)."""
+    started = time.monotonic()
+    # (MariaDB's monitor may show a SKIP LOCKED read in LOCK WAIT for an instant: the time counts)
+    assert w.emit(producer, dataset) in (DONE, BLOCKED)
+    producer.finish()  # raises if its transaction failed
+    assert time.monotonic() - started < 2.0, f"{producer.name} waited {time.monotonic() - started:.1f}s"
+
+
+def test_dags_waiting_with_findings_take_no_slot_and_hold_up_no_producer(world, monkeypatch):
+    """
+    Issue 57: four AND DAGs (``k and m``), more than ``max_dagruns_to_create_per_loop`` (2
+    here), hold the net's findings of a late event on ``k`` (stamped before their latest runs,
+    committed after), their condition unmet; ``zz`` (last in dag_id order) holds a
+    finding of the same event, its condition met (``zz``: ``k or n``); ``o`` (on ``v``) gets an
+    event. Servers: F registers on ``m`` (the AND DAGs' partner) and freezes before its COMMIT.
+
+    The next loop runs ``o`` and ``zz`` (its late event in it): the waiting DAGs, ordered before
+    it, take no slot. No producer waits, while the net's finding INSERT is uncommitted, nor the
+    loop's DELETE of ``zz``'s finding, nor while F is frozen. The four findings stay in the log
+    table for two loops; once F commits, each AND DAG's run consumes its late event, and its
+    finding goes with it. SQLite: no frozen producer and no paused loop (its one writer makes
+    every other writer wait, stock and fixed alike); the late event from a clock stepped back.
+    """
+    from test_net_findings import _findings, caught_up
+
+    monkeypatch.setenv("AIRFLOW__DATASET_RACE_FIX__COMMIT_LATENCY_SECONDS", "1")
+    monkeypatch.setenv("AIRFLOW__DATASET_RACE_FIX__NET_LOOK_INTERVAL_SECONDS", "0")  # a look every loop
+    monkeypatch.setattr(DagModel, "NUM_DAGS_PER_DAGRUN_QUERY", 2)  # max_dagruns_to_create_per_loop
+    w = world
+    servers = BACKEND != "sqlite"
+    k, m, n, v = w.dataset("k"), w.dataset("m"), w.dataset("n"), w.dataset("v")
+    waiting = [w.consumer(f"and{i}", k & m) for i in range(4)]
+    zz = w.consumer("zz", k | n)  # (not on m: F's new queue row would lock its DAG row, as stock's does)
+    o = w.consumer("o", [v])
+    frozen, b, c, f = w.producer("F"), w.producer("B"), w.producer("C"), w.producer("F2")
+    s = w.scheduler()
+    if servers:
+        w.clock.stop()  # real time: the server's clock stamps everything
+    else:
+        w.clock.at(0)
+    caught_up(w, s)
+    late = _late_event_below_their_runs(w, s, [k, m, n], [*waiting, zz])
+    if servers:
+        frozen.pause_after("update dataset_event")  # stamped, holding its new (m, and*) rows: frozen
+        assert w.emit(frozen, m) == PAUSED
+    _emit_without_waiting(w, b, v)
+    if servers:  # the net's finding INSERT, on its own connection, not committed yet
+        s.pause_after("insert into log (")
+        s.pause_after("delete from log ")  # the loop's DELETE of zz's finding, before its COMMIT
+        assert w.loop(s) == PAUSED
+        assert _findings(zz) == 0  # (not committed yet)
+        _emit_without_waiting(w, c, v)
+        _emit_without_waiting(w, c, k)
+        assert s.resume() == PAUSED, "the loop deleted no finding: zz's finding brought no run"
+        _emit_without_waiting(w, c, v)
+        _emit_without_waiting(w, c, k)
+        assert s.resume() == DONE
+    else:
+        w.clock.at(31), w.loop(s)
+    s.finish()
+    assert len(_runs(o)) == 1, "the DAG that can run had no run in the next loop"
+    assert len(_runs(zz)) == 3, "zz's finding took no slot in the next loop"
+    assert late in _runs(zz)[2][1], f"zz's late event {late} not in the run its finding brought: {_runs(zz)}"
+    assert [_findings(dag_id) for dag_id in [*waiting, zz]] == [1, 1, 1, 1, 0]
+    for second in (32, 33):  # the AND DAGs wait for m, their findings in the table
+        w.finish_runs()
+        if not servers:
+            w.clock.at(second)
+        w.loop(s), s.finish()
+        assert [len(_runs(dag_id)) for dag_id in waiting] == [2] * 4
+        assert [_findings(dag_id) for dag_id in waiting] == [1] * 4
+    if servers:
+        assert frozen.resume() == DONE
+        frozen.finish()
+    else:
+        w.clock.at(34), w.emit(f, m), f.finish()
+    w.drain(s, start=None if servers else 35)
+    for dag_id in waiting:
+        assert late in _runs(dag_id)[2][1], (
+            f"{dag_id}: the late event {late} not in its next run: {_runs(dag_id)}"
+        )
+    events = {dag_id: _event_ids(k.uri) + _event_ids(m.uri) for dag_id in waiting}
+    events[zz] = _event_ids(k.uri) + _event_ids(n.uri)
+    events[o] = _event_ids(v.uri)
+    for dag_id, ids in events.items():  # each event consumed once
+        assert sorted(e for _, consumed in _runs(dag_id) for e in consumed) == sorted(ids), dag_id
+    assert [_findings(dag_id) for dag_id in [*waiting, zz]] == [0] * 5
+    assert w.report().violations() == {}

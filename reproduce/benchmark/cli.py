@@ -27,6 +27,7 @@ from reproduce.benchmark.cases.mixed_upgrade import bench_mixed_upgrade
 from reproduce.benchmark.cases.producer import bench_producer
 from reproduce.benchmark.cases.stalled_producer import STALLED_PRODUCER_SKIP, bench_stalled_producer
 from reproduce.benchmark.cases.task_producer import bench_task_producer
+from reproduce.benchmark.cases.upgrade_downtime import bench_upgrade_downtime
 from reproduce.benchmark.cases.window_as_met import bench_window_as_met
 from reproduce.benchmark.report import render, targets
 from reproduce.benchmark.runner import Variants, log
@@ -48,7 +49,10 @@ CASES = (
     "stalled-producer",
     "explain",
     "mixed-upgrade",
+    "upgrade-downtime",
 )
+# run only when named (--cases): the stop lasts --minutes (10 by default)
+LONG_CASES = ("upgrade-downtime",)
 
 
 def _case_names(text: str) -> list[str]:
@@ -80,6 +84,13 @@ def _statistics_states(text: str) -> tuple[str, ...]:
             f"expected some of {', '.join(STATISTICS_STATES)}, comma-separated; got {text!r}"
         )
     return states
+
+
+def _variant_names(text: str) -> tuple[str, ...]:
+    names = tuple(part.strip() for part in text.split(",") if part.strip())
+    if not names or set(names) - {"stock", "fixed"}:
+        raise argparse.ArgumentTypeError(f"expected stock, fixed or stock,fixed; got {text!r}")
+    return names
 
 
 def _positive_ints(text: str) -> tuple[int, ...]:
@@ -143,6 +154,24 @@ def run_case(
     if case == "mixed-upgrade":
         bench_mixed_upgrade(variants, args.mixed_rounds, notes)
         return [], []
+    if case == "upgrade-downtime":
+        consumers, pairs = args.upgrade_fanout
+        for variant in args.upgrade_variants:
+            bench_upgrade_downtime(
+                variants,
+                consumers,
+                pairs,
+                args.minutes,
+                args.upgrade_rate,
+                args.upgrade_late,
+                args.upgrade_history,
+                args.seed,
+                notes,
+                args.fanout_pass_seconds,
+                args.upgrade_after,
+                variant,
+            )
+        return [], []
     if case == "explain":
         variants.use("fixed")
         bench_explain(notes, args.explain_events)
@@ -163,9 +192,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--cases",
         type=_case_names,
-        default=list(CASES),
+        default=[case for case in CASES if case not in LONG_CASES],
         metavar="NAMES",
-        help=f"comma-separated cases to run, of {', '.join(CASES)} (default: all)",
+        help=f"cases to run, comma-separated, of {', '.join(CASES)} (default: all but {LONG_CASES[0]})",
     )
     parser.add_argument(
         "--skip", type=_case_names, default=[], metavar="NAMES", help="comma-separated cases not to run"
@@ -349,6 +378,55 @@ def main(argv: list[str] | None = None) -> int:
         default=1,
         metavar="N",
         help="mixed upgrade: rounds of the three states (default %(default)s)",
+    )
+    parser.add_argument(
+        "--minutes",
+        type=_positive(float),
+        default=10.0,
+        metavar="M",
+        help="upgrade downtime: minutes every scheduler stops, producers committing (default %(default)s)",
+    )
+    parser.add_argument(
+        "--upgrade-fanout",
+        type=_positive_ints,
+        default=(100, 3),
+        metavar="C,P",
+        help="upgrade downtime: consumers a dataset pair (each on x | y), pairs (default 100,3: 300 DAGs)",
+    )
+    parser.add_argument(
+        "--upgrade-rate",
+        type=_positive(float),
+        default=10.0,
+        metavar="N",
+        help="upgrade downtime: producer transactions a second, an outlet each (default %(default)s)",
+    )
+    parser.add_argument(
+        "--upgrade-late",
+        type=_positive(int),
+        default=6,
+        metavar="N",
+        help="upgrade downtime: producers stamped before the last stock runs, committing in the stop (6)",
+    )
+    parser.add_argument(
+        "--upgrade-after",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="upgrade downtime: seconds the producers go on after the scheduler starts (default %(default)s)",
+    )
+    parser.add_argument(
+        "--upgrade-variants",
+        type=_variant_names,
+        default=("fixed",),
+        metavar="NAMES",
+        help="upgrade downtime: fixed (the procedure), stock (a stock restart) or both (default fixed)",
+    )
+    parser.add_argument(
+        "--upgrade-history",
+        type=int,
+        default=1000,
+        metavar="EVENTS",
+        help="upgrade downtime: consumed events of each x dataset before the case (default %(default)s)",
     )
     parser.add_argument("--explain", action="store_true", help="print the query plans of the event selection")
     parser.add_argument(
