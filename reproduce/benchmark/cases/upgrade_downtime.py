@@ -244,7 +244,6 @@ def bench_upgrade_downtime(
             )
 
     runner, laps, consumed_after, drained_after = new_scheduler_runner(), [], None, None
-    net_state = runner.__dict__.setdefault("_dataset_race_fix_net", {})  # (fixed: the net's, as it goes)
     late_queue, probe_sizes = [], []
     began = time.monotonic()
     while time.monotonic() - began < pass_limit:
@@ -256,8 +255,9 @@ def bench_upgrade_downtime(
         if error:
             notes.append(f"{label}: a loop failed: {error}")
         finish_runs(dag_ids)
-        late_queue.append(len(net_state.get("late", ())))
-        probe_sizes.append(net_state.get("probe_size", 0))
+        net = runner.__dict__.get("_dataset_race_fix_net")  # (fixed: the net's, as it goes)
+        late_queue.append(len(net.late) if net is not None else 0)
+        probe_sizes.append(net.probe_size if net is not None else 0)
         if consumed_after is None and consumers_of_late() >= late * consumers:
             consumed_after = (len(laps), time.monotonic() - began)
             log(f"  {label}: every late event consumed after {consumed_after[1]:.1f} s")
