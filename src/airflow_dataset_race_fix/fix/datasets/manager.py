@@ -315,7 +315,7 @@ class DatasetManager:
 
     @staticmethod
     def _send(session: Session, statement: str, params: dict[str, object] | list[dict[str, object]]):
-        """``statement`` as written, placeholders ``%(name)s``; a parameter list: executemany (issue 30)."""
+        """``statement`` as written, placeholders ``%(name)s``; a parameter list: executemany."""
         import re
 
         if session.bind.dialect.name == "sqlite":

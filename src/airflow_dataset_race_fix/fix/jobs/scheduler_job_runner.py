@@ -107,7 +107,7 @@ class SchedulerJobRunner:
 
     @dataclass
     class _DatasetEventRead:
-        """An event as the decision reads it: the columns it counts and dates by, no ORM object (issue 49)."""
+        """An event as the decision reads it: the columns it counts and dates by, no ORM object (a first run reads 50 000)."""
 
         id: int
         dataset_id: int
@@ -722,7 +722,7 @@ class SchedulerJobRunner:
                 )
                 for i, (floor, ids) in enumerate(sorted(by_floor.items())):
                     params.update({f"ids_{i}": ids, f"floor_{i}": floor})
-                # On the connection: the ORM's result layer doubled the time of 200 000 rows (issue 49).
+                # On the connection: the ORM's result layer doubled the time of 200 000 rows.
                 dataset_events += [
                     self._DatasetEventRead(*row) for row in session.connection().execute(chosen, params)
                 ]
@@ -1094,7 +1094,7 @@ class SchedulerJobRunner:
     def _events_for_timetable(cls, timetable: Any, events: list[Any], session: Session) -> list[Any]:
         """
         ``events`` as ``timetable`` reads them, each ``source_dag_run`` read a statement per 500 producer
-        runs, not lazily (issue 49); a timetable overriding them (not DatasetOrTimeSchedule's run_id): stock.
+        runs, not lazily; a timetable overriding them (not DatasetOrTimeSchedule's run_id): stock.
         """
         from airflow.timetables.datasets import DatasetOrTimeSchedule
 
@@ -1199,7 +1199,7 @@ class SchedulerJobRunner:
 
     @staticmethod
     def _link_consumed_events(dag_run_id: int, event_ids: list[int], session: Session) -> None:
-        """Link a run to its events, 10 000 integers a statement (issue 49; BUG_REPORT, "Statement size")."""
+        """Link a run to its events, 10 000 integers a statement (BUG_REPORT, "Statement size")."""
         insert = "INSERT INTO dagrun_dataset_event (dag_run_id, event_id) VALUES "
         for start in range(0, len(event_ids), 10_000):
             rows = ",".join(
