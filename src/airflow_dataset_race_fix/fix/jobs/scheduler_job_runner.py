@@ -107,7 +107,7 @@ class SchedulerJobRunner:
 
     @dataclass
     class _DatasetEventRead:
-        """An event as the decision reads it: the columns it counts and dates by, no ORM object (a first run reads 50 000)."""
+        """An event as the decision reads it: the columns it counts and dates by, no ORM object."""
 
         id: int
         dataset_id: int
