@@ -47,6 +47,7 @@ EXERCISED_ELSEWHERE = {
     "for p in $(grep -v '^#' patches/": (
         "test_source_patches.py's test_plain_patch_takes_the_series_one_file_at_a_time"
     ),
+    "ruff ": ".ci/run runs ruff format --check and ruff check on these paths (requirements/lint.txt's pin)",
     "python -m tests.explorer": (
         "test_explorer.py's test_the_command_line_replays_a_step_list (and the exploration itself)"
     ),
