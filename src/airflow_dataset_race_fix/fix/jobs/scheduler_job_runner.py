@@ -219,7 +219,7 @@ class SchedulerJobRunner:
             self.quiet = False  # nothing appeared at the last look, and nothing waits: the next is later
             self.backlog_to = 0  # the newest id at the first look: up to it, every event counts as late
             self.probe_from = 500  # where the next look probes the older missing ids
-            self.probe_size = 10  # late events a look probes: 5 to 1 000, their links read in 1-2 ms
+            self.probe_size = 10  # late events a look probes: 5 to 1 000, sized to take 1-2 ms
             self.mark_id: int | None = None  # the ``log`` row of this process's mark
             self.marked: tuple[int, list[int]] | None = None  # the mark last written: high, missing ids
             self.marked_at = float("-inf")  # when (monotonic)
@@ -541,7 +541,7 @@ class SchedulerJobRunner:
             )
         if len(late) > 100_000:  # the late events past the cap are read again, as new, when the net is there
             net.high = min(net.high, min(event[0] for event in late[100_000:]) - 1)
-        # late events probed a look: 5 to 1 000, their links read in 1-2 ms, from both ends of the queue:
+        # late events probed a look: 5 to 1 000, sized to take 1-2 ms, from both ends of the queue:
         # the oldest (a restart's backlog, in id order) and the newest (a commit late now) wait for no others
         size, late, started = net.probe_size, late[:100_000], time.monotonic()
         first = (size + 1) // 2
@@ -574,7 +574,6 @@ class SchedulerJobRunner:
             for dag_id, top, oldest in consumers_of[dataset_id]
             if oldest <= stamp <= top
         ]
-        consumers_took = time.monotonic() - started  # grows with the datasets, not the events, of a probe
         link = association_table.c
         links = select(link.event_id, DagRun.dag_id).join(DagRun, DagRun.id == link.dag_run_id)
         event_ids, consumed = sorted({find[2] for find in below}), set()
@@ -582,10 +581,10 @@ class SchedulerJobRunner:
             consumed.update(
                 session.execute(links.where(link.event_id.in_(event_ids[start : start + 500]))).all()
             )
-        links_took = time.monotonic() - started - consumers_took
-        if len(events) == size and links_took < 0.001 and consumers_took < 0.01:
+        took = time.monotonic() - started
+        if len(events) == size and took < 0.001:
             net.probe_size = min(1_000, size * 2)
-        elif links_took > 0.002 or consumers_took > 0.01 and len(datasets) > 1:
+        elif took > 0.002:
             net.probe_size = max(5, size // 2)
         return [find for find in below if (find[2], find[0]) not in consumed]
 
