@@ -135,6 +135,24 @@ def test_an_and_dags_late_event_is_consumed_once_its_condition_is_met(world, mon
     assert w.report().violations() == {}
 
 
+def _loop_failing_once(w: World, s, target: str) -> list[str]:
+    """One loop of ``s`` in which the first statement starting with ``target`` raises an
+    ``OperationalError`` (as a deadlock would); the statements that failed."""
+    failed: list[str] = []
+
+    def fail_once(conn, cursor, statement, parameters, context, executemany):
+        if statement.startswith(target) and not failed:
+            failed.append(statement)
+            raise OperationalError(statement, parameters, Exception("injected: deadlock found"))
+
+    event.listen(settings.engine, "before_cursor_execute", fail_once)
+    try:
+        w.loop(s), s.finish()
+    finally:
+        event.remove(settings.engine, "before_cursor_execute", fail_once)
+    return failed
+
+
 @pytest.mark.parametrize(
     "fault",
     ["on the run's link insert", "on the net's finding insert", "the scheduler dies before its COMMIT"],
@@ -152,18 +170,9 @@ def test_a_loop_that_fails_after_the_find_loses_nothing(world, monkeypatch, faul
     d, late, s, _ = late_commit(w, "k")
     time.sleep(0.6)
     if fault != "the scheduler dies before its COMMIT":
-        failed, target = [], "INSERT INTO dagrun_dataset_event" if "link" in fault else "INSERT INTO log"
-
-        def fail_once(conn, cursor, statement, parameters, context, executemany):
-            if statement.startswith(target) and not failed:
-                failed.append(statement)
-                raise OperationalError(statement, parameters, Exception("injected: deadlock found"))
-
-        event.listen(settings.engine, "before_cursor_execute", fail_once)
-        try:
-            w.loop(s), s.finish()
-        finally:
-            event.remove(settings.engine, "before_cursor_execute", fail_once)
+        failed = _loop_failing_once(
+            w, s, "INSERT INTO dagrun_dataset_event" if "link" in fault else "INSERT INTO log"
+        )
         assert failed, "the fault never fired: the net did not bring the DAG in"
         scheduler = s
     else:
@@ -380,18 +389,10 @@ def _drive(w: World, case: str, stock: bool) -> tuple[str, int]:
         w.emit(q, m), q.finish()
     elif case in ("a link insert fails", "a finding insert fails"):
         d, late, s, _ = late_commit(w, "k", stock=stock)
-        failed, target = [], "INSERT INTO dagrun_dataset_event" if "link" in case else "INSERT INTO log"
-
-        def fail_once(conn, cursor, statement, parameters, context, executemany):
-            if statement.startswith(target) and not failed:
-                failed.append(statement)
-                raise OperationalError(statement, parameters, Exception("injected: deadlock found"))
-
-        event.listen(settings.engine, "before_cursor_execute", fail_once)
-        try:
-            loops(s, 1)  # stock: no run to link, no finding: the fault never fires
-        finally:
-            event.remove(settings.engine, "before_cursor_execute", fail_once)
+        # stock: no run to link, no finding: the fault never fires
+        failed = _loop_failing_once(
+            w, s, "INSERT INTO dagrun_dataset_event" if "link" in case else "INSERT INTO log"
+        )
         assert stock or failed, "the fault never fired: the net did not bring the DAG in"
     elif case == "the scheduler dies":
         d, late, s, _ = late_commit(w, "k", stock=stock)
