@@ -66,7 +66,7 @@ def caught_up(w: World, s) -> None:
         net = s.runner.__dict__.get("_dataset_race_fix_net")
         with create_session() as session:
             newest = session.scalar(select(func.max(DatasetEvent.id))) or 0
-        if net is not None and net.high is not None and net.high >= newest and not net.late:
+        if net is not None and net.high is not None and net.high >= newest and not (net.late or net.below):
             return
         time.sleep(0.5)
     raise AssertionError("the net did not catch up in 40 loops")
@@ -337,6 +337,57 @@ def test_a_restart_resumes_where_the_ids_were_followed(world, monkeypatch, then)
     assert late in sum(_consumed(d), []), f"P's late event {late} lost after a restart: {_consumed(d)}"
     assert sorted(sum(_consumed(d), [])) == sorted(_events(w))
     assert w.report().violations() == {}
+
+
+@pytest.mark.skipif(SOURCE_MODE, reason="source-patched: stock Airflow is not in this env")
+def test_a_first_start_after_stock_finds_what_no_run_consumed(variant_fixed, monkeypatch):
+    """
+    The upgrade from stock: stock's P commits late below run 2 (stock loses it), every scheduler
+    stops, and the first fixed scheduler starts with no mark (none of stock's). It reads the last
+    10 000 ids again and consumes P's event within its first loops. Of that re-read, only the events
+    that no run consumed are late: run 1's and run 2's events are not probed (at fan-out, their links
+    are what made a first start take minutes).
+    """
+    from airflow.jobs.scheduler_job_runner import SchedulerJobRunner
+
+    import airflow_dataset_race_fix
+
+    monkeypatch.setenv(LATENCY, "1")
+    airflow_dataset_race_fix.unapply()
+    w = World("first_start")
+    try:
+        d, late, _, _ = late_commit(w, "k", stock=True)
+        assert late not in sum(_consumed(d), [])
+        airflow_dataset_race_fix.apply(strict=True)
+        with create_session() as session:  # a first start: no process followed the ids before
+            session.execute(Log.__table__.delete().where(Log.event == "dataset-race-fix-followed"))
+        found, queued = [], set()  # what the net found for d; every event it queued as late
+        follow, both_ends = SchedulerJobRunner._follow_dataset_event_ids, SchedulerJobRunner._both_ends
+
+        def recording(self, net, session):
+            finds = follow(self, net, session)
+            found.extend(event_id for dag_id, _, event_id, _ in finds if dag_id == d)
+            return finds
+
+        def queue_recorded(items, size):
+            queued.update(item[0] for item in items)
+            return both_ends(items, size)
+
+        monkeypatch.setattr(SchedulerJobRunner, "_follow_dataset_event_ids", recording)
+        monkeypatch.setattr(SchedulerJobRunner, "_both_ends", staticmethod(queue_recorded))
+        consumed_before = set(sum(_consumed(d), []))
+        s = w.scheduler("fixed")
+        for _ in range(6):
+            if late in sum(_consumed(d), []):
+                break
+            w.loop(s), s.finish()
+            time.sleep(0.6)  # a look every half second
+        assert late in sum(_consumed(d), []), f"P's late event {late} lost at a first start: {_consumed(d)}"
+        assert found == [late], f"the first start found {found}"
+        assert late in queued and not queued & consumed_before, "the first start probed consumed events"
+        assert w.report().violations() == {}
+    finally:
+        w.close()
 
 
 # -- never worse than stock, on the same interleaving ------------------------------------------------

@@ -132,7 +132,7 @@ def net_caught_up(runner) -> bool:
     from sqlalchemy import func, select
 
     net = runner.__dict__.get("_dataset_race_fix_net")
-    if net is None or net.high is None or net.late:
+    if net is None or net.high is None or net.late or net.below:
         return False
     with settings.Session() as session:
         return net.high >= (session.scalar(select(func.max(DatasetEvent.id))) or 0)

@@ -164,10 +164,11 @@ def bench_fanout(
         state = runners["fixed"].__dict__["_dataset_race_fix_net"]
         notes.append(
             f"fan-out: the net not caught up after {pass_seconds:.0f} s "
-            f"({len(laps['fixed']['pass'])} loops): {len(state.late)} late events left to probe "
+            f"({len(laps['fixed']['pass'])} loops): {len(state.late) + len(state.below)} late events left "
+            f"to probe "
             f"({state.probe_size} a look at its end); the rest skipped"
         )
-        state.late = []
+        state.late, state.below = [], []
     in_turn("running", 2 * loops)
     sweep = runners["fixed"].__dict__["_dataset_race_fix_sweep"]
     sweep.at = float("-inf")  # a round due now (at once, credit allowing)

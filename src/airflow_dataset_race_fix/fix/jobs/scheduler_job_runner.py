@@ -200,11 +200,21 @@ class SchedulerJobRunner:
         no look); the runs that consume findings drop them. Every id up to ``high`` was read by a look (or the
         processes before, from their mark; a first start: all but the last 10 000), is in ``missing`` or was
         given up (counted: past the caps or the look-back; not: a jump of over 5 000 ids); one read late stays
-        in ``late`` until probed. A look is undone (``copy_look``, ``undo_look``) unless its finds are kept.
+        in ``late`` until classified, in ``below`` until its links are read. A look is undone (``copy_look``,
+        ``undo_look``) unless its finds are kept.
         """
 
-        __slots__ = ("read_only", "findings", "findings_at", "findings_after", "high", "missing", "late")
-        __slots__ += ("looked_at", "backlog_to", "quiet", "probe_from", "probe_size")
+        __slots__ = (
+            "read_only",
+            "findings",
+            "findings_at",
+            "findings_after",
+            "high",
+            "missing",
+            "late",
+            "below",
+        )
+        __slots__ += ("looked_at", "backlog_to", "unmarked_to", "quiet", "probe_from", "probe_size")
         __slots__ += ("mark_id", "marked", "marked_at")
 
         def __init__(self, read_only: bool = False) -> None:
@@ -215,21 +225,23 @@ class SchedulerJobRunner:
             self.high: int | None = None  # the highest id followed; None: no look yet
             self.missing: dict[int, float] = {}  # id -> when first missed (monotonic), at most 10 000
             self.late: list[tuple[int, int, datetime]] = []  # (id, dataset_id, stamp), at most 100 000
+            self.below: list[tuple[int, int, datetime]] = []  # late, below a consumer's run: links not read
             self.looked_at = float("-inf")  # when the last look began (monotonic)
             self.quiet = False  # nothing appeared at the last look, and nothing waits: the next is later
             self.backlog_to = 0  # the newest id at the first look: up to it, every event counts as late
+            self.unmarked_to = 0  # a first start's (no mark): up to it, only events no run consumed count
             self.probe_from = 500  # where the next look probes the older missing ids
-            self.probe_size = 10  # late events a look probes: 5 to 1 000, sized to take 1-2 ms
+            self.probe_size = 10  # events of ``below`` whose links a look reads: 5 to 1 000, sized to 1-2 ms
             self.mark_id: int | None = None  # the ``log`` row of this process's mark
             self.marked: tuple[int, list[int]] | None = None  # the mark last written: high, missing ids
             self.marked_at = float("-inf")  # when (monotonic)
 
         def copy_look(self) -> tuple[Any, ...]:
             """What a look moves (``missing`` and ``late`` change in place): for ``undo_look``."""
-            return self.high, self.missing.copy(), self.late.copy(), self.looked_at
+            return self.high, self.missing.copy(), self.late.copy(), self.below.copy(), self.looked_at
 
         def undo_look(self, copied: tuple[Any, ...]) -> None:
-            self.high, self.missing, self.late, self.looked_at = copied
+            self.high, self.missing, self.late, self.below, self.looked_at = copied
 
     def _dags_with_unqueued_dataset_events(
         self, dataset_triggered_dag_info: dict[str, tuple[datetime, datetime]], session: Session
@@ -495,7 +507,9 @@ class SchedulerJobRunner:
         net.looked_at = looked_at
         if high is None:  # a new process: the ids up to the newest are a backlog, whose commit nobody saw
             net.backlog_to = session.scalar(select(func.max(DatasetEvent.id))) or 0
-            followed = self._dataset_follow_mark(net, session) or {"high": max(0, net.backlog_to - 10_000)}
+            followed = self._dataset_follow_mark(net, session)
+            if followed is None:  # a first start (a stock history, marks deleted): BUG_REPORT, "The net"
+                followed, net.unmarked_to = {"high": max(0, net.backlog_to - 10_000)}, net.backlog_to
             net.high = followed["high"]  # on from the newest mark; a first start: the last 10 000 ids again
             missing.update(dict.fromkeys(followed.get("missing", ()), looked_at - followed.get("age", 0)))
             return []
@@ -503,7 +517,14 @@ class SchedulerJobRunner:
         # id by min() (the key's index whatever the statistics: an open range scanned tables never analyzed)
         first = session.scalar(select(func.min(DatasetEvent.id)).where(DatasetEvent.id > high))
         new_ids = select(*columns).where(DatasetEvent.id.between(first or 0, (first or 0) + 4_999))
+        rereading = first is not None and first <= net.unmarked_to  # a first start's re-read
+        if rereading:  # whether a run consumed each: one index probe an event (the first link found)
+            linked = select(association_table.c.event_id).where(
+                association_table.c.event_id == DatasetEvent.id
+            )
+            new_ids = new_ids.add_columns(linked.exists())
         appeared = session.connection().execute(new_ids.order_by(DatasetEvent.id)).all() if first else []
+        consumed_by_some = {row.id for row in appeared if rereading and row[3] and row.id <= net.unmarked_to}
         # (a jump in the ids: missing are at most the 5 000 above the highest seen and below the newest)
         if appeared:
             last = net.high = appeared[-1].id
@@ -523,11 +544,14 @@ class SchedulerJobRunner:
                 missing.pop(row.id, None)
         recent = sorted(i for i, at in missing.items() if looked_at - at <= forget_after)
         net.missing = {i: missing[i] for i in recent[-10_000:]}  # the newest
-        late = net.late  # probed 5 to 1 000 a look, 100 000 kept
+        late = net.late  # classified 5 000 a look, 100 000 kept
         if appeared:  # the clock read after the look: every event seen committed before it
             slow_before = manager._database_now(session) - latency
             late += [
-                tuple(row) for row in appeared if row.timestamp < slow_before or row.id <= net.backlog_to
+                tuple(row)[:3]
+                for row in appeared
+                if (row.timestamp < slow_before or row.id <= net.backlog_to)
+                and row.id not in consumed_by_some
             ]
         aged = len(missing) - len(recent)  # rolled back, or a COMMIT beyond reach (docs/settings.md)
         capped = max(0, len(recent) - 10_000) + max(0, len(late) - 100_000)
@@ -541,34 +565,29 @@ class SchedulerJobRunner:
             )
         if len(late) > 100_000:  # the late events past the cap are read again, as new, when the net is there
             net.high = min(net.high, min(event[0] for event in late[100_000:]) - 1)
-        # late events probed a look: 5 to 1 000, sized to take 1-2 ms, from both ends of the queue:
-        # the oldest (a restart's backlog, in id order) and the newest (a commit late now) wait for no others
-        size, late, started = net.probe_size, late[:100_000], time.monotonic()
-        first = (size + 1) // 2
-        last = min(size // 2, max(0, len(late) - first))
-        events = late[:first] + late[len(late) - last :]
-        net.late = late[first : len(late) - last]
+        # Late events classified 5 000 a look, from both ends of the queue: the oldest (a restart's backlog,
+        # in id order) and the newest (a commit late now) wait for no others. Their datasets' consumers are
+        # read once (a cost by datasets, not events): one above every consumer's latest run needs no more
+        # (after a restart most are). One below waits in ``net.below`` for its links' read: 5 to 1 000 a
+        # look, sized to take 1-2 ms, from both ends too (at most 100 000: a batch only while there is room).
+        batch, net.late = self._both_ends(late[:100_000], min(5_000, 100_000 - len(net.below)))
+        consumers_of = self._dataset_consumers(sorted({event[1] for event in batch}), session)
+        highest = {dataset_id: max(c[1] for c in consumers) for dataset_id, consumers in consumers_of.items()}
+        below = net.below + [
+            event
+            for event in batch
+            if event[1] in highest
+            and event[2] <= highest[event[1]]
+            and any(old <= event[2] <= top for _, top, old in consumers_of[event[1]])
+        ]
+        events, net.below = self._both_ends(below, net.probe_size)
         if not events:
             return []
-        # Each event's consumers with a dataset-triggered run, not below their oldest (db clean), and links of
-        # those it lies below: after a restart most lie above every run, and their links are not read.
-        reference = DagScheduleDatasetReference
-        latest_run, oldest_run = (
-            self._latest_dataset_run_date(reference.dag_id, oldest) for oldest in (False, True)
+        started = time.monotonic()
+        consumers_of.update(
+            self._dataset_consumers(sorted({event[1] for event in events} - set(consumers_of)), session)
         )
-        consumers = select(reference.dag_id, reference.dataset_id, latest_run, oldest_run)
-        checked = self.__dict__.get("_dataset_race_fix_checked", {})  # of _DatasetCheckedRead
-        consumers_of: dict[int, list[tuple[str, Any, Any]]] = defaultdict(list)
-        datasets = sorted({event[1] for event in events})
-        for start in range(0, len(datasets), 500):  # every consumer, paused or inactive too: a finding waits
-            for dag_id, dataset_id, latest, oldest in session.execute(
-                consumers.where(reference.dataset_id.in_(datasets[start : start + 500]))
-            ):
-                read = checked.get((dag_id, dataset_id))
-                if latest is not None:  # below ``top``, an event is below where the DAG's next read starts
-                    top = max(latest, read.floor) if read else latest
-                    consumers_of[dataset_id].append((dag_id, top, oldest))
-        below = [
+        found = [
             (dag_id, dataset_id, event_id, stamp)
             for event_id, dataset_id, stamp in events
             for dag_id, top, oldest in consumers_of[dataset_id]
@@ -576,17 +595,53 @@ class SchedulerJobRunner:
         ]
         link = association_table.c
         links = select(link.event_id, DagRun.dag_id).join(DagRun, DagRun.id == link.dag_run_id)
-        event_ids, consumed = sorted({find[2] for find in below}), set()
+        event_ids, consumed = sorted({find[2] for find in found}), set()
         for start in range(0, len(event_ids), 500):
             consumed.update(
                 session.execute(links.where(link.event_id.in_(event_ids[start : start + 500]))).all()
             )
         took = time.monotonic() - started
-        if len(events) == size and took < 0.001:
-            net.probe_size = min(1_000, size * 2)
+        if len(events) == net.probe_size and took < 0.001:
+            net.probe_size = min(1_000, net.probe_size * 2)
         elif took > 0.002:
-            net.probe_size = max(5, size // 2)
-        return [find for find in below if (find[2], find[0]) not in consumed]
+            net.probe_size = max(5, net.probe_size // 2)
+        return [find for find in found if (find[2], find[0]) not in consumed]
+
+    @staticmethod
+    def _both_ends(items: list[Any], size: int) -> tuple[list[Any], list[Any]]:
+        """``size`` of ``items``, half from each end, and the rest in order."""
+        first = (size + 1) // 2
+        last = min(size // 2, max(0, len(items) - first))
+        return items[:first] + items[len(items) - last :], items[first : len(items) - last]
+
+    def _dataset_consumers(
+        self, datasets: list[int], session: Session
+    ) -> dict[int, list[tuple[str, Any, Any]]]:
+        """
+        Per dataset of ``datasets``, its consumers with a dataset-triggered run, paused or inactive too (a
+        finding waits): (dag_id, top, oldest run's date). Below ``top`` (the latest run's date, or higher what
+        this process remembers of its read) an event is below where the DAG's next read starts; below the
+        oldest run, a ``db clean`` may have deleted the run that consumed it.
+        """
+        consumers_of: dict[int, list[tuple[str, Any, Any]]] = defaultdict(list)
+        if not datasets:  # (an idle look builds no statement)
+            return consumers_of
+        reference = DagScheduleDatasetReference
+        latest_run, oldest_run = (
+            self._latest_dataset_run_date(reference.dag_id, oldest) for oldest in (False, True)
+        )
+        consumers = select(reference.dag_id, reference.dataset_id, latest_run, oldest_run)
+        checked = self.__dict__.get("_dataset_race_fix_checked", {})  # of _DatasetCheckedRead
+        for start in range(0, len(datasets), 500):
+            for dag_id, dataset_id, latest, oldest in session.execute(
+                consumers.where(reference.dataset_id.in_(datasets[start : start + 500]))
+            ):
+                read = checked.get((dag_id, dataset_id))
+                if latest is not None:
+                    consumers_of[dataset_id].append(
+                        (dag_id, max(latest, read.floor) if read else latest, oldest)
+                    )
+        return consumers_of
 
     def _dataset_follow_mark(self, net: _DatasetNet, session: Session) -> dict[str, Any] | None:
         """
@@ -606,7 +661,7 @@ class SchedulerJobRunner:
                 return {**json.loads(extra), "age": max(0.0, age)}
             return None
         # late events not probed yet are read again from the lowest of them by the next process
-        high = min([net.high, *(event[0] - 1 for event in net.late)])
+        high = min([net.high, *(event[0] - 1 for event in net.late + net.below)])
         missing = sorted(i for i in net.missing if i <= high)
         interval = manager._dataset_race_fix_setting("net_look_interval_seconds")
         if (high, missing) == net.marked or (interval and time.monotonic() - net.marked_at < 5):
