@@ -16,7 +16,10 @@ own), as an executor's task process does; the variants alternate sample by sampl
 Each process prints the time of ``_run_raw_task`` (the task's run, listeners and marks included), the
 CPU time of this process in it (less moved by a busy machine), the whole process's time, and, where
 the package is installed, the time spent in its listener's hooks (announcing the verdict, the producer
-mark); the medians and their ratios to ``stock`` are printed as a table.
+mark); the medians and their ratios to ``stock`` are printed as a table. ``--instructions``: each process
+runs under ``valgrind --tool=callgrind`` too, and the instructions it executed (the whole process, this
+package's imports and hooks included; the database server's work not) are printed as ratios to ``stock``:
+a count that a busy machine does not move, where a few per cent of wall time are lost in its noise.
 """
 
 from __future__ import annotations
@@ -107,28 +110,34 @@ def _child_env(variant: str, dags: str) -> dict[str, str]:
     return env
 
 
-def _sample(variant: str, dags: str, run_id: str) -> tuple[float, float, float, float]:
+def _sample(variant: str, dags: str, run_id: str, instructions: bool) -> tuple[float, ...]:
     code = (HIDE_PACKAGE if variant == "stock" else TIME_HOOKS) + RUN_TASK
+    counted = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null"] if instructions else []
     started = time.perf_counter()
     proc = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code), dags, run_id],
-        env=_child_env(variant, dags),
+        [*counted, sys.executable, "-c", textwrap.dedent(code), dags, run_id],
+        env={**_child_env(variant, dags), "PYTHONHASHSEED": "0"},
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=3600 if instructions else 300,
     )
     wall = (time.perf_counter() - started) * 1000
     line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
     if proc.returncode or line is None:
         raise SystemExit(f"{variant} sample failed:\n{(proc.stdout + proc.stderr)[-3000:]}")
     found = json.loads(line[len("RESULT ") :])
-    return found["task_ms"], found["cpu_ms"], wall, found["hooks_ms"]
+    collected = [x for x in proc.stderr.splitlines() if "Collected :" in x]  # callgrind's total
+    executed = int(collected[-1].rsplit(":", 1)[1]) if collected else 0
+    return found["task_ms"], found["cpu_ms"], wall, found["hooks_ms"], executed
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--backend", choices=("sqlite", "postgres", "mysql"), default="sqlite")
     parser.add_argument("--processes", type=int, default=8, help="samples a variant (and a warm-up each)")
+    parser.add_argument(
+        "--instructions", action="store_true", help="each process under callgrind: instructions executed"
+    )
     args = parser.parse_args(argv)
 
     from reproduce.harness.database import ScratchDatabase, configure_airflow_env, init_airflow_db
@@ -151,7 +160,7 @@ def main(argv: list[str] | None = None) -> None:
         bag = DagBag(dags, include_examples=False)
         bag.sync_to_db()
         producer = bag.dags["adrf_cost_producer"]
-        samples: dict[str, list[tuple[float, float, float, float]]] = {v: [] for v in VARIANTS}
+        samples: dict[str, list[tuple[float, ...]]] = {v: [] for v in VARIANTS}
         for index in range(args.processes + 1):  # the first round warms the disk cache and writes the marks
             order = VARIANTS if index % 2 else VARIANTS[::-1]
             for variant in order:
@@ -167,7 +176,7 @@ def main(argv: list[str] | None = None) -> None:
                         run_type=DagRunType.MANUAL,
                         data_interval=(logical_date, logical_date),
                     )
-                sample = _sample(variant, dags, run_id)
+                sample = _sample(variant, dags, run_id, args.instructions)
                 if index:
                     samples[variant].append(sample)
         stock = [statistics.median(sample[i] for sample in samples["stock"]) for i in range(3)]
@@ -184,6 +193,11 @@ def main(argv: list[str] | None = None) -> None:
                 + " | ".join(f"{m:.1f} | {m / s:.3f}" for m, s in zip(medians, stock))
                 + f" | {medians[3]:.2f} |"
             )
+        if args.instructions:
+            counts = {v: statistics.median(sample[4] for sample in samples[v]) for v in VARIANTS}
+            print("\n| variant | instructions executed (callgrind), whole process | / stock |\n|---|---|---|")
+            for variant in VARIANTS:
+                print(f"| {variant} | {counts[variant]:,.0f} | {counts[variant] / counts['stock']:.4f} |")
     finally:
         from airflow import settings
 

@@ -88,8 +88,8 @@ def _statistics_states(text: str) -> tuple[str, ...]:
 
 def _variant_names(text: str) -> tuple[str, ...]:
     names = tuple(part.strip() for part in text.split(",") if part.strip())
-    if not names or set(names) - {"stock", "fixed"}:
-        raise argparse.ArgumentTypeError(f"expected stock, fixed or stock,fixed; got {text!r}")
+    if not names or set(names) - {"stock", "fixed", "restart"}:
+        raise argparse.ArgumentTypeError(f"expected names of stock, fixed, restart; got {text!r}")
     return names
 
 
@@ -419,7 +419,8 @@ def main(argv: list[str] | None = None) -> int:
         type=_variant_names,
         default=("fixed",),
         metavar="NAMES",
-        help="upgrade downtime: fixed (the procedure), stock (a stock restart) or both (default fixed)",
+        help="upgrade downtime: fixed (the procedure from stock), restart (the fix's before the stop too), "
+        "stock (a stock restart); comma-separated (default fixed)",
     )
     parser.add_argument(
         "--upgrade-history",

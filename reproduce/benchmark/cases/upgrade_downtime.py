@@ -152,7 +152,8 @@ def bench_upgrade_downtime(
     stops for ``minutes``; producers restart with the fix and commit ``rate`` transactions a
     second (an outlet each, on a random dataset of the pairs); the late ones commit spread over
     the stop's first half. Then one fixed scheduler starts (the first: no mark of where the ids
-    were followed) and loops back to back, its runs finished between loops, the producers
+    were followed; ``restart``: a fixed scheduler ran before the stop, and this one reads on from
+    its mark) and loops back to back, its runs finished between loops, the producers
     committing for ``after`` more seconds, until each consumer of each late event has consumed
     it and the queue is empty (at most ``pass_limit`` seconds). ``variant`` "stock": the same
     without the fix (producers and scheduler stock: a restart of stock Airflow), until the queue
@@ -195,19 +196,23 @@ def bench_upgrade_downtime(
         f"({time.monotonic() - started:.0f} s)"
     )
 
-    # Before the stop: stock producers and a stock scheduler.
-    variants.use("stock")
+    # Before the stop: stock producers and a stock scheduler (``restart``: the fix's, which marks where it
+    # followed the ids; the late producers are stock's still, dated at their flush, as an older version's).
+    before = "fixed" if variant == "restart" else "stock"
+    variants.use(before)
     scheduler = new_scheduler_runner()
     _one_transaction(xs + ys)
     _stock_loops_until_each_ran(scheduler, dag_ids, notes)
     _one_transaction(xs)  # the (x, DAG) rows exist: a late producer's ON CONFLICT DO NOTHING waits for none
     held = []
+    variants.use("stock")
     for i in range(late):
         session = settings.Session.session_factory()
         event = dataset_manager.register_dataset_change(dataset=xs[i % pairs], session=session)
         session.flush()  # stock: dated now, its id taken; its COMMIT stalls past the stop
         held.append((session, event.id))
     late_ids = [event_id for _, event_id in held]
+    variants.use(before)
     time.sleep(5.0)  # more than commit_latency_seconds (3 s)
     _one_transaction(xs + ys)
     loops_before = _stock_loops_until_each_ran(scheduler, dag_ids, notes)
@@ -215,7 +220,7 @@ def bench_upgrade_downtime(
 
     # The stop: no scheduler; producers restarted (with the fix, or stock again); the late ones commit in its
     # first half.
-    variants.use(variant)
+    variants.use("stock" if variant == "stock" else "fixed")
     counts: dict[str, Any] = {"committed": 0, "failed": 0, "slowest": 0.0, "errors": []}
     stop = threading.Event()
     threads = _producers(xs + ys, rate, stop, seed, counts)
@@ -315,7 +320,7 @@ def bench_upgrade_downtime(
             f"{consumed_after[1]:.1f} s after it, in loop {consumed_after[0]}; loops until then: "
             f"{figures(laps[: consumed_after[0]])}"
         )
-    if variant == "fixed":
+    if variant != "stock":
         notes.append(
             f"{label}: the net's late events to probe: {max(late_queue)} at most (after loop "
             f"{late_queue.index(max(late_queue)) + 1}), {late_queue[-1]} at the end; its probe size a look: "
