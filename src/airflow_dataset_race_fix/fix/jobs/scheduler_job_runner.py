@@ -503,20 +503,22 @@ class SchedulerJobRunner:
         latency = timedelta(seconds=manager._dataset_race_fix_setting("commit_latency_seconds"))
         columns = (DatasetEvent.id, DatasetEvent.dataset_id, DatasetEvent.timestamp)
         missing = net.missing  # (changed in place: the look's copy is the caller's)
-        looked_at, high = time.monotonic(), net.high
+        looked_at, high, span = time.monotonic(), net.high, 5_000
         net.looked_at = looked_at
         if high is None:  # a new process: the ids up to the newest are a backlog, whose commit nobody saw
             net.backlog_to = session.scalar(select(func.max(DatasetEvent.id))) or 0
             followed = self._dataset_follow_mark(net, session)
             if followed is None:  # a first start (a stock history, marks deleted): BUG_REPORT, "The net"
                 followed, net.unmarked_to = {"high": max(0, net.backlog_to - 10_000)}, net.backlog_to
-            net.high = followed["high"]  # on from the newest mark; a first start: the last 10 000 ids again
+            # on from the newest mark; a first start: the last 10 000 ids again
+            net.high = high = followed["high"]
             missing.update(dict.fromkeys(followed.get("missing", ()), looked_at - followed.get("age", 0)))
-            return []
-        # At most 5 000 new and 1 000 missing ids a loop: a backlog is read in the loops after. The lowest new
-        # id by min() (the key's index whatever the statistics: an open range scanned tables never analyzed)
+            span = 50_000  # a new process reads its backlog before its first decisions make runs above it
+        # At most ``span`` new and 1 000 missing ids a loop: a backlog is read in the loops after. The
+        # lowest new id by min() (the key's index whatever the statistics: an open range scanned tables never
+        # analyzed)
         first = session.scalar(select(func.min(DatasetEvent.id)).where(DatasetEvent.id > high))
-        new_ids = select(*columns).where(DatasetEvent.id.between(first or 0, (first or 0) + 4_999))
+        new_ids = select(*columns).where(DatasetEvent.id.between(first or 0, (first or 0) + span - 1))
         rereading = first is not None and first <= net.unmarked_to  # a first start's re-read
         if rereading:  # whether a run consumed each: one index probe an event (the first link found)
             linked = select(association_table.c.event_id).where(
@@ -525,11 +527,11 @@ class SchedulerJobRunner:
             new_ids = new_ids.add_columns(linked.exists())
         appeared = session.connection().execute(new_ids.order_by(DatasetEvent.id)).all() if first else []
         consumed_by_some = {row.id for row in appeared if rereading and row[3] and row.id <= net.unmarked_to}
-        # (a jump in the ids: missing are at most the 5 000 above the highest seen and below the newest)
+        # (a jump in the ids: missing are at most the ``span`` above the highest seen and below the newest)
         if appeared:
             last = net.high = appeared[-1].id
-            gaps = set(range(high + 1, min(high + 5_001, last))) | set(
-                range(max(high + 1, last - 5_000), last)
+            gaps = set(range(high + 1, min(high + span + 1, last))) | set(
+                range(max(high + 1, last - span), last)
             )
             missing.update(dict.fromkeys(gaps - {row.id for row in appeared}, looked_at))
         # the 500 missed last (in flight: they commit soon), and 500 others in turn (a rollback never does)
@@ -565,12 +567,13 @@ class SchedulerJobRunner:
             )
         if len(late) > 100_000:  # the late events past the cap are read again, as new, when the net is there
             net.high = min(net.high, min(event[0] for event in late[100_000:]) - 1)
-        # Late events classified 5 000 a look, from both ends of the queue: the oldest (a restart's backlog,
-        # in id order) and the newest (a commit late now) wait for no others. Their datasets' consumers are
-        # read once (a cost by datasets, not events): one above every consumer's latest run needs no more
-        # (after a restart most are). One below waits in ``net.below`` for its links' read: 5 to 1 000 a
-        # look, sized to take 1-2 ms, from both ends too (at most 100 000: a batch only while there is room).
-        batch, net.late = self._both_ends(late[:100_000], min(5_000, 100_000 - len(net.below)))
+        # Late events classified ``span`` a look (5 000; a new process's first: 50 000), from both ends of the
+        # queue: the oldest (a restart's backlog, in id order) and the newest (a commit late now) wait for no
+        # others. Their datasets' consumers are read once (a cost by datasets, not events): one above every
+        # consumer's latest run needs no more (after a restart most are). One below waits in ``net.below``
+        # for its links' read: 5 to 1 000 a look, sized to take 1-2 ms, from both ends too (at most 100 000:
+        # a batch only while there is room).
+        batch, net.late = self._both_ends(late[:100_000], min(span, 100_000 - len(net.below)))
         consumers_of = self._dataset_consumers(sorted({event[1] for event in batch}), session)
         highest = {dataset_id: max(c[1] for c in consumers) for dataset_id, consumers in consumers_of.items()}
         below = net.below + [
