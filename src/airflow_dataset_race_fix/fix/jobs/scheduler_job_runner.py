@@ -503,9 +503,11 @@ class SchedulerJobRunner:
         latency = timedelta(seconds=manager._dataset_race_fix_setting("commit_latency_seconds"))
         columns = (DatasetEvent.id, DatasetEvent.dataset_id, DatasetEvent.timestamp)
         missing = net.missing  # (changed in place: the look's copy is the caller's)
-        looked_at, high, span = time.monotonic(), net.high, 5_000
+        looked_at, high, new_process = time.monotonic(), net.high, net.high is None
+        # a new process reads its backlog, and probes its late events, before its first decisions make runs
+        span = 50_000 if new_process else 5_000
         net.looked_at = looked_at
-        if high is None:  # a new process: the ids up to the newest are a backlog, whose commit nobody saw
+        if new_process:  # the ids up to the newest are a backlog, whose commit nobody saw
             net.backlog_to = session.scalar(select(func.max(DatasetEvent.id))) or 0
             followed = self._dataset_follow_mark(net, session)
             if followed is None:  # a first start (a stock history, marks deleted): BUG_REPORT, "The net"
@@ -513,7 +515,6 @@ class SchedulerJobRunner:
             # on from the newest mark; a first start: the last 10 000 ids again
             net.high = high = followed["high"]
             missing.update(dict.fromkeys(followed.get("missing", ()), looked_at - followed.get("age", 0)))
-            span = 50_000  # a new process reads its backlog before its first decisions make runs above it
         # At most ``span`` new and 1 000 missing ids a loop: a backlog is read in the loops after. The
         # lowest new id by min() (the key's index whatever the statistics: an open range scanned tables never
         # analyzed)
@@ -571,8 +572,8 @@ class SchedulerJobRunner:
         # queue: the oldest (a restart's backlog, in id order) and the newest (a commit late now) wait for no
         # others. Their datasets' consumers are read once (a cost by datasets, not events): one above every
         # consumer's latest run needs no more (after a restart most are). One below waits in ``net.below``
-        # for its links' read: 5 to 1 000 a look, sized to take 1-2 ms, from both ends too (at most 100 000:
-        # a batch only while there is room).
+        # for its links' read: 5 to 1 000 a look, sized to take 1-2 ms (a new process's first: 1 000), from
+        # both ends too (at most 100 000: a batch only while there is room).
         batch, net.late = self._both_ends(late[:100_000], min(span, 100_000 - len(net.below)))
         consumers_of = self._dataset_consumers(sorted({event[1] for event in batch}), session)
         highest = {dataset_id: max(c[1] for c in consumers) for dataset_id, consumers in consumers_of.items()}
@@ -583,7 +584,8 @@ class SchedulerJobRunner:
             and event[2] <= highest[event[1]]
             and any(old <= event[2] <= top for _, top, old in consumers_of[event[1]])
         ]
-        events, net.below = self._both_ends(below, net.probe_size)
+        size = 1_000 if new_process else net.probe_size
+        events, net.below = self._both_ends(below, size)
         if not events:
             return []
         started = time.monotonic()
@@ -596,19 +598,39 @@ class SchedulerJobRunner:
             for dag_id, top, oldest in consumers_of[dataset_id]
             if oldest <= stamp <= top
         ]
-        link = association_table.c
+        # First how many of its dataset's consumers consumed each, a row an event: one that each consumer with
+        # a run consumed is done (the DAGs counted have one, so equal counts are the same DAGs); the links of
+        # the others are read, a row a link
+        link, reference = association_table.c, DagScheduleDatasetReference
         links = select(link.event_id, DagRun.dag_id).join(DagRun, DagRun.id == link.dag_run_id)
-        event_ids, consumed = sorted({find[2] for find in found}), set()
+        by_consumers = (
+            select(link.event_id, func.count(DagRun.dag_id.distinct()))
+            .join(DagRun, and_(DagRun.id == link.dag_run_id, DagRun.run_type == DagRunType.DATASET_TRIGGERED))
+            .join(DatasetEvent, DatasetEvent.id == link.event_id)
+            .join(
+                reference,
+                and_(reference.dataset_id == DatasetEvent.dataset_id, reference.dag_id == DagRun.dag_id),
+            )
+            .group_by(link.event_id)
+        )
+        event_ids, counts, consumed = sorted({find[2] for find in found}), {}, set()
         for start in range(0, len(event_ids), 500):
+            counts.update(
+                session.execute(by_consumers.where(link.event_id.in_(event_ids[start : start + 500]))).all()
+            )
+        dataset_of = {event[0]: event[1] for event in events}
+        partly = [i for i in event_ids if counts.get(i, 0) < len(consumers_of[dataset_of[i]])]
+        for start in range(0, len(partly), 500):
             consumed.update(
-                session.execute(links.where(link.event_id.in_(event_ids[start : start + 500]))).all()
+                session.execute(links.where(link.event_id.in_(partly[start : start + 500]))).all()
             )
         took = time.monotonic() - started
-        if len(events) == net.probe_size and took < 0.001:
-            net.probe_size = min(1_000, net.probe_size * 2)
-        elif took > 0.002:
+        if not new_process and len(events) == size and took < 0.001:
+            net.probe_size = min(1_000, size * 2)
+        elif not new_process and took > 0.002:
             net.probe_size = max(5, net.probe_size // 2)
-        return [find for find in found if (find[2], find[0]) not in consumed]
+        some_left = set(partly)  # (of an event every consumer consumed, nothing is found)
+        return [find for find in found if find[2] in some_left and (find[2], find[0]) not in consumed]
 
     @staticmethod
     def _both_ends(items: list[Any], size: int) -> tuple[list[Any], list[Any]]:
