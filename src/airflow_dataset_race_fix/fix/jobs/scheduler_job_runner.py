@@ -572,8 +572,8 @@ class SchedulerJobRunner:
         # queue: the oldest (a restart's backlog, in id order) and the newest (a commit late now) wait for no
         # others. Their datasets' consumers are read once (a cost by datasets, not events): one above every
         # consumer's latest run needs no more (after a restart most are). One below waits in ``net.below``
-        # for its links' read: 5 to 1 000 a look, sized to take 1-2 ms (a new process's first: 1 000), from
-        # both ends too (at most 100 000: a batch only while there is room).
+        # for its links' read: 5 to 1 000 a look, sized to take 1-2 ms (a new process's first: up to 1 000,
+        # 50 000 consumers in all), from both ends too (at most 100 000: a batch only while there is room).
         batch, net.late = self._both_ends(late[:100_000], min(span, 100_000 - len(net.below)))
         consumers_of = self._dataset_consumers(sorted({event[1] for event in batch}), session)
         highest = {dataset_id: max(c[1] for c in consumers) for dataset_id, consumers in consumers_of.items()}
@@ -584,7 +584,10 @@ class SchedulerJobRunner:
             and event[2] <= highest[event[1]]
             and any(old <= event[2] <= top for _, top, old in consumers_of[event[1]])
         ]
-        size = 1_000 if new_process else net.probe_size
+        size = net.probe_size
+        if new_process:  # its backlog's at once: at most 1 000 events and 50 000 (event, consumer) pairs
+            widest = max((len(consumers_of[event[1]]) for event in below), default=1)
+            size = max(5, min(1_000, 50_000 // max(1, widest)))
         events, net.below = self._both_ends(below, size)
         if not events:
             return []
