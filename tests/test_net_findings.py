@@ -390,6 +390,47 @@ def test_a_first_start_after_stock_finds_what_no_run_consumed(variant_fixed, mon
         w.close()
 
 
+def test_an_event_one_consumer_did_not_consume_is_found_for_it_alone(world, monkeypatch):
+    """
+    The net counts first how many consumers consumed each late event, and reads the links of an
+    event only where some did not. E was consumed by d1's run 2 but not by d2's (its link removed:
+    d2's run read before E committed), and lies in a restarted scheduler's backlog: it is found
+    for d2 alone, d2's next run consumes it, and d1 does not consume it again.
+    """
+    from airflow.models.dagrun import DagRun
+    from airflow.models.dataset import association_table
+    from airflow.utils import timezone
+
+    monkeypatch.setenv(LATENCY, "1")
+    w = world
+    k = w.dataset("k")
+    d1, d2 = w.consumer("d1", [k]), w.consumer("d2", [k])
+    q, s = w.producer("Q"), w.scheduler()
+    caught_up(w, s)
+    for _ in range(2):  # run 1, then run 2 with E (not below the oldest run: BUG_REPORT section 8)
+        w.emit(q, k), q.finish()
+        w.loop(s), s.finish()
+    first, e = sorted(_events(w))
+    assert _consumed(d1) == [[first], [e]] and _consumed(d2) == [[first], [e]]
+    with create_session() as session:  # d2's run did not consume E; the next process reads on from below it
+        d2_runs = select(DagRun.id).where(DagRun.dag_id == d2)
+        session.execute(
+            association_table.delete().where(
+                association_table.c.event_id == e, association_table.c.dag_run_id.in_(d2_runs)
+            )
+        )
+        session.execute(Log.__table__.delete().where(Log.event == "dataset-race-fix-followed"))
+        extra = f'{{"high": {e - 1}, "missing": []}}'
+        mark = {"dttm": timezone.utcnow(), "event": "dataset-race-fix-followed", "extra": extra}
+        session.execute(Log.__table__.insert().values(mark))
+    restarted = w.scheduler("restarted")
+    for _ in range(3):
+        w.loop(restarted), restarted.finish()
+    assert _consumed(d1) == [[first], [e]], f"d1 consumed E again: {_consumed(d1)}"
+    assert e in sum(_consumed(d2)[2:], []), f"d2 did not consume E again: {_consumed(d2)}"
+    assert _findings(d1) == 0 and _findings(d2) == 0
+
+
 # -- never worse than stock, on the same interleaving ------------------------------------------------
 # Each case is the interleaving of a test above, its world steps only, driven once on stock Airflow
 # (producers and scheduler) and once on the fix (the net looks every loop: no half-second waits).
