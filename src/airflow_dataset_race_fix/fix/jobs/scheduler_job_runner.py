@@ -204,17 +204,8 @@ class SchedulerJobRunner:
         ``undo_look``) unless its finds are kept.
         """
 
-        __slots__ = (
-            "read_only",
-            "findings",
-            "findings_at",
-            "findings_after",
-            "high",
-            "missing",
-            "late",
-            "below",
-        )
-        __slots__ += ("looked_at", "backlog_to", "unmarked_to", "quiet", "probe_from", "probe_size")
+        __slots__ = ("read_only", "findings", "findings_at", "findings_after", "high", "missing", "late")
+        __slots__ += ("below", "looked_at", "backlog_to", "unmarked_to", "quiet", "probe_from", "probe_size")
         __slots__ += ("mark_id", "marked", "marked_at")
 
         def __init__(self, read_only: bool = False) -> None:
