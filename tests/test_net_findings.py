@@ -392,8 +392,8 @@ def test_a_first_start_after_stock_finds_what_no_run_consumed(variant_fixed, mon
 
 def test_an_event_one_consumer_did_not_consume_is_found_for_it_alone(world, monkeypatch):
     """
-    The net counts first how many consumers consumed each late event, and reads the links of an
-    event only where some did not. E was consumed by d1's run 2 but not by d2's (its link removed:
+    The net finds a late event for each consumer that did not consume it, not for those that did.
+    E was consumed by d1's run 2 but not by d2's (its link removed:
     d2's run read before E committed), and lies in a restarted scheduler's backlog: it is found
     for d2 alone, d2's next run consumes it, and d1 does not consume it again.
     """

@@ -495,7 +495,7 @@ class SchedulerJobRunner:
         columns = (DatasetEvent.id, DatasetEvent.dataset_id, DatasetEvent.timestamp)
         missing = net.missing  # (changed in place: the look's copy is the caller's)
         looked_at, high, new_process = time.monotonic(), net.high, net.high is None
-        # a new process reads its backlog, and probes its late events, before its first decisions make runs
+        # a new process reads and classifies its backlog before its first decisions make runs above it
         span = 50_000 if new_process else 5_000
         net.looked_at = looked_at
         if new_process:  # the ids up to the newest are a backlog, whose commit nobody saw
@@ -512,13 +512,16 @@ class SchedulerJobRunner:
         first = session.scalar(select(func.min(DatasetEvent.id)).where(DatasetEvent.id > high))
         new_ids = select(*columns).where(DatasetEvent.id.between(first or 0, (first or 0) + span - 1))
         rereading = first is not None and first <= net.unmarked_to  # a first start's re-read
-        if rereading:  # whether a run consumed each: one index probe an event (the first link found)
+        if rereading:  # whether a run consumed each: one index probe an event (the first link found; LIMIT 1,
+            # correlated: an EXISTS was planned as a hashed scan of every link, tables never analyzed)
             linked = select(association_table.c.event_id).where(
                 association_table.c.event_id == DatasetEvent.id
             )
-            new_ids = new_ids.add_columns(linked.exists())
+            new_ids = new_ids.add_columns(linked.correlate(DatasetEvent).limit(1).scalar_subquery())
         appeared = session.connection().execute(new_ids.order_by(DatasetEvent.id)).all() if first else []
-        consumed_by_some = {row.id for row in appeared if rereading and row[3] and row.id <= net.unmarked_to}
+        consumed_by_some = {
+            row.id for row in appeared if rereading and row[3] is not None and row.id <= net.unmarked_to
+        }
         # (a jump in the ids: missing are at most the ``span`` above the highest seen and below the newest)
         if appeared:
             last = net.high = appeared[-1].id
@@ -563,8 +566,8 @@ class SchedulerJobRunner:
         # queue: the oldest (a restart's backlog, in id order) and the newest (a commit late now) wait for no
         # others. Their datasets' consumers are read once (a cost by datasets, not events): one above every
         # consumer's latest run needs no more (after a restart most are). One below waits in ``net.below``
-        # for its links' read: 5 to 1 000 a look, sized to take 1-2 ms (a new process's first: up to 1 000,
-        # 50 000 consumers in all), from both ends too (at most 100 000: a batch only while there is room).
+        # for its links' read: 5 to 1 000 a look, sized to take 1-2 ms, from both ends too (at most 100 000:
+        # a batch only while there is room).
         batch, net.late = self._both_ends(late[:100_000], min(span, 100_000 - len(net.below)))
         consumers_of = self._dataset_consumers(sorted({event[1] for event in batch}), session)
         highest = {dataset_id: max(c[1] for c in consumers) for dataset_id, consumers in consumers_of.items()}
@@ -576,9 +579,6 @@ class SchedulerJobRunner:
             and any(old <= event[2] <= top for _, top, old in consumers_of[event[1]])
         ]
         size = net.probe_size
-        if new_process:  # its backlog's at once: at most 1 000 events and 50 000 (event, consumer) pairs
-            widest = max((len(consumers_of[event[1]]) for event in below), default=1)
-            size = max(5, min(1_000, 50_000 // max(1, widest)))
         events, net.below = self._both_ends(below, size)
         if not events:
             return []
@@ -592,39 +592,19 @@ class SchedulerJobRunner:
             for dag_id, top, oldest in consumers_of[dataset_id]
             if oldest <= stamp <= top
         ]
-        # First how many of its dataset's consumers consumed each, a row an event: one that each consumer with
-        # a run consumed is done (the DAGs counted have one, so equal counts are the same DAGs); the links of
-        # the others are read, a row a link
-        link, reference = association_table.c, DagScheduleDatasetReference
+        link = association_table.c
         links = select(link.event_id, DagRun.dag_id).join(DagRun, DagRun.id == link.dag_run_id)
-        by_consumers = (
-            select(link.event_id, func.count(DagRun.dag_id.distinct()))
-            .join(DagRun, and_(DagRun.id == link.dag_run_id, DagRun.run_type == DagRunType.DATASET_TRIGGERED))
-            .join(DatasetEvent, DatasetEvent.id == link.event_id)
-            .join(
-                reference,
-                and_(reference.dataset_id == DatasetEvent.dataset_id, reference.dag_id == DagRun.dag_id),
-            )
-            .group_by(link.event_id)
-        )
-        event_ids, counts, consumed = sorted({find[2] for find in found}), {}, set()
+        event_ids, consumed = sorted({find[2] for find in found}), set()
         for start in range(0, len(event_ids), 500):
-            counts.update(
-                session.execute(by_consumers.where(link.event_id.in_(event_ids[start : start + 500]))).all()
-            )
-        dataset_of = {event[0]: event[1] for event in events}
-        partly = [i for i in event_ids if counts.get(i, 0) < len(consumers_of[dataset_of[i]])]
-        for start in range(0, len(partly), 500):
             consumed.update(
-                session.execute(links.where(link.event_id.in_(partly[start : start + 500]))).all()
+                session.execute(links.where(link.event_id.in_(event_ids[start : start + 500]))).all()
             )
         took = time.monotonic() - started
-        if not new_process and len(events) == size and took < 0.001:
+        if len(events) == size and took < 0.001:
             net.probe_size = min(1_000, size * 2)
-        elif not new_process and took > 0.002:
-            net.probe_size = max(5, net.probe_size // 2)
-        some_left = set(partly)  # (of an event every consumer consumed, nothing is found)
-        return [find for find in found if find[2] in some_left and (find[2], find[0]) not in consumed]
+        elif took > 0.002:
+            net.probe_size = max(5, size // 2)
+        return [find for find in found if (find[2], find[0]) not in consumed]
 
     @staticmethod
     def _both_ends(items: list[Any], size: int) -> tuple[list[Any], list[Any]]:
