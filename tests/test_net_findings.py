@@ -431,6 +431,30 @@ def test_an_event_one_consumer_did_not_consume_is_found_for_it_alone(world, monk
     assert _findings(d1) == 0 and _findings(d2) == 0
 
 
+def test_a_dag_queued_again_after_its_findings_were_consumed_is_decided(world, monkeypatch):
+    """
+    A run consumes a DAG's only finding; before the net reads its findings again (no look: the
+    interval is long), a producer queues the DAG again. The next loop decides it as any queued DAG:
+    it failed on ``min()`` of the DAG's findings, left empty in the process by the consuming run.
+    """
+    monkeypatch.setenv(LATENCY, "1")
+    monkeypatch.setenv("AIRFLOW__DATASET_RACE_FIX__NET_LOOK_INTERVAL_SECONDS", "0")
+    w = world
+    d, late, s, (k,) = late_commit(w, "k")
+    for _ in range(6):
+        if late in sum(_consumed(d), []):
+            break
+        w.loop(s), s.finish()
+    assert late in sum(_consumed(d), []), f"P's late event {late} not consumed: {_consumed(d)}"
+    monkeypatch.setenv("AIRFLOW__DATASET_RACE_FIX__NET_LOOK_INTERVAL_SECONDS", "600")  # no look, no re-read
+    q = w.producer("Q3")
+    w.emit(q, k), q.finish()
+    assert w.loop(s) == DONE
+    s.finish()
+    assert max(_events(w)) in sum(_consumed(d), []), f"Q3's event not consumed: {_consumed(d)}"
+    assert w.report().violations() == {}
+
+
 # -- never worse than stock, on the same interleaving ------------------------------------------------
 # Each case is the interleaving of a test above, its world steps only, driven once on stock Airflow
 # (producers and scheduler) and once on the fix (the net looks every loop: no half-second waits).

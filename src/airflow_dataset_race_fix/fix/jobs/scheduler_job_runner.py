@@ -455,10 +455,11 @@ class SchedulerJobRunner:
     ) -> dict[str, datetime]:
         """Of the DAGs with findings, those whose condition holds on the datasets with a finding or queue row
         (an AND condition still waiting takes no place in a loop: its finding waits for the partner's row)."""
-        if not findings:
+        # (a DAG whose findings a run consumed since they were read has none left)
+        dag_ids = sorted(dag_id for dag_id, found in (findings or {}).items() if found)
+        if not dag_ids:  # at most 500 (``_dataset_findings``), and their datasets: a query each
             return {}
         queued: dict[str, set[str]] = defaultdict(set)  # their queue rows' dataset URIs
-        dag_ids = sorted(findings)  # at most 500 (``_dataset_findings``), and their datasets: a query each
         rows = select(DatasetDagRunQueue.target_dag_id, DatasetModel.uri).join(DatasetDagRunQueue.dataset)
         for dag_id, uri in session.execute(rows.where(DatasetDagRunQueue.target_dag_id.in_(dag_ids))):
             queued[dag_id].add(uri)
