@@ -453,6 +453,27 @@ def test_strict_switch_on_a_pristine_airflow_changes_nothing():
     assert result(run_python(IMPORT_TARGETS, env))["states"] == ALL_PATCHED
 
 
+def test_a_fix_that_cannot_be_loaded_is_refused_before_any_member_is_replaced(tmp_path):
+    # The fixed members are fingerprinted only where the original is not found; on pristine Airflow the
+    # fix is loaded (not hashed) before patching, so a fix that fails to import still refuses every target.
+    write_sitecustomize(
+        str(tmp_path / "user"),
+        "import sys\nsys.modules['airflow_dataset_race_fix.fix.datasets.manager'] = None\n",
+    )
+    code = IMPORT_TARGETS.replace(
+        "_report()",
+        "import airflow.datasets.manager as m\n"
+        "_report(kept=vars(m.DatasetManager)['register_dataset_change'].__module__)",
+    )
+    proc = run_python(code, shim_env(str(tmp_path / "user")))
+    report = result(proc)
+    assert report["states"] == {name: "refused" for name in TARGETS}
+    assert report["kept"] == "airflow.datasets.manager"
+    assert "the fixed airflow.datasets.manager.DatasetManager.register_dataset_change cannot be loaded" in (
+        output(proc)
+    )
+
+
 def test_strict_explicit_import_raises_when_a_target_already_imported_is_refused():
     code = OTHER_PATCH + "\nimport airflow_dataset_race_fix.auto\n"
     proc = run_python(code, child_env(switches={"AIRFLOW_DATASET_RACE_FIX_STRICT": "1"}))

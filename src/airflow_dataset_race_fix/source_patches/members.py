@@ -25,32 +25,45 @@ class MemberNotFound(LookupError):
 
 def member_spans(lines: list[str], owner: str) -> dict[str, tuple[int, int]]:
     """``name -> (start, end)``: 0-based line slices of the methods (and nested classes) of ``owner``."""
-    return dict(_member_spans(tuple(lines), owner))
+    return {name: _member_span(tuple(lines), owner, name) for name in member_starts(lines, owner)}
 
 
-# Cached: a file's members are looked up one by one (47 of them in the scheduler's module), each
-# lookup finding every member's end with inspect's tokenizer.
+def member_starts(lines: list[str], owner: str) -> dict[str, int]:
+    """``name -> start``: the 0-based first line (first decorator) of each member of ``owner``."""
+    return dict(_member_starts(tuple(lines), owner))
+
+
+# Cached: a file's members are looked up one by one (47 of them in the scheduler's module).
 @functools.lru_cache(maxsize=16)
-def _member_spans(lines: tuple[str, ...], owner: str) -> tuple[tuple[str, tuple[int, int]], ...]:
+def _member_starts(lines: tuple[str, ...], owner: str) -> tuple[tuple[str, int], ...]:
     tree = ast.parse("".join(lines))
     classes = [node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == owner]
     if len(classes) != 1:
         raise MemberNotFound(f"expected one top-level class {owner}, found {len(classes)}")
-    spans: dict[str, tuple[int, int]] = {}
+    starts: dict[str, int] = {}
     for node in classes[0].body:
         if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             continue
-        if node.name in spans:
+        if node.name in starts:
             raise MemberNotFound(f"{owner}.{node.name} is defined more than once")
-        start = min([node.lineno, *(d.lineno for d in node.decorator_list)]) - 1
-        # inspect's block finder, as inspect.getsource uses it: same end as the fingerprint sees.
-        spans[node.name] = (start, start + len(inspect.getblock(lines[start:])))
-    return tuple(spans.items())
+        starts[node.name] = min([node.lineno, *(d.lineno for d in node.decorator_list)]) - 1
+    return tuple(starts.items())
+
+
+# One member's end alone: the shim judges 2 members of a 2 000-line file in every process, and
+# tokenizing every other member's block was most of its start-up cost.
+@functools.lru_cache(maxsize=128)
+def _member_span(lines: tuple[str, ...], owner: str, name: str) -> tuple[int, int] | None:
+    start = dict(_member_starts(lines, owner)).get(name)
+    if start is None:
+        return None
+    # inspect's block finder, as inspect.getsource uses it: same end as the fingerprint sees.
+    return start, start + len(inspect.getblock(lines[start:]))
 
 
 def member_span(lines: list[str], owner: str, name: str) -> tuple[int, int] | None:
     """``(start, end)`` 0-based line slice of ``owner.name`` in ``lines``; None if the class lacks it."""
-    return member_spans(lines, owner).get(name)
+    return _member_span(tuple(lines), owner, name)
 
 
 def member_lines(lines: list[str], owner: str, name: str) -> list[str]:
