@@ -273,6 +273,98 @@ def test_a_paced_sweep_round_reaches_its_last_page(world, monkeypatch):
     assert all(len(_runs(dag_id)) == 1 for dag_id in w.dag_ids), "each DAG consumes its event once"
 
 
+@pytest.mark.parametrize("change", ["event read", "dated ahead", "unpaused", "30 intervals"])
+def test_an_idle_sweep_round_reads_no_dag_and_each_change_is_read(world, change, monkeypatch):
+    """
+    A sweep round reads every DAG only where something may have changed since the last began; idle, only
+    the DAGs new since (at a loop a second an idle round's pages cost a loop in three). What each change
+    leaves with no queue row is consumed once: an event the net read, its row gone ('event read'); one
+    dated ahead, once the clock gets there with no other event ('dated ahead'); a DAG unpaused after its
+    event ('unpaused'); a row deleted where nothing signals it, as a stock scheduler's delete in a mixed
+    state, at the round that reads every DAG at least every 30 intervals ('30 intervals').
+    """
+    from sqlalchemy import delete, update
+
+    monkeypatch.setenv("AIRFLOW__DATASET_RACE_FIX__REQUEUE_INTERVAL_SECONDS", "5")  # rounds forced below
+    monkeypatch.setenv("AIRFLOW__DATASET_RACE_FIX__NET_LOOK_INTERVAL_SECONDS", "0")  # a look every loop
+    w = world
+    a = w.dataset("a")
+    now = [0]
+
+    def tick(to: int | None = None) -> None:  # SQLite's clock is the host's: each step a second later
+        now[0] = now[0] + 1 if to is None else to
+        w.clock.at(now[0])
+
+    tick()  # the DAG is scheduled on its dataset before the events
+    x = w.consumer("x", [a])
+    p, s = w.producer("P"), w.scheduler()
+
+    def set_dag(**values) -> None:
+        with create_session() as session:
+            session.execute(update(DagModel).where(DagModel.dag_id == x).values(**values))
+
+    def delete_row() -> None:
+        with create_session() as session:
+            session.execute(delete(DatasetDagRunQueue).where(DatasetDagRunQueue.target_dag_id == x))
+
+    def sweep_round() -> bool:
+        """A loop whose sweep starts a round (due, credit allowing; 3 DAGs: one page): whether it was full."""
+        sweep = s.runner.__dict__["_dataset_race_fix_sweep"]
+        sweep.at, sweep.credit, sweep.loops = float("-inf"), 0.0, 5
+        tick(), w.loop(s), s.finish()
+        return sweep.full
+
+    tick(), w.emit(p, a), p.finish()
+    tick(), w.loop(s), s.finish()  # x consumes the first event by its row
+    w.finish_runs()
+    assert sweep_round() is True, "a process's first round reads every DAG"
+    assert sweep_round() is False, "nothing changed: only the DAGs new since"
+    assert s.runner.__dict__["_dataset_race_fix_sweep"].dag_ids == {x}
+    if change == "event read":
+        tick(), w.emit(p, a), p.finish()
+        delete_row()
+        assert sweep_round() is True
+    elif change == "dated ahead":
+        if BACKEND == "sqlite":  # the host's clock is the database's: a producer ten minutes ahead
+            tick(600), w.emit(p, a), p.finish()
+            tick(10)
+        else:
+            run_producer(a.uri, fixed=False, clock_offset=600)
+        tick(), w.loop(s), s.finish()  # its row deleted as read: the event waits for the clock
+        assert sweep_round() is True and len(_runs(x)) == 1
+        assert sweep_round() is True, "an event dated past the last round's horizon: every DAG again"
+        if BACKEND == "sqlite":
+            tick(700)
+        else:
+            shifted = {
+                "postgres": "(clock_timestamp() + interval '660 seconds')",
+                "mysql": "(NOW(6) + INTERVAL 660 SECOND)",
+            }
+            from airflow.datasets.manager import DatasetManager
+
+            monkeypatch.setattr(
+                DatasetManager, "_database_clock", classmethod(lambda cls, name: shifted[BACKEND])
+            )
+        assert sweep_round() is True
+    elif change == "unpaused":
+        set_dag(is_paused=True)
+        tick(), w.emit(p, a), p.finish()  # no row for a paused DAG
+        assert sweep_round() is True and len(_runs(x)) == 1  # the event read: every DAG, x paused
+        set_dag(is_paused=False)
+        assert sweep_round() is False, "only x, new since the last round"
+    else:
+        set_dag(has_import_errors=True)  # its row stays: no loop decides it
+        tick(), w.emit(p, a), p.finish()
+        assert sweep_round() is True and _queued(x) == 1
+        set_dag(has_import_errors=False)
+        delete_row()
+        assert sweep_round() is False and len(_runs(x)) == 1, "nothing signals a row deleted"
+        s.runner.__dict__["_dataset_race_fix_sweep"].full_at -= 30 * 5
+        assert sweep_round() is True
+    assert [events for _, events in _runs(x)] == [[i] for i in _event_ids(a.uri)]
+    assert w.report().violations() == {}
+
+
 def _late_event_below_their_runs(w: World, s, datasets: list, dag_ids: list[str]) -> int:
     """
     Two runs each for ``dag_ids`` (scheduled on ``datasets``), then P's event on the first, ``k``,

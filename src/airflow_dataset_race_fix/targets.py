@@ -95,7 +95,7 @@ _MEMBER_NAMES = {
     _SCHEDULER: """
     _create_dagruns_for_dags _dataset_manager _DatasetFloors _DatasetEventRead _DatasetRunChoice
     _DatasetDecisionState _DatasetDecision _DatasetCheckedRead _DatasetSweep _DatasetNet
-    _dags_with_unqueued_dataset_events _dags_with_new_unqueued_events _sweep_statement
+    _dags_with_unqueued_dataset_events _start_sweep_round _dags_with_new_unqueued_events _sweep_statement
     _runnable_dataset_dags _dags_with_stranded_dataset_events _dataset_findings _dags_ready_by_findings
     _follow_dataset_event_ids _both_ends _dataset_consumers _dataset_follow_mark _latest_dataset_run_date
     _decide_dataset_triggered_runs _dataset_statement _read_dataset_decision_state

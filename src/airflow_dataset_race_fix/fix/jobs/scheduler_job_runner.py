@@ -176,12 +176,18 @@ class SchedulerJobRunner:
         The sweep's rounds here, made and moved by ``_dags_with_unqueued_dataset_events``: one starts an
         interval after the last began, reads the clock once (``now``) and its DAGs with its first page, then
         a page of ``size`` while ``credit`` allows, in a loop where the net looked or five loops after the
-        last. Between loops, a round is on iff ``todo`` has DAGs.
+        last. A round reads every DAG only if something may have changed since the last one began (``full``):
+        else only the DAGs new since. Between loops, a round is on iff ``todo`` has DAGs.
         """
 
         at: float  # when the last round began (monotonic); made: now, so that the first is one interval away
         now: datetime | None = None  # the database's clock at the round's start: its pages read against it
         todo: list[str] | None = None  # the round's DAGs not read yet; None: read by the next page
+        full: bool = True  # the round reads every DAG, not only those new since the last round
+        dag_ids: frozenset[str] | None = None  # the DAGs the last round had; None: no round yet
+        changes: int = -1  # the net's ``changes`` when the last round began
+        found: bool = False  # the last (or this) round brought in a DAG
+        full_at: float = float("-inf")  # when the last full round began (monotonic)
         size: int = 50  # DAGs a page, 5 to 50, sized to take 1-2 ms
         credit: float = 0.0  # seconds a page may take now: below 0, none; at most 2 ms saved up
         credit_at: float | None = None  # when ``credit`` last earned (monotonic)
@@ -206,7 +212,7 @@ class SchedulerJobRunner:
 
         __slots__ = ("read_only", "findings", "findings_at", "findings_after", "high", "missing", "late")
         __slots__ += ("below", "looked_at", "backlog_to", "unmarked_to", "quiet", "probe_from", "probe_size")
-        __slots__ += ("mark_id", "marked", "marked_at")
+        __slots__ += ("mark_id", "marked", "marked_at", "changes", "newest_stamp")
 
         def __init__(self, read_only: bool = False) -> None:
             self.read_only = read_only  # explain's: no look, nothing written, the findings read
@@ -226,6 +232,10 @@ class SchedulerJobRunner:
             self.mark_id: int | None = None  # the ``log`` row of this process's mark
             self.marked: tuple[int, list[int]] | None = None  # the mark last written: high, missing ids
             self.marked_at = float("-inf")  # when (monotonic)
+            self.changes = (
+                0  # events the looks read, and ids given up: the sweep reads every DAG when it moved
+            )
+            self.newest_stamp: datetime | None = None  # the newest stamp a look read (one dated ahead waits)
 
         def copy_look(self) -> tuple[Any, ...]:
             """What a look moves (``missing`` and ``late`` change in place): for ``undo_look``."""
@@ -253,7 +263,7 @@ class SchedulerJobRunner:
         paced = interval > 0 and (sweep.earn_credit() < 0 or not due)
         if not paced and (sweep.todo or time.monotonic() - sweep.at >= interval):
             if not sweep.todo:  # a round starts: its clock read once, its DAGs read by the first page
-                sweep.at, sweep.now, sweep.todo = time.monotonic(), manager._database_now(session), None
+                self._start_sweep_round(sweep, interval, session)
             began, sweep.loops = time.monotonic(), 0
             found = self._dags_with_new_unqueued_events(dataset_triggered_dag_info, sweep.now, session, sweep)
             if interval:  # paced (tests: pages of 50, a round every loop)
@@ -263,6 +273,7 @@ class SchedulerJobRunner:
                     sweep.size = max(5, sweep.size // 2)
                 elif took < 0.001:
                     sweep.size = min(50, sweep.size * 2)
+            sweep.found = sweep.found or bool(found)
             for dag_id, stamp in found.items():
                 oldest_new[dag_id] = min(oldest_new.get(dag_id, stamp), stamp)
         runnable = self._runnable_dataset_dags(oldest_new, session) if oldest_new else []
@@ -276,6 +287,32 @@ class SchedulerJobRunner:
                 [dm.dag_id for dm in runnable],
             )
         return runnable
+
+    def _start_sweep_round(self, sweep: _DatasetSweep, interval: float, session: Session) -> None:
+        """
+        A round starts. It reads every DAG if since the last began the net read an event or gave an id up, the
+        last found a DAG, an event the net read was dated past its horizon, or 30 intervals passed (what
+        nothing here sees: a stock scheduler's delete, a row deleted by hand); else the DAGs new since (one
+        unpaused). An idle round is then one statement, where its pages cost a loop in three.
+        """
+        manager, net = self._dataset_manager(), self._dataset_race_fix_net
+        ahead = timedelta(seconds=manager._dataset_race_fix_setting("max_event_ahead_seconds"))
+        dated_past = (
+            sweep.now is not None and net.newest_stamp is not None and net.newest_stamp > sweep.now + ahead
+        )
+        began = time.monotonic()
+        sweep.full = (
+            not interval
+            or sweep.dag_ids is None
+            or net.changes != sweep.changes
+            or sweep.found
+            or dated_past
+            or began - sweep.full_at >= 30 * interval
+        )
+        if sweep.full:
+            sweep.full_at = began
+        sweep.at, sweep.now, sweep.todo = began, manager._database_now(session), None
+        sweep.changes, sweep.found = net.changes, False
 
     def _dags_with_new_unqueued_events(
         self,
@@ -298,8 +335,12 @@ class SchedulerJobRunner:
         params, oldest_new = {"horizon": horizon}, {}  # (Core rows here and below: an ORM row costs 10 µs)
         if sweep is not None:  # a page of the round: one statement (a page's own read cost as much again)
             if sweep.todo is None:
-                sweep.todo = session.connection().execute(dag_ids).scalars().all()
+                round_dag_ids = session.connection().execute(dag_ids).scalars().all()
+                known, sweep.dag_ids = sweep.dag_ids or frozenset(), frozenset(round_dag_ids)
+                sweep.todo = [d for d in round_dag_ids if sweep.full or d not in known]
             params["dag_ids"], sweep.todo = sweep.todo[: sweep.size], sweep.todo[sweep.size :]
+            if not params["dag_ids"]:
+                return oldest_new
         # compared here, not in SQL: PostgreSQL evaluated the correlated ``newest`` once per use, three times
         for dag_id, newest, latest, created_at in session.connection().execute(references, params):
             if dag_id not in dataset_triggered_dag_info and (newest or since) > max(
@@ -543,7 +584,10 @@ class SchedulerJobRunner:
         recent = sorted(i for i, at in missing.items() if looked_at - at <= forget_after)
         net.missing = {i: missing[i] for i in recent[-10_000:]}  # the newest
         late = net.late  # classified 5 000 a look, 100 000 kept
+        net.changes += len(appeared)
         if appeared:  # the clock read after the look: every event seen committed before it
+            newest = max(row.timestamp for row in appeared)
+            net.newest_stamp = newest if net.newest_stamp is None else max(net.newest_stamp, newest)
             slow_before = manager._database_now(session) - latency
             late += [
                 tuple(row)[:3]
@@ -554,6 +598,7 @@ class SchedulerJobRunner:
         aged = len(missing) - len(recent)  # rolled back, or a COMMIT beyond reach (docs/settings.md)
         capped = max(0, len(recent) - 10_000) + max(0, len(late) - 100_000)
         if aged or capped:
+            net.changes += aged + capped
             Stats.incr("dataset_race_fix.net_ids_dropped", aged + capped)
             self.log.info(
                 "dataset-race-fix: the net no longer follows %d id(s) missing for event_lookback_seconds "
