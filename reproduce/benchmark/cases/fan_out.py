@@ -146,8 +146,11 @@ def bench_fanout(
             time.sleep(max(0.0, pace - (time.monotonic() - pair_began)))
         return done
 
-    def pass_done() -> bool:  # the start's re-read of the last ids over, every late one probed
-        return net_caught_up(runners["fixed"])
+    def pass_done() -> bool:  # the start behind: its re-read of the last ids, every late one probed, and the
+        # sweep's first round (it reads every DAG; idle, the rounds after read only DAGs new since)
+        sweep = runners["fixed"].__dict__.get("_dataset_race_fix_sweep")
+        first_round_over = sweep is not None and sweep.dag_ids is not None and not sweep.todo
+        return first_round_over and net_caught_up(runners["fixed"])
 
     # Phases, a loop of each runner in turn, ABBA (a shared machine's load falls on both alike): stock and
     # fixed just started (first loop apart), on until the fixed one's net has caught up (or pass_limit
@@ -199,9 +202,9 @@ def bench_fanout(
     for phase, what in (
         ("first", "first loop"),
         ("restarted", "just started"),
-        ("pass", "while the net catches up"),
+        ("pass", "while the net catches up and the first sweep round reads every DAG"),
         ("running", "long-running"),
-        ("sweep", "a sweep round"),
+        ("sweep", "a sweep round that reads every DAG (after a change)"),
     ):
         stock, fixed = ([t for t, _ in laps[v][phase]] for v in VARIANTS)
         if not stock:  # (the pass over in the just-started loops)

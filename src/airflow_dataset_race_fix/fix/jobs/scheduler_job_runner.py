@@ -432,9 +432,9 @@ class SchedulerJobRunner:
         before = net.copy_look() if looked else None  # (copied in a loop that looks only)
         try:
             finds = self._follow_dataset_event_ids(net, session) if looked else []
-            # read again by a look that found some, while some wait, or every 10 intervals (another
-            # process's): an idle look is one statement
-            stale = time.monotonic() - net.findings_at >= 10 * interval
+            # read again by a look that found some, while some wait, or every ten waits between looks (another
+            # process's: 5 s, 25 s when quiet): an idle look is one statement, and four in five read no more
+            stale = time.monotonic() - net.findings_at >= 10 * wait
             if net.findings is None or looked and (finds or net.findings or stale):
                 self._dataset_findings(finds, net, session)
                 net.findings_at = time.monotonic()
