@@ -88,6 +88,17 @@ def _db_now():
         return DatasetManager._database_now(session)
 
 
+def _shift_server_clock(monkeypatch, seconds: int) -> None:
+    """The fix's reads of the server's clock ``seconds`` ahead (SQLite's clock is the host's: move that)."""
+    from airflow.datasets.manager import DatasetManager
+
+    shifted = {
+        "postgres": f"(clock_timestamp() + interval '{seconds} seconds')",
+        "mysql": f"(NOW(6) + INTERVAL {seconds} SECOND)",
+    }
+    monkeypatch.setattr(DatasetManager, "_database_clock", classmethod(lambda cls, name: shifted[BACKEND]))
+
+
 @pytest.mark.parametrize("victim_kind", ["cron", "dataset"])
 def test_dags_kept_waiting_take_no_slot_from_a_dag_that_can_run(
     world_stock_or_fixed, variant, victim_kind, monkeypatch
@@ -125,15 +136,7 @@ def test_dags_kept_waiting_take_no_slot_from_a_dag_that_can_run(
     if BACKEND == "sqlite":
         w.clock.at(700)
     else:
-        shifted = {
-            "postgres": "(clock_timestamp() + interval '660 seconds')",
-            "mysql": "(NOW(6) + INTERVAL 660 SECOND)",
-        }
-        from airflow.datasets.manager import DatasetManager
-
-        monkeypatch.setattr(
-            DatasetManager, "_database_clock", classmethod(lambda cls, name: shifted[BACKEND])
-        )
+        _shift_server_clock(monkeypatch, 660)
     for _ in range(3):  # the sweep: at most max_dagruns_to_create_per_loop DAGs a loop
         w.finish_runs()
         w.loop(s), s.finish()
@@ -336,15 +339,7 @@ def test_an_idle_sweep_round_reads_no_dag_and_each_change_is_read(world, change,
         if BACKEND == "sqlite":
             tick(700)
         else:
-            shifted = {
-                "postgres": "(clock_timestamp() + interval '660 seconds')",
-                "mysql": "(NOW(6) + INTERVAL 660 SECOND)",
-            }
-            from airflow.datasets.manager import DatasetManager
-
-            monkeypatch.setattr(
-                DatasetManager, "_database_clock", classmethod(lambda cls, name: shifted[BACKEND])
-            )
+            _shift_server_clock(monkeypatch, 660)
         assert sweep_round() is True
     elif change == "unpaused":
         set_dag(is_paused=True)
