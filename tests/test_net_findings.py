@@ -303,6 +303,55 @@ def test_findings_that_no_run_settles_hide_no_newer_finding(world, monkeypatch):
     assert _findings(d) == 0, "the run that consumed P's event left its finding"
 
 
+def test_a_new_process_reads_at_most_20_dags_with_findings_a_loop_and_decides_each(world, monkeypatch):
+    """
+    30 DAGs hold a finding each (P's event on k, no queue row: they were paused), and a scheduler process
+    starts, its dag bag empty. A loop reads at most 20 DAGs from their serialization (300 read at once took
+    750 ms of a first loop after a stop), in turn; each DAG consumes P's event once in the loops after.
+    """
+    from airflow.models.dagbag import DagBag
+    from airflow.models.dataset import DatasetEvent, DatasetModel
+
+    monkeypatch.setenv("AIRFLOW__DATASET_RACE_FIX__REQUEUE_INTERVAL_SECONDS", "1000")  # no sweep round
+    w = world
+    k = w.dataset("k")
+    dag_ids = w.consumers("c", [k], 30)
+    p = w.producer("P")
+    w.clock.stop()
+    for dag_id in dag_ids:
+        _pause(dag_id, True)
+    w.emit(p, k), p.finish()
+    for dag_id in dag_ids:
+        _pause(dag_id, False)
+    with create_session() as session:
+        event_id, dataset_id, stamp = session.execute(
+            select(DatasetEvent.id, DatasetEvent.dataset_id, DatasetEvent.timestamp)
+            .join(DatasetModel, DatasetModel.id == DatasetEvent.dataset_id)
+            .where(DatasetModel.uri == k.uri)
+        ).one()
+        for dag_id in dag_ids:
+            row = Log(FINDING, extra=f'{{"event_id": {event_id}}}')
+            row.dag_id, row.map_index, row.execution_date = dag_id, dataset_id, stamp
+            session.add(row)
+    reads: list[str] = []
+    read = DagBag._add_dag_from_db
+
+    def counted(self, dag_id, session):
+        reads.append(dag_id)
+        return read(self, dag_id, session)
+
+    monkeypatch.setattr(DagBag, "_add_dag_from_db", counted)
+    s, per_loop = w.scheduler(), []
+    while len(per_loop) < 20 and any(_consumed(dag_id) != [[event_id]] for dag_id in dag_ids):
+        reads.clear()
+        w.loop(s), s.finish()
+        w.finish_runs()
+        per_loop.append(len(reads))
+    assert per_loop[0] == 20 and max(per_loop) <= 20, per_loop
+    assert all(_consumed(dag_id) == [[event_id]] for dag_id in dag_ids), per_loop
+    assert sum(_findings(dag_id) for dag_id in dag_ids) == 0
+
+
 @pytest.mark.parametrize("then", ["the restarted scheduler", "a second scheduler, started first"])
 def test_a_restart_resumes_where_the_ids_were_followed(world, monkeypatch, then):
     """

@@ -212,7 +212,7 @@ class SchedulerJobRunner:
 
         __slots__ = ("read_only", "findings", "findings_at", "findings_after", "high", "missing", "late")
         __slots__ += ("below", "looked_at", "backlog_to", "unmarked_to", "quiet", "probe_from", "probe_size")
-        __slots__ += ("mark_id", "marked", "marked_at", "changes", "newest_stamp")
+        __slots__ += ("mark_id", "marked", "marked_at", "changes", "newest_stamp", "read_from")
 
         def __init__(self, read_only: bool = False) -> None:
             self.read_only = read_only  # explain's: no look, nothing written, the findings read
@@ -236,6 +236,9 @@ class SchedulerJobRunner:
                 0  # events the looks read, and ids given up: the sweep reads every DAG when it moved
             )
             self.newest_stamp: datetime | None = None  # the newest stamp a look read (one dated ahead waits)
+            self.read_from = (
+                0  # where the next loop reads DAGs with findings from their serialization, 20 a loop
+            )
 
         def copy_look(self) -> tuple[Any, ...]:
             """What a look moves (``missing`` and ``late`` change in place): for ``undo_look``."""
@@ -449,7 +452,7 @@ class SchedulerJobRunner:
         if looked:  # after the findings are kept: a restart never starts above a find that was not
             net.quiet = net.high == before[0] and not net.late and not net.missing
             self._dataset_follow_mark(net, session)
-        return self._dags_ready_by_findings(net.findings, session)
+        return self._dags_ready_by_findings(net, session)
 
     def _dataset_findings(
         self, finds: list[tuple[str, int, int, datetime]], net: _DatasetNet, session: Session
@@ -495,15 +498,24 @@ class SchedulerJobRunner:
         net.findings = findings
         net.findings_after = rows[-1][0] if len(rows) == 500 else 0  # a full page: the next reads on after it
 
-    def _dags_ready_by_findings(
-        self, findings: dict[str, dict[int, tuple[datetime, list[int]]]], session: Session
-    ) -> dict[str, datetime]:
+    def _dags_ready_by_findings(self, net: _DatasetNet, session: Session) -> dict[str, datetime]:
         """Of the DAGs with findings, those whose condition holds on the datasets with a finding or queue row
         (an AND condition still waiting takes no place in a loop: its finding waits for the partner's row)."""
         # (a DAG whose findings a run consumed since they were read has none left)
-        dag_ids = sorted(dag_id for dag_id, found in (findings or {}).items() if found)
+        findings = net.findings or {}
+        dag_ids = sorted(dag_id for dag_id, found in findings.items() if found)
         if not dag_ids:  # at most 500 (``_dataset_findings``), and their datasets: a query each
             return {}
+        # At most 20 DAGs a loop read from their serialization, in turn: a new process's dag bag holds none,
+        # and 300 DAGs with findings after a stop took 750 ms of its first loop (explain: every one). Gone
+        # DAGs (``delete_dag`` keeps their findings: they wait in the table) are not read then.
+        unread = [dag_id for dag_id in dag_ids if dag_id not in self.dagbag.dags]
+        if len(unread) > 20 and not net.read_only:
+            known = set(session.scalars(select(DagModel.dag_id).where(DagModel.dag_id.in_(unread))))
+            in_turn = [dag_id for dag_id in unread if dag_id in known]
+            start = net.read_from % max(1, len(in_turn))
+            later = set(unread) - set((in_turn[start:] + in_turn[:start])[:20])
+            dag_ids, net.read_from = [dag_id for dag_id in dag_ids if dag_id not in later], start + 20
         queued: dict[str, set[str]] = defaultdict(set)  # their queue rows' dataset URIs
         rows = select(DatasetDagRunQueue.target_dag_id, DatasetModel.uri).join(DatasetDagRunQueue.dataset)
         for dag_id, uri in session.execute(rows.where(DatasetDagRunQueue.target_dag_id.in_(dag_ids))):
