@@ -300,7 +300,7 @@ class SchedulerJobRunner:
         A round starts. It reads every DAG if since the last began the net read an event or gave an id up, the
         last found a DAG, an event the net read was dated past its horizon, or 30 intervals passed (what
         nothing here sees: a stock scheduler's delete, a row deleted by hand); else the DAGs new since (one
-        unpaused). An idle round is then one statement, where its pages cost a loop in three.
+        unpaused). An idle round then reads the clock and the DAG list, where its pages cost a loop in three.
         """
         manager, net = self._dataset_manager(), self._dataset_race_fix_net
         ahead = timedelta(seconds=manager._dataset_race_fix_setting("max_event_ahead_seconds"))
