@@ -25,7 +25,8 @@ class MemberNotFound(LookupError):
 
 def member_spans(lines: list[str], owner: str) -> dict[str, tuple[int, int]]:
     """``name -> (start, end)``: 0-based line slices of the methods (and nested classes) of ``owner``."""
-    return {name: _member_span(tuple(lines), owner, name) for name in member_starts(lines, owner)}
+    text = tuple(lines)
+    return {name: _member_span(text, owner, name) for name in member_starts(lines, owner)}
 
 
 def member_starts(lines: list[str], owner: str) -> dict[str, int]:

@@ -232,13 +232,11 @@ class SchedulerJobRunner:
             self.mark_id: int | None = None  # the ``log`` row of this process's mark
             self.marked: tuple[int, list[int]] | None = None  # the mark last written: high, missing ids
             self.marked_at = float("-inf")  # when (monotonic)
-            self.changes = (
-                0  # events the looks read, and ids given up: the sweep reads every DAG when it moved
-            )
+            # events the looks read, and ids given up: the sweep reads every DAG when it moved
+            self.changes = 0
             self.newest_stamp: datetime | None = None  # the newest stamp a look read (one dated ahead waits)
-            self.read_from = (
-                0  # where the next loop reads DAGs with findings from their serialization, 20 a loop
-            )
+            # where the next loop reads DAGs with findings from their serialization, 20 a loop
+            self.read_from = 0
 
         def copy_look(self) -> tuple[Any, ...]:
             """What a look moves (``missing`` and ``late`` change in place): for ``undo_look``."""
