@@ -34,6 +34,8 @@ def wheel_path(version: str, cache: Path | None = None) -> Path:
         return target
     cache.mkdir(parents=True, exist_ok=True)
     # Download into a private directory, then rename: concurrent runs never see half a wheel.
+    # Any Python may fetch any release's wheel (its files are read, never installed): 2.11.1
+    # and later require Python 3.10, and the py39 envs read them too.
     with tempfile.TemporaryDirectory(dir=cache, prefix=".download-") as tmp:
         subprocess.run(
             [
@@ -44,6 +46,7 @@ def wheel_path(version: str, cache: Path | None = None) -> Path:
                 "--quiet",
                 "--no-deps",
                 "--only-binary=:all:",
+                "--ignore-requires-python",
                 f"apache-airflow=={version}",
                 "-d",
                 tmp,
