@@ -327,8 +327,10 @@ def test_an_idle_sweep_round_reads_no_dag_and_each_change_is_read(world, change,
     tick(), w.loop(s), s.finish()  # x consumes the first event by its row
     w.finish_runs()
     assert sweep_round() is True, "a process's first round reads every DAG"
+    clock_read = s.runner.__dict__["_dataset_race_fix_sweep"].now
     assert sweep_round() is False, "nothing changed: only the DAGs new since"
     assert s.runner.__dict__["_dataset_race_fix_sweep"].dag_ids == {x}
+    assert s.runner.__dict__["_dataset_race_fix_sweep"].now == clock_read, "an idle round reads no clock"
     if change == "event read":
         tick(), w.emit(p, a), p.finish()
         delete_row()

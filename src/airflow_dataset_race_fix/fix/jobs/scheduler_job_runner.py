@@ -174,15 +174,15 @@ class SchedulerJobRunner:
     class _DatasetSweep:
         """
         The sweep's rounds here, made and moved by ``_dags_with_unqueued_dataset_events``: one starts an
-        interval after the last began, reads the clock once (``now``) and its DAGs with its first page, then
-        a page of ``size`` while ``credit`` allows, in a loop where the net looked or five loops after the
+        interval after the last began and reads its DAGs (and the clock, ``now``, if it has some), then a
+        page of ``size`` while ``credit`` allows, in a loop where the net looked or five loops after the
         last. A round reads every DAG only if something may have changed since the last one began (``full``):
         else only the DAGs new since. Between loops, a round is on iff ``todo`` has DAGs.
         """
 
         at: float  # when the last round began (monotonic); made: now, so that the first is one interval away
-        now: datetime | None = None  # the database's clock at the round's start: its pages read against it
-        todo: list[str] | None = None  # the round's DAGs not read yet; None: read by the next page
+        now: datetime | None = None  # the database's clock when the last round with DAGs to read began
+        todo: list[str] | None = None  # the round's DAGs not read yet; None: no round yet
         full: bool = True  # the round reads every DAG, not only those new since the last round
         dag_ids: frozenset[str] | None = None  # the DAGs the last round had; None: no round yet
         changes: int = -1  # the net's ``changes`` when the last round began
@@ -266,14 +266,15 @@ class SchedulerJobRunner:
         sweep.loops += 1
         due = self._dataset_race_fix_net.looked_at >= loop_began or sweep.loops >= 5
         paced = interval > 0 and (sweep.earn_credit() < 0 or not due)
+        began = None  # when this loop's step of the sweep began; None: no step
         if not paced and (sweep.todo or time.monotonic() - sweep.at >= interval):
-            if not sweep.todo:  # a round starts: its clock read once, its DAGs read by the first page
-                self._start_sweep_round(sweep, interval, session)
             began, sweep.loops = time.monotonic(), 0
+            if not sweep.todo:  # a round starts: its DAGs read, and the clock if it has some to read
+                self._start_sweep_round(sweep, interval, session)
+        if began is not None and sweep.todo:
             found = self._dags_with_new_unqueued_events(dataset_triggered_dag_info, sweep.now, session, sweep)
-            if interval:  # paced (tests: pages of 50, a round every loop)
+            if interval:  # a page sized by its time (tests: pages of 50, a round every loop)
                 took = time.monotonic() - began
-                sweep.credit -= took
                 if took > 0.002:
                     sweep.size = max(5, sweep.size // 2)
                 elif took < 0.001:
@@ -281,6 +282,8 @@ class SchedulerJobRunner:
             sweep.found = sweep.found or bool(found)
             for dag_id, stamp in found.items():
                 oldest_new[dag_id] = min(oldest_new.get(dag_id, stamp), stamp)
+        if began is not None and interval:  # paced: the step's time spent from the credit
+            sweep.credit -= time.monotonic() - began
         runnable = self._runnable_dataset_dags(oldest_new, session) if oldest_new else []
         for dag_model in runnable:
             dataset_triggered_dag_info[dag_model.dag_id] = (oldest_new[dag_model.dag_id],) * 2
@@ -298,7 +301,7 @@ class SchedulerJobRunner:
         A round starts. It reads every DAG if since the last began the net read an event or gave an id up, the
         last found a DAG, an event the net read was dated past its horizon, or 30 intervals passed (what
         nothing here sees: a stock scheduler's delete, a row deleted by hand); else the DAGs new since (one
-        unpaused). An idle round then reads the clock and the DAG list, where its pages cost a loop in three.
+        unpaused). It reads its DAGs, and the clock only if it has some: an idle round is one statement.
         """
         manager, net = self._dataset_manager(), self._dataset_race_fix_net
         ahead = timedelta(seconds=manager._dataset_race_fix_setting("max_event_ahead_seconds"))
@@ -316,8 +319,13 @@ class SchedulerJobRunner:
         )
         if sweep.full:
             sweep.full_at = began
-        sweep.at, sweep.now, sweep.todo = began, manager._database_now(session), None
-        sweep.changes, sweep.found = net.changes, False
+        sweep.at, sweep.changes, sweep.found = began, net.changes, False
+        dag_ids, _ = self._dataset_statement(("sweep", False), lambda: self._sweep_statement(sweep))
+        round_dag_ids = session.connection().execute(dag_ids).scalars().all()
+        known, sweep.dag_ids = sweep.dag_ids or frozenset(), frozenset(round_dag_ids)
+        sweep.todo = [dag_id for dag_id in round_dag_ids if sweep.full or dag_id not in known]
+        if sweep.todo:  # its pages read against the clock at its start (else the last round's is kept)
+            sweep.now = manager._database_now(session)
 
     def _dags_with_new_unqueued_events(
         self,
@@ -329,20 +337,16 @@ class SchedulerJobRunner:
         """
         The sweep: ``{dag_id: oldest such stamp}`` of the other DAGs whose newest event without a queue row is
         newer than their latest run (no run: than the reference) and than ``event_lookback_seconds``; of the
-        next ``sweep.size`` DAGs of its round (``sweep.todo``, None: read now), or of all DAGs (explain).
+        next ``sweep.size`` DAGs of its round (``sweep.todo``), or of all DAGs (explain).
         """
         manager = self._dataset_manager()
         horizon = now + timedelta(seconds=manager._dataset_race_fix_setting("max_event_ahead_seconds"))
         since = now - timedelta(seconds=manager._dataset_race_fix_setting("event_lookback_seconds"))
-        dag_ids, references = self._dataset_statement(
+        _, references = self._dataset_statement(
             ("sweep", sweep is None), lambda: self._sweep_statement(sweep)
         )
         params, oldest_new = {"horizon": horizon}, {}  # (Core rows here and below: an ORM row costs 10 µs)
         if sweep is not None:  # a page of the round: one statement (a page's own read cost as much again)
-            if sweep.todo is None:
-                round_dag_ids = session.connection().execute(dag_ids).scalars().all()
-                known, sweep.dag_ids = sweep.dag_ids or frozenset(), frozenset(round_dag_ids)
-                sweep.todo = [d for d in round_dag_ids if sweep.full or d not in known]
             params["dag_ids"], sweep.todo = sweep.todo[: sweep.size], sweep.todo[sweep.size :]
             if not params["dag_ids"]:
                 return oldest_new
