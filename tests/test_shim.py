@@ -463,7 +463,7 @@ def test_a_fix_that_cannot_be_loaded_is_refused_before_any_member_is_replaced(tm
     code = IMPORT_TARGETS.replace(
         "_report()",
         "import airflow.datasets.manager as m\n"
-        "_report(kept=vars(m.DatasetManager)['register_dataset_change'].__module__)",
+        "_report(kept=m.DatasetManager.register_dataset_change.__module__)",
     )
     proc = run_python(code, shim_env(str(tmp_path / "user")))
     report = result(proc)
