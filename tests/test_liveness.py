@@ -509,3 +509,45 @@ def test_dags_waiting_with_findings_take_no_slot_and_hold_up_no_producer(world, 
         assert sorted(e for _, consumed in _runs(dag_id) for e in consumed) == sorted(ids), dag_id
     assert [_findings(dag_id) for dag_id in [*waiting, zz]] == [0] * 5
     assert w.report().violations() == {}
+
+
+def test_a_quiet_net_looks_ten_intervals_on_and_each_interval_while_ids_appear(world, monkeypatch):
+    """
+    The net's pace (docs/settings.md, ``net_look_interval_seconds``): after a look at which nothing
+    appeared and nothing waits, the next comes ten intervals on (an idle scheduler's loop a second: a
+    look every 5 s, so that its median stays stock's); a look that reads a new id is followed by the
+    next one interval on. The last look's start is set back in each step, so no real time decides.
+    """
+    interval = "AIRFLOW__DATASET_RACE_FIX__NET_LOOK_INTERVAL_SECONDS"
+    monkeypatch.setenv(interval, "0")  # a look every loop, until the net has caught up
+    w = world
+    if BACKEND == "sqlite":
+        w.clock.at(0)
+    a = w.dataset("a")
+    w.consumer("x", [a])
+    p, s = w.producer("P"), w.scheduler()
+    for _ in range(10):  # a new process reads on from the marks the tests before left
+        w.loop(s), s.finish()
+        net = s.runner.__dict__["_dataset_race_fix_net"]
+        if not (net.late or net.below):
+            break
+    net.missing.clear()  # (ids the tests before rolled back: the session's database is shared)
+    w.loop(s), s.finish()
+    assert net.quiet, "nothing appeared and nothing waits, yet the net is not quiet"
+    monkeypatch.setenv(interval, "1")
+
+    def loop_after(seconds: float) -> bool:
+        """A loop as if the last look began ``seconds`` ago: whether it looked."""
+        net.looked_at = looked_at = time.monotonic() - seconds
+        w.loop(s), s.finish()
+        return net.looked_at != looked_at
+
+    w.emit(p, a), p.finish()
+    high = net.high
+    assert not loop_after(9.5) and net.high == high, "a quiet net looked again within ten intervals"
+    assert loop_after(10.5) and net.high > high, "ten intervals on, the quiet net did not look"
+    assert not net.quiet, "a look that read a new id left the net quiet"
+    assert not loop_after(0.5), "a look within an interval"
+    assert loop_after(1.5), "after a look that read an id, the next did not come one interval on"
+    assert net.quiet, "a look at which nothing appeared left the net busy"
+    assert w.report().violations() == {}

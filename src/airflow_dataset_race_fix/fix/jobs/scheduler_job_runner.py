@@ -434,15 +434,15 @@ class SchedulerJobRunner:
         """
         net = self.__dict__.setdefault("_dataset_race_fix_net", self._DatasetNet())
         interval = self._dataset_manager()._dataset_race_fix_setting("net_look_interval_seconds")
-        # after a look at which nothing appeared and nothing waits, the next five intervals on: an idle
-        # scheduler's loop a second keeps its median
-        wait = 5 * interval if net.quiet else interval
+        # after a look at which nothing appeared and nothing waits, the next ten intervals on: an idle
+        # scheduler's loop a second keeps its median (the first events after that can count as late: a probe)
+        wait = 10 * interval if net.quiet else interval
         looked = not net.read_only and time.monotonic() - net.looked_at >= wait
         before = net.copy_look() if looked else None  # (copied in a loop that looks only)
         try:
             finds = self._follow_dataset_event_ids(net, session) if looked else []
             # read again by a look that found some, while some wait, or every ten waits between looks (another
-            # process's: 5 s, 25 s when quiet): an idle look is one statement, and four in five read no more
+            # process's: 5 s, 50 s when quiet): an idle look is one statement, and nine in ten read no more
             stale = time.monotonic() - net.findings_at >= 10 * wait
             if net.findings is None or looked and (finds or net.findings or stale):
                 self._dataset_findings(finds, net, session)
