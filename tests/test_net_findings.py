@@ -388,6 +388,45 @@ def test_a_restart_resumes_where_the_ids_were_followed(world, monkeypatch, then)
     assert w.report().violations() == {}
 
 
+def test_the_follow_mark_waits_for_no_wal_flush_and_the_findings_do(world, monkeypatch):
+    """
+    The follow mark is advisory: lost to a server crash, the next process reads on from an older
+    mark (what committed since is read again as late). On PostgreSQL its transaction commits
+    without waiting for the WAL flush (``SET LOCAL synchronous_commit TO OFF``: 0.5 ms, not
+    3-10 ms); a finding's transaction, which must outlive a crash, waits for it as any other.
+    MariaDB has no such setting a transaction: both commit as configured.
+    """
+    monkeypatch.setenv(LATENCY, "1")
+    monkeypatch.setenv("AIRFLOW__DATASET_RACE_FIX__NET_LOOK_INTERVAL_SECONDS", "0")
+    statements: dict[int, list[str]] = {}  # per DBAPI connection, in order
+
+    def record(conn, cursor, statement, parameters, context, executemany):
+        statements.setdefault(id(conn.connection.dbapi_connection), []).append(statement.lower())
+
+    w = world
+    event.listen(settings.engine, "before_cursor_execute", record)
+    try:
+        d, late, s, _ = late_commit(w, "k")
+        for _ in range(6):
+            if late in sum(_consumed(d), []):
+                break
+            w.loop(s), s.finish()
+            time.sleep(0.6)
+    finally:
+        event.remove(settings.engine, "before_cursor_execute", record)
+    assert late in sum(_consumed(d), []), f"P's late event {late} not consumed: {_consumed(d)}"
+    marks, findings = 0, 0
+    for executed in statements.values():
+        for before, statement in zip(["", *executed], executed):
+            asynchronous = before == "set local synchronous_commit to off"
+            # the net's rows (Airflow's audit rows name a task_id); a finding names its dataset in map_index
+            if statement.startswith(("insert into log ", "update log ")) and "task_id" not in statement:
+                writes_mark = "map_index" not in statement
+                marks, findings = marks + writes_mark, findings + (not writes_mark)
+                assert asynchronous == (writes_mark and BACKEND == "postgres"), (before, statement)
+    assert marks >= 1 and findings >= 1, f"{marks} mark and {findings} finding writes seen"
+
+
 @pytest.mark.skipif(SOURCE_MODE, reason="source-patched: stock Airflow is not in this env")
 def test_a_first_start_after_stock_finds_what_no_run_consumed(variant_fixed, monkeypatch):
     """
