@@ -241,7 +241,7 @@ def test_dags_that_cannot_run_take_no_place_from_a_swept_dag(world, held_by, mon
 
 def test_a_paced_sweep_round_reaches_its_last_page(world, monkeypatch):
     """
-    The sweep reads a page of its round where the net looks or five loops on, paced by its credit (3 %)
+    The sweep reads a page of its round where the net looks (quiet: every other look), paced by its credit
     and sized to 1-2 ms, the round's DAGs read once at its start. 23 DAGs on one dataset with
     pages of 5: the last one's event, with no queue row, is not found by the round's first page
     but by a later one, within the round (a round that stopped at its first page, or lost its
@@ -252,6 +252,8 @@ def test_a_paced_sweep_round_reaches_its_last_page(world, monkeypatch):
     monkeypatch.setenv(
         "AIRFLOW__DATASET_RACE_FIX__REQUEUE_INTERVAL_SECONDS", "0.001"
     )  # paced, not every loop
+    # a look every loop: a page with every look, nine loops after the last while the net is quiet
+    monkeypatch.setenv("AIRFLOW__DATASET_RACE_FIX__NET_LOOK_INTERVAL_SECONDS", "0")
     w = world
     a, v = w.dataset("a"), w.dataset("v")
     w.consumers("a", [a], 22)
@@ -319,7 +321,7 @@ def test_an_idle_sweep_round_reads_no_dag_and_each_change_is_read(world, change,
     def sweep_round() -> bool:
         """A loop whose sweep starts a round (due, credit allowing; 3 DAGs: one page): whether it was full."""
         sweep = s.runner.__dict__["_dataset_race_fix_sweep"]
-        sweep.at, sweep.credit, sweep.loops = float("-inf"), 0.0, 5
+        sweep.at, sweep.credit, sweep.loops = float("-inf"), 0.0, 20
         tick(), w.loop(s), s.finish()
         return sweep.full
 
@@ -550,4 +552,55 @@ def test_a_quiet_net_looks_ten_intervals_on_and_each_interval_while_ids_appear(w
     assert not loop_after(0.5), "a look within an interval"
     assert loop_after(1.5), "after a look that read an id, the next did not come one interval on"
     assert net.quiet, "a look at which nothing appeared left the net busy"
+    assert w.report().violations() == {}
+
+
+def test_a_paced_sweep_page_comes_with_a_look_and_with_every_other_one_while_the_net_is_quiet(
+    world, monkeypatch
+):
+    """
+    Paced, the sweep reads a page in a loop where the net looks; while the net is quiet, with every
+    other look only (nine loops or more after the last page), so that an idle loop a second pays a page
+    in one loop of ten and a look in one of five; with no look, twenty loops after the last page. The
+    last look's start and the credit are set in each step, so no real time decides.
+    """
+    monkeypatch.setenv("AIRFLOW__DATASET_RACE_FIX__REQUEUE_INTERVAL_SECONDS", "0.001")  # paced
+    monkeypatch.setenv("AIRFLOW__DATASET_RACE_FIX__NET_LOOK_INTERVAL_SECONDS", "0")  # until caught up
+    w = world
+    if BACKEND == "sqlite":
+        w.clock.at(0)
+    else:
+        w.clock.stop()  # real time: the server's clock stamps everything
+    a = w.dataset("a")
+    w.consumers("a", [a], 12)
+    p, s = w.producer("P"), w.scheduler()
+    for _ in range(10):
+        w.loop(s), s.finish()
+        net = s.runner.__dict__["_dataset_race_fix_net"]
+        if not (net.late or net.below):
+            break
+    net.missing.clear()  # (ids the tests before rolled back: the session's database is shared)
+    monkeypatch.setenv("AIRFLOW__DATASET_RACE_FIX__NET_LOOK_INTERVAL_SECONDS", "1")  # quiet: ten seconds
+    sweep = s.runner.__dict__["_dataset_race_fix_sweep"]
+    sweep.at, sweep.full_at, sweep.size, sweep.loops = float("-inf"), float("-inf"), 1, 20  # a long round
+
+    def page_read(look: bool) -> bool:
+        """A loop whose net looks (its last look set 11 s back) or not: whether the sweep took a step."""
+        net.looked_at = time.monotonic() - (11 if look else 0)
+        sweep.credit, sweep.credit_at = 0.002, time.monotonic()
+        w.loop(s), s.finish()
+        return sweep.loops == 0
+
+    assert page_read(look=True), "no page in a loop that looked, twenty loops after the last"
+    assert net.quiet and sweep.todo, "the net is not quiet, or the round is over"
+    steps = [page_read(look=i % 5 == 4) for i in range(20)]  # a look in one loop of five
+    assert [i for i, step in enumerate(steps) if step] == [9, 19], f"pages not with every other look: {steps}"
+    steps = [page_read(look=False) for _ in range(20)]
+    assert [i for i, step in enumerate(steps) if step] == [19], f"with no look, not twenty loops on: {steps}"
+    for second in (10, 11):  # events appear: each look reads a new id, and the net is busy
+        if BACKEND == "sqlite":
+            w.clock.at(second)
+        w.emit(p, a), p.finish()
+        assert page_read(look=True) and not net.quiet, "no page with a look that read a new id"
+    w.drain(s, start=12 if BACKEND == "sqlite" else None)
     assert w.report().violations() == {}

@@ -175,9 +175,10 @@ class SchedulerJobRunner:
         """
         The sweep's rounds here, made and moved by ``_dags_with_unqueued_dataset_events``: one starts an
         interval after the last began and reads its DAGs (and the clock, ``now``, if it has some), then a
-        page of ``size`` while ``credit`` allows, in a loop where the net looked or five loops after the
-        last. A round reads every DAG only if something may have changed since the last one began (``full``):
-        else only the DAGs new since. Between loops, a round is on iff ``todo`` has DAGs.
+        page of ``size`` while ``credit`` allows, in a loop where the net looked (quiet: nine loops after the
+        last page) or twenty loops after it. A round reads every DAG only if something may have changed since
+        the last one began (``full``): else only the DAGs new since. Between loops, a round is on iff ``todo``
+        has DAGs.
         """
 
         at: float  # when the last round began (monotonic); made: now, so that the first is one interval away
@@ -191,7 +192,7 @@ class SchedulerJobRunner:
         size: int = 50  # DAGs a page, 5 to 50, sized to take 1-2 ms
         credit: float = 0.0  # seconds a page may take now: below 0, none; at most 2 ms saved up
         credit_at: float | None = None  # when ``credit`` last earned (monotonic)
-        loops: int = 5  # loops since the last page
+        loops: int = 20  # loops since the last page
 
         def earn_credit(self) -> float:
             """``credit``, 3 % of the time since the last call earned (10 ms saved up made page bursts)."""
@@ -261,10 +262,12 @@ class SchedulerJobRunner:
         sweep = self.__dict__.setdefault(
             "_dataset_race_fix_sweep", self._DatasetSweep(time.monotonic(), size=first_size)
         )
-        # a page while 3 % of the time allows, sized to 1-2 ms, in a loop where the net looked or five loops
-        # after the last page: an idle scheduler's loop a second keeps its median; tests: every loop
+        # a page while 3 % of the time allows, sized to 1-2 ms, in a loop where the net looked (quiet: nine
+        # loops after the last page), or twenty loops after it: an idle scheduler's loop a second keeps its
+        # median (a loop in ten pays a page, one in five a look); tests: every loop
         sweep.loops += 1
-        due = self._dataset_race_fix_net.looked_at >= loop_began or sweep.loops >= 5
+        net = self._dataset_race_fix_net
+        due = (net.looked_at >= loop_began and (sweep.loops >= 9 or not net.quiet)) or sweep.loops >= 20
         paced = interval > 0 and (sweep.earn_credit() < 0 or not due)
         began = None  # when this loop's step of the sweep began; None: no step
         if not paced and (sweep.todo or time.monotonic() - sweep.at >= interval):
