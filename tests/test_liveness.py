@@ -585,8 +585,9 @@ def test_a_paced_sweep_page_comes_with_a_look_and_with_every_other_one_while_the
     sweep.at, sweep.full_at, sweep.size, sweep.loops = float("-inf"), float("-inf"), 1, 20  # a long round
 
     def page_read(look: bool) -> bool:
-        """A loop whose net looks (its last look set 11 s back) or not: whether the sweep took a step."""
-        net.looked_at = time.monotonic() - (11 if look else 0)
+        """A loop whose net looks (its last look set 11 s back) or not (0.5 s): whether the sweep took a step.
+        (Not "now": time-machine 2, the py39 pins', stops time.monotonic with SQLite's world clock.)"""
+        net.looked_at = time.monotonic() - (11 if look else 0.5)
         sweep.credit, sweep.credit_at = 0.002, time.monotonic()
         w.loop(s), s.finish()
         return sweep.loops == 0
