@@ -555,14 +555,15 @@ def test_a_quiet_net_looks_ten_intervals_on_and_each_interval_while_ids_appear(w
     assert w.report().violations() == {}
 
 
-def test_a_paced_sweep_page_comes_with_a_look_and_with_every_other_one_while_the_net_is_quiet(
+def test_a_paced_sweep_page_comes_with_a_look_and_a_backstop_rounds_with_every_other_quiet_one(
     world, monkeypatch
 ):
     """
-    Paced, the sweep reads a page in a loop where the net looks; while the net is quiet, with every
-    other look only (nine loops or more after the last page), so that an idle loop a second pays a page
-    in one loop of ten and a look in one of five; with no look, twenty loops after the last page. The
-    last look's start and the credit are set in each step, so no real time decides.
+    Paced, the sweep reads a page in a loop where the net looks; in a backstop round (every DAG every 30
+    intervals, nothing changed) while the net is quiet, with every other look only (nine loops or more
+    after the last page), so that an idle loop a second pays a page in one loop of ten and a look in one
+    of five; with no look, twenty loops after the last page. The last look's start and the credit are set
+    in each step, so no real time decides.
     """
     monkeypatch.setenv("AIRFLOW__DATASET_RACE_FIX__REQUEUE_INTERVAL_SECONDS", "0.001")  # paced
     monkeypatch.setenv("AIRFLOW__DATASET_RACE_FIX__NET_LOOK_INTERVAL_SECONDS", "0")  # until caught up
@@ -580,9 +581,15 @@ def test_a_paced_sweep_page_comes_with_a_look_and_with_every_other_one_while_the
         if not (net.late or net.below):
             break
     net.missing.clear()  # (ids the tests before rolled back: the session's database is shared)
+    w.loop(s), s.finish()
+    assert net.quiet, "nothing appeared and nothing waits, yet the net is not quiet"
     monkeypatch.setenv("AIRFLOW__DATASET_RACE_FIX__NET_LOOK_INTERVAL_SECONDS", "1")  # quiet: ten seconds
     sweep = s.runner.__dict__["_dataset_race_fix_sweep"]
-    sweep.at, sweep.full_at, sweep.size, sweep.loops = float("-inf"), float("-inf"), 1, 20  # a long round
+    # a backstop round (every DAG for its 30 intervals alone: nothing changed), long (pages of one DAG)
+    sweep.at, sweep.full_at, sweep.size, sweep.loops = float("-inf"), float("-inf"), 1, 20
+    sweep.changes, sweep.found, sweep.todo = net.changes, False, []
+    net.newest_stamp = None  # (events the tests before dated ahead would make every round a full one)
+    sweep.dag_ids = sweep.dag_ids or frozenset()  # not the process's first round (a stopped clock: none yet)
 
     def page_read(look: bool) -> bool:
         """A loop whose net looks (its last look set 11 s back) or not (0.5 s): whether the sweep took a step.
@@ -593,7 +600,7 @@ def test_a_paced_sweep_page_comes_with_a_look_and_with_every_other_one_while_the
         return sweep.loops == 0
 
     assert page_read(look=True), "no page in a loop that looked, twenty loops after the last"
-    assert net.quiet and sweep.todo, "the net is not quiet, or the round is over"
+    assert net.quiet and sweep.todo and sweep.backstop, "the net is not quiet, or no backstop round is on"
     steps = [page_read(look=i % 5 == 4) for i in range(20)]  # a look in one loop of five
     assert [i for i, step in enumerate(steps) if step] == [9, 19], f"pages not with every other look: {steps}"
     steps = [page_read(look=False) for _ in range(20)]

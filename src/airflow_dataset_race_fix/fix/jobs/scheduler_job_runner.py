@@ -175,10 +175,10 @@ class SchedulerJobRunner:
         """
         The sweep's rounds here, made and moved by ``_dags_with_unqueued_dataset_events``: one starts an
         interval after the last began and reads its DAGs (and the clock, ``now``, if it has some), then a
-        page of ``size`` while ``credit`` allows, in a loop where the net looked (quiet: nine loops after the
-        last page) or twenty loops after it. A round reads every DAG only if something may have changed since
-        the last one began (``full``): else only the DAGs new since. Between loops, a round is on iff ``todo``
-        has DAGs.
+        page of ``size`` while ``credit`` allows, in a loop where the net looked (a backstop round while the
+        net is quiet: nine loops after the last page) or twenty loops after it. A round reads every DAG only
+        if something may have changed since the last one began (``full``): else only the DAGs new since.
+        Between loops, a round is on iff ``todo`` has DAGs.
         """
 
         at: float  # when the last round began (monotonic); made: now, so that the first is one interval away
@@ -189,6 +189,7 @@ class SchedulerJobRunner:
         changes: int = -1  # the net's ``changes`` when the last round began
         found: bool = False  # the last (or this) round brought in a DAG
         full_at: float = float("-inf")  # when the last full round began (monotonic)
+        backstop: bool = False  # the round reads every DAG for its 30 intervals alone: its pages slower
         size: int = 50  # DAGs a page, 5 to 50, sized to take 1-2 ms
         credit: float = 0.0  # seconds a page may take now: below 0, none; at most 2 ms saved up
         credit_at: float | None = None  # when ``credit`` last earned (monotonic)
@@ -262,12 +263,14 @@ class SchedulerJobRunner:
         sweep = self.__dict__.setdefault(
             "_dataset_race_fix_sweep", self._DatasetSweep(time.monotonic(), size=first_size)
         )
-        # a page while 3 % of the time allows, sized to 1-2 ms, in a loop where the net looked (quiet: nine
-        # loops after the last page), or twenty loops after it: an idle scheduler's loop a second keeps its
-        # median (a loop in ten pays a page, one in five a look); tests: every loop
+        # a page while 3 % of the time allows, sized to 1-2 ms, in a loop where the net looked (a backstop
+        # round while the net is quiet: nine loops after the last page), or twenty loops after it: an idle
+        # scheduler's loop a second keeps its median (a loop in ten pays a page, one in five a look); tests:
+        # every loop
         sweep.loops += 1
         net = self._dataset_race_fix_net
-        due = (net.looked_at >= loop_began and (sweep.loops >= 9 or not net.quiet)) or sweep.loops >= 20
+        slower = sweep.backstop and net.quiet and sweep.loops < 9
+        due = (net.looked_at >= loop_began and not slower) or sweep.loops >= 20
         paced = interval > 0 and (sweep.earn_credit() < 0 or not due)
         began = None  # when this loop's step of the sweep began; None: no step
         if not paced and (sweep.todo or time.monotonic() - sweep.at >= interval):
@@ -303,8 +306,9 @@ class SchedulerJobRunner:
         """
         A round starts. It reads every DAG if since the last began the net read an event or gave an id up, the
         last found a DAG, an event the net read was dated past its horizon, or 30 intervals passed (what
-        nothing here sees: a stock scheduler's delete, a row deleted by hand); else the DAGs new since (one
-        unpaused). It reads its DAGs, and the clock only if it has some: an idle round is one statement.
+        nothing here sees: a stock scheduler's delete, a row deleted by hand: a backstop, paced slower);
+        else the DAGs new since (one unpaused). It reads its DAGs, and the clock only if it has some: an
+        idle round is one statement.
         """
         manager, net = self._dataset_manager(), self._dataset_race_fix_net
         ahead = timedelta(seconds=manager._dataset_race_fix_setting("max_event_ahead_seconds"))
@@ -312,14 +316,9 @@ class SchedulerJobRunner:
             sweep.now is not None and net.newest_stamp is not None and net.newest_stamp > sweep.now + ahead
         )
         began = time.monotonic()
-        sweep.full = (
-            not interval
-            or sweep.dag_ids is None
-            or net.changes != sweep.changes
-            or sweep.found
-            or dated_past
-            or began - sweep.full_at >= 30 * interval
-        )
+        changed = not interval or sweep.dag_ids is None or net.changes != sweep.changes or sweep.found
+        sweep.full = changed or dated_past or began - sweep.full_at >= 30 * interval
+        sweep.backstop = not (changed or dated_past) and sweep.full
         if sweep.full:
             sweep.full_at = began
         sweep.at, sweep.changes, sweep.found = began, net.changes, False
