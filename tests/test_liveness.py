@@ -513,6 +513,22 @@ def test_dags_waiting_with_findings_take_no_slot_and_hold_up_no_producer(world, 
     assert w.report().violations() == {}
 
 
+def _quiet_net(w: World, s):
+    """
+    Loops of ``s`` (the net looking every loop) until its net has caught up with the marks the
+    tests before left, then one at which nothing appears and nothing waits: its net, quiet.
+    """
+    for _ in range(10):  # a new process reads on from the marks the tests before left
+        w.loop(s), s.finish()
+        net = s.runner.__dict__["_dataset_race_fix_net"]
+        if not (net.late or net.below):
+            break
+    net.missing.clear()  # (ids the tests before rolled back: the session's database is shared)
+    w.loop(s), s.finish()
+    assert net.quiet, "nothing appeared and nothing waits, yet the net is not quiet"
+    return net
+
+
 def test_a_quiet_net_looks_ten_intervals_on_and_each_interval_while_ids_appear(world, monkeypatch):
     """
     The net's pace (docs/settings.md, ``net_look_interval_seconds``): after a look at which nothing
@@ -528,14 +544,7 @@ def test_a_quiet_net_looks_ten_intervals_on_and_each_interval_while_ids_appear(w
     a = w.dataset("a")
     w.consumer("x", [a])
     p, s = w.producer("P"), w.scheduler()
-    for _ in range(10):  # a new process reads on from the marks the tests before left
-        w.loop(s), s.finish()
-        net = s.runner.__dict__["_dataset_race_fix_net"]
-        if not (net.late or net.below):
-            break
-    net.missing.clear()  # (ids the tests before rolled back: the session's database is shared)
-    w.loop(s), s.finish()
-    assert net.quiet, "nothing appeared and nothing waits, yet the net is not quiet"
+    net = _quiet_net(w, s)
     monkeypatch.setenv(interval, "1")
 
     def loop_after(seconds: float) -> bool:
@@ -575,14 +584,7 @@ def test_a_paced_sweep_page_comes_with_a_look_and_a_backstop_rounds_with_every_o
     a = w.dataset("a")
     w.consumers("a", [a], 12)
     p, s = w.producer("P"), w.scheduler()
-    for _ in range(10):
-        w.loop(s), s.finish()
-        net = s.runner.__dict__["_dataset_race_fix_net"]
-        if not (net.late or net.below):
-            break
-    net.missing.clear()  # (ids the tests before rolled back: the session's database is shared)
-    w.loop(s), s.finish()
-    assert net.quiet, "nothing appeared and nothing waits, yet the net is not quiet"
+    net = _quiet_net(w, s)
     monkeypatch.setenv("AIRFLOW__DATASET_RACE_FIX__NET_LOOK_INTERVAL_SECONDS", "1")  # quiet: ten seconds
     sweep = s.runner.__dict__["_dataset_race_fix_sweep"]
     # a backstop round (every DAG for its 30 intervals alone: nothing changed), long (pages of one DAG)
